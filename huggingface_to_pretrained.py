@@ -1,0 +1,55 @@
+#!/usr/bin/env python
+"""Stage 5: export a Hugging Face CosyVoice2 checkpoint back to CosyVoice's llm.pt.
+
+Reads single-file or sharded safetensors, float32 or bfloat16, and writes an fp32
+llm.pt that CosyVoice2 loads with strict=True (llm_decoder bias included). The
+write is atomic; a missing tensor or a shape mismatch stops with its name.
+
+Either name the checkpoint (--hf-cosyvoice2-llm-path) or let the stage-4 sweep
+choose: --from-sweep summary.json picks the step with the lowest CER (--step N
+overrides), step 0 being --start-model and step N being --merged-dir/step_N.
+"""
+
+import argparse
+import sys
+
+from ttsrl import convert, steps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf-cosyvoice2-llm-path", metavar="DIR", help="HF checkpoint folder to export")
+    src.add_argument("--from-sweep", metavar="SUMMARY_JSON", help="choose the step from stage 4's summary.json")
+    p.add_argument("--merged-dir", help="with --from-sweep: folder of merged steps (step_N/)")
+    p.add_argument("--start-model", help="with --from-sweep: the converted start model (step 0)")
+    p.add_argument("--step", type=int, help="with --from-sweep: export this step instead of the best one")
+    p.add_argument("--output-path", required=True, metavar="llm.pt", help="where to write llm.pt")
+    p.add_argument("--verify", action="store_true",
+                   help="reload the written llm.pt as CosyVoice2's Qwen2LM and compare its logits with the HF model")
+    a = p.parse_args(argv)
+    try:
+        if a.from_sweep:
+            if not (a.merged_dir and a.start_model):
+                p.error("--from-sweep needs --merged-dir and --start-model")
+            step = a.step if a.step is not None else steps.best_step(a.from_sweep)
+            src_dir = steps.model_dir_for(step, a.start_model, a.merged_dir)
+            print(f"exporting step {step} ({'chosen' if a.step is not None else 'lowest CER'}): {src_dir}")
+        else:
+            src_dir = a.hf_cosyvoice2_llm_path
+        convert.hf_to_cosyvoice(src_dir, a.output_path)
+        print(f"wrote {a.output_path}")
+        if a.verify:
+            diff = convert.verify_export(src_dir, a.output_path)
+            print(f"verified: max |logit difference| HF vs llm.pt on a probe batch = {diff:.2e}")
+            if diff > 1e-4:
+                print("error: exported llm.pt does not reproduce the HF model", file=sys.stderr)
+                return 1
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

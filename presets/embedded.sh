@@ -1,0 +1,32 @@
+# Embedded CPU preset: every stage on a 2-core laptop in minutes.
+# A tiny CosyVoice2-format model is pretrained (stage -1) on the shipped corpus with
+# the simulated speech codec (ttsrl.sim), then GRPO-trained against the `sim` reward.
+PRESET_NAME=embedded
+DEVICE=cpu
+EXP_DIR=${EXP_DIR:-exp/embedded}
+
+# stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1)
+BUILD_BASE_MODEL=1
+COSYVOICE2_DIR=$EXP_DIR/cosyvoice2_base        # llm.pt + CosyVoice-BlankEN/
+HF_MODEL_DIR=$EXP_DIR/hf_model
+
+# stage 0
+TRAIN_FILE=data/corpus/train.jsonl
+TEST_FILE=data/corpus/test.jsonl
+DATA_DIR=$EXP_DIR/data
+
+# stage 1
+REWARD_BACKEND=sim
+REWARD_PORT=${REWARD_PORT:-8000}
+REWARD_ARGS=""
+
+# stage 2/3
+CKPT_DIR=$EXP_DIR/checkpoints
+MERGED_DIR=$EXP_DIR/merged
+GRPO_ARGS="--preset cpu"
+
+# stage 4/5
+EVAL_DIR=$EXP_DIR/eval
+EVAL_NPROC=2
+EVAL_ARGS="--backend sim --test-set embedded_test=$TEST_FILE"
+EXPORT_PATH=$EXP_DIR/llm-new.pt

@@ -1,0 +1,28 @@
+# 8-GPU preset: CosyVoice2-0.5B, vLLM rollouts, CosyVoice2 token2wav + ASR reward.
+# Put the released model at $COSYVOICE2_DIR (llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/)
+# and a CosyVoice checkout at $COSYVOICE_ROOT (see README, "GPU recipe").
+PRESET_NAME=gpu8
+DEVICE=cuda
+EXP_DIR=${EXP_DIR:-exp/gpu8}
+
+BUILD_BASE_MODEL=0
+COSYVOICE2_DIR=${COSYVOICE2_DIR:-pretrained_models/CosyVoice2-0.5B}
+COSYVOICE_ROOT=${COSYVOICE_ROOT:-third_party/CosyVoice}
+HF_MODEL_DIR=$EXP_DIR/hf_model
+
+TRAIN_FILE=${TRAIN_FILE:-data/emilia_zh_train.jsonl}
+TEST_FILE=${TEST_FILE:-data/corpus/test.jsonl}
+DATA_DIR=$EXP_DIR/data
+
+REWARD_BACKEND=cosyvoice2
+REWARD_PORT=${REWARD_PORT:-8000}
+REWARD_ARGS="--cosyvoice2-dir $COSYVOICE2_DIR --asr-model-dir ${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}"
+
+CKPT_DIR=$EXP_DIR/checkpoints
+MERGED_DIR=$EXP_DIR/merged
+GRPO_ARGS="--preset gpu --n-gpus 8"
+
+EVAL_DIR=$EXP_DIR/eval
+EVAL_NPROC=8
+EVAL_ARGS="--backend cosyvoice2 --cosyvoice2-dir $COSYVOICE2_DIR --asr-model-dir ${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh} --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+EXPORT_PATH=$EXP_DIR/llm-new.pt

@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Stage -1: convert CosyVoice2's llm.pt into a Hugging Face Qwen2 checkpoint.
+
+DIR is laid out like the released model: DIR/llm.pt and DIR/CosyVoice-BlankEN/
+(Qwen2 config.json + tokenizer). The output loads with AutoTokenizer and
+AutoModelForCausalLM(trust_remote_code=True); its logits on the 6564 speech/stop
+rows equal CosyVoice2's (llm_decoder bias included) and every other row is masked.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+
+from ttsrl import convert
+from ttsrl.cosyvoice_lm import Qwen2LM
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pretrained-cosyvoice2-path", required=True, metavar="DIR",
+                   help="folder with llm.pt and CosyVoice-BlankEN/")
+    p.add_argument("--save-path", required=True, metavar="OUT", help="output HF checkpoint folder (replaced atomically)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="dtype of the written weights (default float32: exact)")
+    p.add_argument("--stock-qwen2", action="store_true",
+                   help="write a plain Qwen2ForCausalLM (no lm_head bias, no output mask) for tools that "
+                        "only know stock Qwen2; prints what that loses on a probe batch")
+    a = p.parse_args(argv)
+    t0 = time.time()
+    try:
+        sv = convert.cosyvoice_to_hf(a.pretrained_cosyvoice2_path, a.save_path, dtype=getattr(torch, a.dtype),
+                                     stock=a.stock_qwen2)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.save_path} in {time.time() - t0:.1f}s")
+    if a.stock_qwen2:
+        model = Qwen2LM.from_pretrained(a.pretrained_cosyvoice2_path)
+        loss = convert.stock_head_loss(model, sv.text_vocab_size)
+        print("stock Qwen2 layout: lm_head bias dropped and non-speech rows unmasked. On a random probe batch: "
+              f"KL(CosyVoice2 || stock) = {loss['kl_stock']:.4f} nats/token "
+              f"(bias alone: {loss['kl_no_bias']:.4f}); probability stock puts on non-speech tokens: "
+              f"{loss['non_speech_mass_stock']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

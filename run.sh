@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# ttsrl: GRPO post-training of CosyVoice2's speech-token LLM, stage by stage.
+#
+#   bash run.sh                      all stages (-2 .. 5) of the embedded CPU preset
+#   bash run.sh START STOP           a contiguous range of stages, e.g. `bash run.sh 1 3`
+#   bash run.sh 2 2 -- KEY=VALUE...  extra Hydra overrides for verl's main_ppo (stage 2)
+#   PRESET=presets/gpu8.sh bash run.sh -1 5     the 8-GPU recipe
+#
+# Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL -> Parquet
+#          1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
+#          5 export the best (or EXPORT_STEP) step to llm.pt
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$PWD
+
+START=${1:--2}
+STOP=${2:-5}
+shift $(( $# < 2 ? $# : 2 ))
+EXTRA_OVERRIDES=()
+if [[ ${1:-} == "--" ]]; then shift; EXTRA_OVERRIDES=("$@"); fi
+[[ $START =~ ^-?[0-9]+$ && $STOP =~ ^-?[0-9]+$ ]] || { echo "usage: bash run.sh [START [STOP]] [-- overrides]" >&2; exit 2; }
+(( START >= -2 && STOP <= 5 && START <= STOP )) || { echo "stages run from -2 to 5 and START <= STOP (got $START $STOP)" >&2; exit 2; }
+
+PRESET=${PRESET:-presets/embedded.sh}
+[[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
+# shellcheck source=presets/embedded.sh
+source "$PRESET"
+PY=$ROOT/.venv/bin/python
+LOG_DIR=$EXP_DIR/logs
+SERVER_PID_FILE=$EXP_DIR/reward_server.pid
+REWARD_URL=http://127.0.0.1:$REWARD_PORT
+export TTSRL_REWARD_URL=$REWARD_URL
+export PYTHONUNBUFFERED=1
+STARTED_SERVER=0
+
+stage() { (( $1 >= START && $1 <= STOP )); }
+banner() {  # banner STAGE "what it does" "where its output goes"
+  printf '\n==== stage %s [%s]: %s\n     -> %s\n' "$1" "$PRESET_NAME" "$2" "$3"
+  STAGE_T0=$SECONDS
+}
+done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
+need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
+
+server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
+start_server() {
+  if server_ready; then echo "     reward server already answering at $REWARD_URL"; return; fi
+  mkdir -p "$LOG_DIR"
+  # shellcheck disable=SC2086
+  setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" $REWARD_ARGS \
+    > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
+  echo $! > "$SERVER_PID_FILE"
+  STARTED_SERVER=1
+  "$PY" -m ttsrl.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
+  echo "     reward server pid $(cat "$SERVER_PID_FILE") at $REWARD_URL (log $LOG_DIR/reward_server.log)"
+}
+stop_server() {
+  [[ -f $SERVER_PID_FILE ]] || return 0
+  kill "$(cat "$SERVER_PID_FILE")" 2>/dev/null || true
+  rm -f "$SERVER_PID_FILE"
+  echo "     reward server stopped"
+}
+on_exit() {
+  if (( STARTED_SERVER )); then
+    if (( STOP >= 2 )); then stop_server; else echo "     reward server left running (stop: kill \$(cat $SERVER_PID_FILE))"; fi
+  fi
+}
+trap on_exit EXIT
+
+if stage -2; then
+  banner -2 "install Python packages" "$ROOT/.venv"
+  bash scripts/install.sh $([[ $DEVICE == cuda ]] && echo --gpu)
+  done_stage -2
+fi
+
+if stage -1; then
+  need_venv
+  if [[ ${BUILD_BASE_MODEL:-0} == 1 ]]; then
+    banner -1 "build the tiny CosyVoice2-format base model (cached)" "$COSYVOICE2_DIR"
+    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR"
+  fi
+  banner -1 "convert llm.pt -> Hugging Face checkpoint" "$HF_MODEL_DIR"
+  "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR"
+  done_stage -1
+fi
+
+if stage 0; then
+  need_venv
+  banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
+  "$PY" prepare_data.py --train_file "$TRAIN_FILE" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
+    --tokenizer "$HF_MODEL_DIR"
+  done_stage 0
+fi
+
+if stage 1; then
+  need_venv
+  banner 1 "start the reward server ($REWARD_BACKEND backend)" "$REWARD_URL"
+  start_server
+  done_stage 1
+fi
+
+if stage 2; then
+  need_venv
+  banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
+  server_ready || start_server
+  # shellcheck disable=SC2086
+  "$PY" train_grpo.py $GRPO_ARGS --model "$HF_MODEL_DIR" --data-dir "$DATA_DIR" --ckpt-dir "$CKPT_DIR" \
+    --reward-url "$REWARD_URL" --log-dir "$LOG_DIR" -- "${EXTRA_OVERRIDES[@]}"
+  done_stage 2
+fi
+
+if stage 3; then
+  need_venv
+  banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
+  "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR"
+  done_stage 3
+fi
+
+if stage 4; then
+  need_venv
+  banner 4 "synthesise the test set with every model and score CER" "$EVAL_DIR/{report.md,summary.json,cer.png}"
+  # shellcheck disable=SC2086
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" $EVAL_ARGS
+  done_stage 4
+fi
+
+if stage 5; then
+  need_venv
+  banner 5 "export the chosen step back to CosyVoice2's llm.pt" "$EXPORT_PATH"
+  "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
+    --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" --verify
+  done_stage 5
+fi

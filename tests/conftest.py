@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny checkpoints in CosyVoice2's exact released layout.
+
+CosyVoice2 weights cannot be had on CI machines, so these checkpoints are FAKES of
+the real model: random weights, hidden size 64, 2 layers, a byte-level BPE tokenizer
+trained on a few sentences. Key names, index math and the speech vocabulary
+(6561 + 3) are the real ones.
+"""
+
+import pytest
+
+SENTENCES = [
+    "今天天气很好，我们去公园散步吧。", "我用iPhone拍照，Hello world!", "二零二四年三月五日，百分之五十。",
+    "银行的行长在行走。", "你好，一个不是很长的句子。", "重庆的重量很重要，还要还钱。",
+] * 8
+
+
+@pytest.fixture(scope="session")
+def tiny_cosyvoice2(tmp_path_factory):
+    """(dir, Qwen2LM) of a random tiny model saved as DIR/llm.pt + DIR/CosyVoice-BlankEN/."""
+    from ttsrl.tiny_model import make_tiny_cosyvoice2
+
+    d = tmp_path_factory.mktemp("cosyvoice2")
+    model = make_tiny_cosyvoice2(d, SENTENCES)
+    return d, model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
+    """The tiny model converted to the HF layout (fp32)."""
+    from ttsrl.convert import cosyvoice_to_hf
+
+    out = tmp_path_factory.mktemp("hf") / "hf_model"
+    cosyvoice_to_hf(tiny_cosyvoice2[0], out, log=lambda _: None)
+    return out

@@ -1,0 +1,197 @@
+"""llm.pt <-> HF conversion on a tiny random checkpoint of the exact real layout
+(a fake of CosyVoice2's weights: see conftest.py)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from ttsrl import convert
+from ttsrl import vocab as V
+from ttsrl.cosyvoice_lm import Qwen2LM
+from ttsrl.hf_model import load_speech_lm
+
+
+def hf_logits(lm, text_ids, speech):
+    sv = lm.vocab
+    ids = [sv.sos_id] + list(text_ids) + [sv.task_id] + sv.codes_to_ids(speech)
+    with torch.no_grad():
+        return lm.model(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("text,speech", [("今天天气很好", []), ("银行的行长", [0, 17, 6560, 4000]),
+                                         ("Hello world", list(range(0, 6561, 97)))])
+def test_logits_parity_with_cosyvoice2(tiny_cosyvoice2, tiny_hf, text, speech):
+    _, ref = tiny_cosyvoice2
+    lm = load_speech_lm(tiny_hf)
+    text_ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    with torch.no_grad():
+        a = ref.forward_logits(text_ids, speech)
+    b = hf_logits(lm, text_ids, speech)
+    lo, hi = lm.vocab.output_range
+    assert (a - b[:, lo:hi]).abs().max().item() <= 1e-4
+    # every other row is unreachable
+    probs = b.softmax(-1)
+    assert probs[:, :lo].sum().item() == 0.0 and probs[:, hi:].sum().item() == 0.0
+
+
+def test_bias_is_kept(tiny_cosyvoice2, tiny_hf):
+    """Parity holds only because the bias made it through: without it the logits differ."""
+    _, ref = tiny_cosyvoice2
+    lm = load_speech_lm(tiny_hf)
+    lo, hi = lm.vocab.output_range
+    assert torch.equal(lm.model.lm_head.bias[lo:hi], ref.llm_decoder.bias)
+    assert ref.llm_decoder.bias.abs().max() > 0.01
+
+
+def test_trust_remote_code_load_matches(tiny_hf):
+    from transformers import AutoModelForCausalLM
+
+    remote = AutoModelForCausalLM.from_pretrained(tiny_hf, trust_remote_code=True, dtype=torch.float32).eval()
+    ours = load_speech_lm(tiny_hf)
+    assert type(remote).__name__ == "CosyVoice2Qwen2ForCausalLM"
+    ids = torch.tensor([[ours.vocab.sos_id, 5, 6, ours.vocab.task_id, ours.vocab.to_hf(3)]])
+    with torch.no_grad():
+        assert torch.equal(remote(ids).logits, ours.model(ids).logits)
+
+
+def test_hf_generate_emits_only_speech(tiny_hf):
+    lm = load_speech_lm(tiny_hf)
+    sv = lm.vocab
+    prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "你好"}], add_generation_prompt=True,
+                                              tokenize=False)
+    ids = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    torch.manual_seed(0)
+    out = lm.model.generate(ids, max_new_tokens=40, do_sample=True, top_k=0, top_p=1.0, temperature=1.5)
+    new = out[0, ids.shape[1]:].tolist()
+    lo, hi = sv.output_range
+    assert new and all(lo <= t < hi for t in new)
+
+
+def test_round_trip_bit_exact(tiny_cosyvoice2, tiny_hf, tmp_path):
+    d, _ = tiny_cosyvoice2
+    out = tmp_path / "llm.pt"
+    convert.hf_to_cosyvoice(tiny_hf, out, log=lambda _: None)
+    a = torch.load(d / "llm.pt")
+    b = torch.load(out)
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype == torch.float32
+        assert torch.equal(a[k], b[k]), k
+    # CosyVoice2 loads it strictly, with the inner lm_head tied as in the original
+    from transformers import AutoConfig
+
+    model = Qwen2LM(AutoConfig.from_pretrained(d / convert.BLANK_EN))
+    model.load_state_dict(b, strict=True)
+    assert b["llm.model.lm_head.weight"].data_ptr() == b["llm.model.model.embed_tokens.weight"].data_ptr()
+
+
+def test_sharded_bf16_reads(tiny_cosyvoice2, tmp_path):
+    d, _ = tiny_cosyvoice2
+    hf = tmp_path / "hf_bf16"
+    convert.cosyvoice_to_hf(d, hf, dtype=torch.bfloat16, shard_bytes=200_000, log=lambda _: None)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    state = convert.hf_to_cosyvoice_state(hf, log=lambda _: None)
+    orig = torch.load(d / "llm.pt")
+    lo = convert.V.vocab_of(load_speech_lm(hf).tokenizer).speech_offset
+    for k in orig:  # bf16 rounding only; unused inner-embedding rows come from the exact side file
+        want = orig[k].to(torch.bfloat16).float()
+        if k.endswith("embed_tokens.weight") or k == "llm.model.lm_head.weight":
+            want[lo:] = orig[k][lo:]
+        assert torch.equal(state[k], want), k
+    assert convert.verify_export(hf, _save(state, tmp_path / "x.pt")) == 0.0
+
+
+def _save(state, path):
+    torch.save(state, path)
+    return path
+
+
+def test_stock_qwen2_mode(tiny_cosyvoice2, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    d, ref = tiny_cosyvoice2
+    out = tmp_path / "stock"
+    sv = convert.cosyvoice_to_hf(d, out, stock=True, log=lambda _: None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and "auto_map" not in cfg
+    m = AutoModelForCausalLM.from_pretrained(out)  # no remote code needed
+    assert m.lm_head.bias is None
+    loss = convert.stock_head_loss(ref, sv.text_vocab_size)
+    assert loss["kl_stock"] > loss["kl_no_bias"] > 0
+    assert 0 < loss["non_speech_mass_stock"] < 1
+
+
+def _copy_checkpoint(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_llm_pt(tiny_cosyvoice2, tmp_path):
+    d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "cv")
+    (d / "llm.pt").write_bytes((d / "llm.pt").read_bytes()[:5000])
+    with pytest.raises(ValueError, match="cannot be read as a PyTorch state dict"):
+        convert.cosyvoice_to_hf(d, tmp_path / "out", log=lambda _: None)
+    (d / "llm.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="llm.pt"):
+        convert.cosyvoice_to_hf(d, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda s: s.pop("llm_decoder.bias"), "missing tensor 'llm_decoder.bias'"),
+    (lambda s: s.__setitem__("extra.weight", torch.zeros(1)), "unexpected tensor 'extra.weight'"),
+    (lambda s: s.__setitem__("speech_embedding.weight", torch.zeros(100, 64)),
+     r"'speech_embedding.weight' has shape \(100, 64\), expected \(6564, 64\)"),
+])
+def test_mismatched_llm_pt(tiny_cosyvoice2, tmp_path, edit, message):
+    d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "cv")
+    state = torch.load(d / "llm.pt")
+    edit(state)
+    torch.save(state, d / "llm.pt")
+    with pytest.raises(ValueError, match=message):
+        convert.cosyvoice_to_hf(d, tmp_path / "out", log=lambda _: None)
+
+
+def test_failed_conversion_keeps_existing_output(tiny_cosyvoice2, tiny_hf, tmp_path):
+    out = _copy_checkpoint(tiny_hf, tmp_path / "hf")
+    d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "cv")
+    state = torch.load(d / "llm.pt")
+    state.pop("llm_embedding.weight")
+    torch.save(state, d / "llm.pt")
+    with pytest.raises(ValueError):
+        convert.cosyvoice_to_hf(d, out, log=lambda _: None)
+    assert load_speech_lm(out).vocab.speech_offset > 0  # untouched, still loads
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp")]
+
+
+def test_export_rejects_mismatch(tiny_hf, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf = _copy_checkpoint(tiny_hf, tmp_path / "hf")
+    t = load_file(hf / "model.safetensors")
+    t["model.norm.weight"] = torch.ones(3)
+    save_file(t, hf / "model.safetensors")
+    with pytest.raises(ValueError, match=r"'llm.model.model.norm.weight' has shape \(3,\)"):
+        convert.hf_to_cosyvoice(hf, tmp_path / "llm.pt", log=lambda _: None)
+    assert not (tmp_path / "llm.pt").exists()
+
+
+def test_cli_round_trip(tiny_cosyvoice2, tmp_path):
+    import subprocess
+    import sys
+
+    d, _ = tiny_cosyvoice2
+    hf, pt = tmp_path / "hf", tmp_path / "llm.pt"
+    r = subprocess.run([sys.executable, "pretrained_to_huggingface.py", "--pretrained-cosyvoice2-path", str(d),
+                        "--save-path", str(hf)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "huggingface_to_pretrained.py", "--hf-cosyvoice2-llm-path", str(hf),
+                        "--output-path", str(pt), "--verify"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "max |logit difference|" in r.stdout
+    r = subprocess.run([sys.executable, "pretrained_to_huggingface.py", "--pretrained-cosyvoice2-path",
+                        str(tmp_path / "nowhere"), "--save-path", str(hf)], capture_output=True, text=True)
+    assert r.returncode == 2 and "CosyVoice-BlankEN" in r.stderr

@@ -1,0 +1,192 @@
+"""CosyVoice2's text-to-speech-token LM (``Qwen2LM``), re-implemented faithfully.
+
+This is the reference the Hugging Face conversion is checked against, and the way
+tiny checkpoints in CosyVoice2's own ``llm.pt`` format are made. Module names match
+CosyVoice (cosyvoice/llm/llm.py) so ``state_dict()`` has exactly the keys of a
+released ``llm.pt``:
+
+    llm_embedding.weight                 (2, H)     row 0 = sos, row 1 = task_id
+    llm.model.model.embed_tokens.weight  (V, H)     inner Qwen2 (text embeddings)
+    llm.model.model.layers.{i}.*                    inner Qwen2 blocks
+    llm.model.model.norm.weight
+    llm.model.lm_head.weight             (V, H)     tied to embed_tokens, unused
+    llm_decoder.weight / .bias           (6564, H)  speech-token head (with bias)
+    speech_embedding.weight              (6564, H)
+
+Sequence layout (unistream): ``[sos] + text + [task_id] + speech``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .vocab import NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
+
+IGNORE_ID = -1
+
+
+class Qwen2Encoder(nn.Module):
+    """Holds the inner ``Qwen2ForCausalLM`` under the attribute name CosyVoice uses."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import Qwen2ForCausalLM
+
+        self.model = Qwen2ForCausalLM(config)
+
+    def forward(self, inputs_embeds, attention_mask=None, past_key_values=None, use_cache=False):
+        out = self.model.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                               past_key_values=past_key_values, use_cache=use_cache)
+        return out.last_hidden_state, out.past_key_values
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """CosyVoice2's inference defaults (cosyvoice2.yaml / Qwen2LM.inference)."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10  # repetition-aware sampling window
+    tau_r: float = 0.1  # repetition threshold as a fraction of the window
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    max_trials: int = 100  # resampling attempts while stop tokens are not allowed
+
+
+def nucleus_sampling(logp: torch.Tensor, top_p: float, top_k: int, generator=None) -> int:
+    """Sample from the smallest head of the sorted distribution whose mass reaches
+    ``top_p``, at most ``top_k`` entries (same rule as CosyVoice's loop)."""
+    probs = logp.float().softmax(dim=-1)
+    sorted_p, sorted_idx = probs.sort(descending=True, stable=True)
+    # entry i is kept while the mass before it is < top_p and i < top_k
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    keep = (mass_before < top_p) & (torch.arange(len(sorted_p)) < top_k)
+    keep[0] = True
+    kept_p = sorted_p[keep]
+    choice = torch.multinomial(kept_p, 1, replacement=True, generator=generator)
+    return int(sorted_idx[keep][choice])
+
+
+def random_sampling(logp: torch.Tensor, generator=None) -> int:
+    return int(torch.multinomial(logp.float().softmax(dim=-1), 1, replacement=True, generator=generator))
+
+
+def ras_sampling(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig, generator=None) -> int:
+    """Repetition-aware sampling (VALL-E 2 / CosyVoice2): nucleus sampling, but a
+    token already repeated often in the last ``win_size`` steps is redrawn from the
+    full distribution."""
+    top = nucleus_sampling(logp, cfg.top_p, cfg.top_k, generator)
+    recent = list(decoded[-cfg.win_size:])
+    if recent.count(top) >= cfg.win_size * cfg.tau_r:
+        top = random_sampling(logp, generator)
+    return top
+
+
+class Qwen2LM(nn.Module):
+    def __init__(self, qwen2_config):
+        super().__init__()
+        h = qwen2_config.hidden_size
+        self.llm_input_size = h
+        self.llm_output_size = h
+        self.speech_token_size = SPEECH_TOKEN_SIZE
+        self.llm_embedding = nn.Embedding(2, h)
+        self.llm = Qwen2Encoder(qwen2_config)
+        self.llm_decoder = nn.Linear(h, NUM_OUTPUTS)
+        self.speech_embedding = nn.Embedding(NUM_OUTPUTS, h)
+        self.stop_token_ids = list(STOP_INDICES)
+
+    # ---- construction ----------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, cosyvoice_dir: str | Path, dtype=torch.float32) -> "Qwen2LM":
+        """Load ``DIR/llm.pt`` with the inner config from ``DIR/CosyVoice-BlankEN``."""
+        from transformers import AutoConfig
+
+        d = Path(cosyvoice_dir)
+        config = AutoConfig.from_pretrained(d / "CosyVoice-BlankEN")
+        model = cls(config)
+        state = load_llm_state_dict(d / "llm.pt")
+        model.load_state_dict(state, strict=True)
+        return model.to(dtype).eval()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.llm.model.model.embed_tokens
+
+    # ---- teacher-forced forward -----------------------------------------------
+    def build_inputs(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """Embeddings of ``[sos] + text + [task_id] + speech`` for one utterance: (1, T, H)."""
+        dev = self.llm_embedding.weight.device
+        text = self.embed_tokens(torch.tensor(list(text_ids), dtype=torch.long, device=dev))
+        sp = self.speech_embedding(torch.tensor(list(speech), dtype=torch.long, device=dev))
+        sos = self.llm_embedding.weight[SOS_ROW : SOS_ROW + 1]
+        task = self.llm_embedding.weight[TASK_ID_ROW : TASK_ID_ROW + 1]
+        return torch.cat([sos, text, task, sp], dim=0).unsqueeze(0)
+
+    def forward_logits(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """Logits over the 6564 outputs at every position: (T, 6564), T = len(text)+2+len(speech)."""
+        hidden, _ = self.llm(self.build_inputs(text_ids, speech))
+        return self.llm_decoder(hidden[0])
+
+    def loss(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """CosyVoice2's training loss for one utterance: cross-entropy on the speech
+        part, targets ``speech + [eos]``, IGNORE for sos/text."""
+        logits = self.forward_logits(text_ids, speech)
+        n_text = len(text_ids) + 1  # sos + text; the task_id position predicts speech[0]
+        target = torch.tensor([IGNORE_ID] * n_text + list(speech) + [STOP_INDICES[0]], device=logits.device)
+        return nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_ID)
+
+    # ---- inference -------------------------------------------------------------
+    @torch.inference_mode()
+    def inference(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
+                  prompt_speech: Sequence[int] = (), sampling: SamplingConfig = SamplingConfig(),
+                  generator: torch.Generator | None = None, greedy: bool = False) -> Iterator[int]:
+        """Yield speech codes as CosyVoice2 does: prompt text is prepended to the text,
+        prompt speech follows task_id; stop tokens are refused before ``min_len``
+        (resampled, at most ``max_trials`` times) and end generation after it; at most
+        ``max_len`` codes. Lengths count the target text only."""
+        n_text = len(text_ids)
+        lm_input = self.build_inputs(list(prompt_text_ids) + list(text_ids), prompt_speech)
+        min_len = int(n_text * sampling.min_token_text_ratio)
+        max_len = int(n_text * sampling.max_token_text_ratio)
+        out: list[int] = []
+        cache = None
+        for i in range(max_len):
+            hidden, cache = self.llm(lm_input, past_key_values=cache, use_cache=True)
+            logp = self.llm_decoder(hidden[0, -1]).log_softmax(dim=-1)
+            top = self._sample(logp, out, sampling, generator, greedy, allow_stop=i >= min_len)
+            if top in self.stop_token_ids:
+                break
+            yield top
+            out.append(top)
+            lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
+
+    def _sample(self, logp, decoded, cfg, generator, greedy, allow_stop) -> int:
+        if greedy:
+            if not allow_stop:
+                logp = logp.clone()
+                logp[SPEECH_TOKEN_SIZE:] = -float("inf")
+            return int(logp.argmax())
+        for _ in range(cfg.max_trials):
+            top = ras_sampling(logp, decoded, cfg, generator)
+            if allow_stop or top < SPEECH_TOKEN_SIZE:
+                return top
+        raise RuntimeError(f"sampled only stop tokens in {cfg.max_trials} trials before min length")
+
+
+def load_llm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read ``llm.pt`` memory-mapped, with a clear error for a file that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (expected CosyVoice2's llm.pt)")
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # corrupt zip, truncated file, pickle with code...
+        raise ValueError(f"{path}: cannot be read as a PyTorch state dict ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a dict of tensors (a state_dict), got {type(state).__name__}")
+    return state

@@ -1,0 +1,46 @@
+"""Qwen2 with CosyVoice2's speech head: an lm_head WITH bias, and a fixed mask.
+
+This file is self-contained on purpose: the converter copies it into every
+Hugging Face checkpoint it writes (``auto_map`` points at it), so the checkpoint
+loads with ``trust_remote_code=True`` anywhere, verl's FSDP actor included, while
+``model_type`` stays ``qwen2`` (verl's Qwen paths still apply).
+
+Differences from stock ``Qwen2ForCausalLM``:
+- ``lm_head`` has a bias (CosyVoice2's ``llm_decoder`` has one; stock Qwen2 drops it);
+- logits outside ``config.speech_output_range`` (text ids, sos, task_id, padding) are
+  replaced by ``MASKED_LOGIT``: the model can only ever emit speech and stop tokens.
+  The mask is fixed, not a trainable bias, so optimiser weight decay cannot erode it.
+  ``MASKED_LOGIT`` is finite so that ``p * logit`` (entropy) stays 0 and never NaN, also
+  after division by a sampling temperature; exp(-1e4) is 0 in every float type.
+"""
+
+import torch
+from torch import nn
+from transformers import Qwen2ForCausalLM
+
+MASKED_LOGIT = -1.0e4
+
+
+class SpeechHead(nn.Linear):
+    """Biased output projection whose logits outside [start, end) are masked."""
+
+    def __init__(self, in_features: int, out_features: int, output_range):
+        super().__init__(in_features, out_features, bias=True)
+        self.output_range = (int(output_range[0]), int(output_range[1]))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(hidden)
+        start, end = self.output_range
+        ids = torch.arange(logits.shape[-1], device=logits.device)
+        return logits.masked_fill((ids < start) | (ids >= end), MASKED_LOGIT)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", output_range={self.output_range}"
+
+
+class CosyVoice2Qwen2ForCausalLM(Qwen2ForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.lm_head = SpeechHead(config.hidden_size, config.vocab_size, config.speech_output_range)
+        self.post_init()
+
