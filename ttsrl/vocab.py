@@ -215,7 +215,14 @@ def extend_tokenizer(tokenizer) -> SpeechVocab:
         raise ValueError(f"tokenizer has {len(tokenizer)} entries; expected {offset} "
                          f"(text only) or {offset + NUM_OUTPUTS + 2} (with speech tokens)")
     if len(tokenizer) == offset:
-        tokenizer.add_tokens(added_token_names(), special_tokens=True)
+        from tokenizers import AddedToken
+
+        # Speech tokens are NOT special: verl decodes responses with
+        # skip_special_tokens=True and the reward must still see them. The stop
+        # tokens, sos and task_id are special (never part of a transcript).
+        names = added_token_names()
+        tokenizer.add_tokens([AddedToken(t, special=i >= SPEECH_TOKEN_SIZE, normalized=False)
+                              for i, t in enumerate(names)])
     sv = SpeechVocab(offset)
     check_tokenizer(tokenizer, sv)
     tokenizer.chat_template = CHAT_TEMPLATE
