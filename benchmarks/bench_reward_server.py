@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Reward-server throughput: the reference client's pattern vs concurrent batched requests.
+
+For each backend it starts ``token2wav_asr_server.py`` as a separate process on a free
+loopback port and prints:
+  * sequential: one blocking ``requests.post`` per sample, one after another
+    (what the reference recipe's reward function does), in sequences/s;
+  * concurrent: all samples in flight at once from an asyncio client (what
+    ``reward_tts.compute_score`` under verl's async naive manager does), in sequences/s,
+    with the server's mean batch size;
+  * overhead at batch B: B concurrent requests against an idle server; wall time
+    minus the server's backend time (token2wav + ASR + reward), as a share of backend time.
+
+    python benchmarks/bench_reward_server.py                 # sim and whisper
+    python benchmarks/bench_reward_server.py --backends sim --sim-n 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ttsrl import sim  # noqa: E402
+from ttsrl.reward_client import build_payload  # noqa: E402
+
+MODEL = "token2wav_asr"
+TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。",
+         "请把窗户关上，外面风很大。", "明天早上八点我们在学校门口见面。"]
+
+
+def start_server(backend: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", backend, "--port", "0",
+           "--max-batch", str(max_batch), "--max-delay-ms", "10", "--log-level", "WARNING", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if "ready on http://" in line:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, line.split("ready on ")[1].split()[0]
+    proc.kill()
+    raise RuntimeError(f"{backend} server did not start")
+
+
+def stats(url: str) -> dict:
+    return requests.get(f"{url}/v2/models/{MODEL}/stats", timeout=10).json()
+
+
+def workload(n: int) -> list[tuple[list[int], str]]:
+    return [(sim.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n)]
+
+
+def sequential(url: str, jobs) -> float:
+    t0 = time.perf_counter()
+    for codes, text in jobs:
+        r = requests.post(f"{url}/v2/models/{MODEL}/infer", headers={"Content-Type": "application/json"},
+                          json=build_payload(codes, text), timeout=600)
+        r.raise_for_status()
+        float(r.json()["outputs"][0]["data"][0])
+    return len(jobs) / (time.perf_counter() - t0)
+
+
+async def _concurrent(url: str, jobs) -> float:
+    conn = aiohttp.TCPConnector(limit=512)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1200)) as s:
+        async def one(codes, text):
+            async with s.post(f"{url}/v2/models/{MODEL}/infer", json=build_payload(codes, text)) as r:
+                r.raise_for_status()
+                return (await r.json())["outputs"][0]["data"][0]
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(c, t) for c, t in jobs))
+        return time.perf_counter() - t0
+
+
+def concurrent(url: str, jobs) -> tuple[float, float]:
+    before = stats(url)
+    wall = asyncio.run(_concurrent(url, jobs))
+    after = stats(url)
+    batches = after["batches"] - before["batches"]
+    return len(jobs) / wall, (after["items"] - before["items"]) / max(batches, 1)
+
+
+def overhead(url: str, batch: int, repeats: int) -> tuple[float, float, float, float]:
+    """Median (wall s, backend s, overhead share, mean batch size) of ``batch`` concurrent requests."""
+    rows = []
+    for _ in range(repeats):
+        before = stats(url)
+        wall = asyncio.run(_concurrent(url, workload(batch)))
+        after = stats(url)
+        backend = after["backend_seconds"] - before["backend_seconds"]
+        nb = after["batches"] - before["batches"]
+        rows.append((wall, backend, (wall - backend) / backend, batch / max(nb, 1)))
+    return tuple(statistics.median(r[i] for r in rows) for i in range(4))  # type: ignore[return-value]
+
+
+def bench(backend: str, n_seq: int, n_conc: int, batch: int, repeats: int, extra: list[str]) -> None:
+    proc, url = start_server(backend, 32, extra)
+    try:
+        sequential(url, workload(2))  # warm up connections and caches
+        seq = sequential(url, workload(n_seq))
+        conc, mean_batch = concurrent(url, workload(n_conc))
+        wall, backend_s, share, ob = overhead(url, batch, repeats)
+        print(f"[{backend}] sequential (reference pattern): {seq:9.1f} seq/s   (n={n_seq})")
+        print(f"[{backend}] concurrent (batched):           {conc:9.1f} seq/s   (n={n_conc}, "
+              f"mean batch {mean_batch:.1f}, speed-up x{conc / seq:.1f})")
+        print(f"[{backend}] batch {batch}: wall {wall * 1000:.1f} ms, backend {backend_s * 1000:.1f} ms, "
+              f"server overhead {100 * share:.1f}% of backend time (mean batch {ob:.1f}, median of {repeats})")
+        sys.stdout.flush()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backends", default="sim,whisper", help="comma-separated: sim, whisper")
+    p.add_argument("--sim-n", type=int, default=500, help="requests per sim measurement")
+    p.add_argument("--whisper-n", type=int, default=8, help="requests per whisper measurement")
+    p.add_argument("--whisper-batch", type=int, default=8, help="batch size of the whisper overhead measurement")
+    p.add_argument("--repeats", type=int, default=5, help="repeats of the overhead measurement (sim)")
+    p.add_argument("--cpu-threads", type=int, default=0, help="threads for the whisper backend (0 = all cores)")
+    a = p.parse_args(argv)
+    for backend in a.backends.split(","):
+        if backend == "sim":
+            bench("sim", a.sim_n, a.sim_n, 32, a.repeats, [])
+        elif backend == "whisper":
+            bench("whisper", a.whisper_n, a.whisper_n, a.whisper_batch, 1, ["--cpu-threads", str(a.cpu_threads)])
+        else:
+            p.error(f"unknown backend {backend}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""verl's custom reward function for TTS GRPO, and a by-hand checker.
+
+In verl 0.9.1:
+    reward.custom_reward_function.path=reward_tts.py
+    reward.custom_reward_function.name=compute_score
+Environment: TTSRL_REWARD_URL (default http://127.0.0.1:8000), TTSRL_REWARD_MODEL
+(default token2wav_asr), TTSRL_REWARD_MAX_FAIL_FRACTION (default 0.1: a step in
+which more than this share of rewards cannot be computed fails loudly),
+TTSRL_REWARD_RETRIES, TTSRL_REWARD_BACKOFF_S, TTSRL_REWARD_TIMEOUT_S,
+TTSRL_REWARD_STEP_GAP_S. The logic lives in ttsrl/reward_client.py.
+
+By hand: python reward_tts.py --input rows.jsonl   (rows with "text" and "code"
+[list of speech codes]) prints one reward per line, scored concurrently.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+try:
+    import ttsrl  # noqa: F401
+except ImportError:  # verl loads this file by path; make the package next to it importable
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ttsrl.reward_client import compute_score  # noqa: E402  (verl looks this name up)
+
+__all__ = ["compute_score"]
+
+
+def main(argv=None) -> int:
+    import argparse
+    import asyncio
+    import json
+    import time
+
+    from ttsrl.reward_client import RewardClientConfig, score_all
+
+    p = argparse.ArgumentParser(description="Score a JSONL of (text, code) rows against the reward server.")
+    p.add_argument("--input", "-i", required=True, help="JSONL with 'text' (str) and 'code' (list of ints 0..6560)")
+    p.add_argument("--max-samples", "-n", type=int, default=None, help="only the first N rows")
+    p.add_argument("--url", default=None, help="server URL (default $TTSRL_REWARD_URL or http://127.0.0.1:8000)")
+    p.add_argument("--model-name", default=None, help="model name (default $TTSRL_REWARD_MODEL or token2wav_asr)")
+    a = p.parse_args(argv)
+    cfg = RewardClientConfig.from_env()
+    cfg.url = (a.url or cfg.url).rstrip("/")
+    cfg.model = a.model_name or cfg.model
+    cfg.max_fail_fraction = 1.0  # by hand: report failures per line instead of stopping
+
+    rows = []
+    with open(a.input, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text, code = row["text"], row["code"]
+                if not isinstance(text, str) or not isinstance(code, list) or \
+                        not all(isinstance(c, int) and not isinstance(c, bool) for c in code):
+                    raise TypeError("'text' must be a string and 'code' a list of integers")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                p.error(f"{a.input}:{lineno}: {type(e).__name__}: {e}")
+            rows.append((lineno, code, text))
+            if a.max_samples is not None and len(rows) >= a.max_samples:
+                break
+    t0 = time.perf_counter()
+    results = asyncio.run(score_all([(c, t) for _, c, t in rows], cfg))
+    failed = 0
+    for (lineno, code, text), r in zip(rows, results):
+        failed += r["reward_failed"] > 0
+        status = "FAILED" if r["reward_failed"] else f"{r['score']:.4f}"
+        print(f"line {lineno}\treward {status}\terror_rate {r['error_rate']:.3f}\t"
+              f"tokens {len(code)}\ttext {text}\ttranscript {r['transcript']}")
+    print(f"{len(rows)} rows, {failed} failed, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

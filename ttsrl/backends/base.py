@@ -1,0 +1,189 @@
+"""The two backend interfaces (token2wav, ASR) and the pipeline built on them.
+
+Everything that turns speech tokens into a transcript goes through
+:class:`SpeechPipeline`: the reward server, the evaluator and the tests. A
+backend never needs special-casing by its callers:
+
+* :class:`Token2Wav` turns batches of speech codes (0..6560) plus a speaker prompt
+  into :class:`Audio`.
+* :class:`ASR` turns :class:`Audio` into text and, when ``supports_score`` is true,
+  scores a reference text against the audio (mean log-probability per token).
+
+The simulated world's "audio" carries no waveform, only the codes it came from;
+the simulated ASR reads those. Real pairs carry a float32 waveform. Both expose
+``duration_s`` so length checks work the same everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+# CosyVoice2's speech tokenizer runs at 25 tokens per second of audio.
+TOKEN_RATE_HZ = 25.0
+
+
+@dataclass(frozen=True)
+class SpeakerPrompt:
+    """One speaker a token2wav backend can voice. ``data`` is backend-specific
+    (CosyVoice2: prompt tokens/features/embedding; espeak: command-line options)."""
+
+    name: str
+    data: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class Audio:
+    """Output of a token2wav backend.
+
+    ``waveform`` is mono float32 in [-1, 1] at ``sample_rate`` Hz, or None for a
+    backend that produces no sound (the simulated codec); ``codes`` are the speech
+    codes the audio was made from (always kept: cheap, and useful to a sim ASR and
+    to logs)."""
+
+    waveform: np.ndarray | None
+    sample_rate: int
+    codes: tuple[int, ...] = ()
+    token_rate: float = TOKEN_RATE_HZ  # codes per second (duration of waveform-less audio)
+
+    @property
+    def duration_s(self) -> float:
+        if self.waveform is None:
+            return len(self.codes) / self.token_rate
+        return len(self.waveform) / float(self.sample_rate)
+
+    def resampled(self, rate: int) -> np.ndarray:
+        """The waveform at ``rate`` Hz (float32)."""
+        if self.waveform is None:
+            raise ValueError("this audio has no waveform (simulated backend)")
+        wav = np.asarray(self.waveform, dtype=np.float32)
+        if rate == self.sample_rate or len(wav) == 0:
+            return wav
+        # band-limited resampling by FFT truncation/zero-padding (numpy only)
+        n_out = max(1, int(round(len(wav) * rate / self.sample_rate)))
+        spec = np.fft.rfft(wav.astype(np.float64))
+        out_spec = np.zeros(n_out // 2 + 1, dtype=np.complex128)
+        m = min(len(spec), len(out_spec))
+        out_spec[:m] = spec[:m]
+        return (np.fft.irfft(out_spec, n_out) * (n_out / len(wav))).astype(np.float32)
+
+    def write_wav(self, path) -> None:
+        """Write 16-bit PCM WAV (atomically); raises for waveform-less audio."""
+        import os
+        import wave
+
+        if self.waveform is None:
+            raise ValueError("this audio has no waveform (simulated backend)")
+        pcm = (np.clip(self.waveform, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+        tmp = f"{path}.tmp{os.getpid()}"
+        with wave.open(tmp, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(self.sample_rate)
+            w.writeframes(pcm)
+        os.replace(tmp, path)
+
+
+class Token2Wav(ABC):
+    """Speech codes + speaker prompt -> audio."""
+
+    name: str = "token2wav"
+    #: speech codes per second of audio (the length guard's expected token count)
+    token_rate: float = TOKEN_RATE_HZ
+
+    @property
+    def prompts(self) -> Sequence[SpeakerPrompt]:
+        """The speakers this backend can voice (at least one)."""
+        return (SpeakerPrompt("default"),)
+
+    @abstractmethod
+    def synthesize(self, batch: Sequence[Sequence[int]],
+                   prompts: Sequence[SpeakerPrompt | None]) -> list[Audio]:
+        """One :class:`Audio` per code sequence; ``prompts[i]`` None = default."""
+
+
+class ASR(ABC):
+    """Audio -> text (and optionally the log-likelihood of a given text)."""
+
+    name: str = "asr"
+    supports_score: bool = False
+
+    @abstractmethod
+    def transcribe(self, audios: Sequence[Audio]) -> list[str]:
+        """One transcript per audio (raw ASR text; callers normalise)."""
+
+    def score(self, audios: Sequence[Audio], ref_texts: Sequence[str]) -> list[float]:
+        """Mean log-probability per token of ``ref_texts[i]`` given ``audios[i]``."""
+        raise NotImplementedError(f"ASR backend {self.name!r} cannot score a reference text")
+
+
+@dataclass
+class Transcript:
+    """What the pipeline hears in one code sequence."""
+
+    text: str
+    n_tokens: int
+    duration_s: float
+    asr_logprob: float | None = None
+    prompt: str | None = None
+
+
+def stable_index(key: str, n: int) -> int:
+    """A process- and run-independent choice in 0..n-1 (sha1 of ``key``)."""
+    if n <= 0:
+        raise ValueError("no choices")
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") % n
+
+
+class SpeechPipeline:
+    """token2wav + ASR on one device: speech codes and their texts -> transcripts.
+
+    The speaker prompt is fixed per text (sha1 of the normalised text modulo the
+    number of prompts), so the same text is always voiced by the same speaker and
+    the reward carries no speaker-lottery noise."""
+
+    def __init__(self, token2wav: Token2Wav, asr: ASR, device: str = "cpu", *,
+                 want_score: bool = False):
+        self.token2wav = token2wav
+        self.asr = asr
+        self.device = device
+        self.want_score = want_score and asr.supports_score
+
+    @property
+    def name(self) -> str:
+        return f"{self.token2wav.name}+{self.asr.name}@{self.device}"
+
+    @property
+    def token_rate(self) -> float:
+        return self.token2wav.token_rate
+
+    def prompt_for(self, text: str) -> SpeakerPrompt:
+        from ttsrl.text import normalize
+
+        prompts = list(self.token2wav.prompts)
+        return prompts[stable_index(normalize(text), len(prompts))]
+
+    def transcribe_tokens(self, batch_codes: Sequence[Sequence[int]],
+                          texts: Sequence[str]) -> list[Transcript]:
+        if len(batch_codes) != len(texts):
+            raise ValueError(f"{len(batch_codes)} code sequences but {len(texts)} texts")
+        out: list[Transcript | None] = [None] * len(batch_codes)
+        live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
+        for i, c in enumerate(batch_codes):
+            if len(c) == 0:  # nothing to voice: an empty transcript by definition
+                out[i] = Transcript(text="", n_tokens=0, duration_s=0.0)
+        if live:
+            prompts = [self.prompt_for(texts[i]) for i in live]
+            audios = self.token2wav.synthesize([list(batch_codes[i]) for i in live], prompts)
+            hyps = self.asr.transcribe(audios)
+            scores = (self.asr.score(audios, [texts[i] for i in live])
+                      if self.want_score else [None] * len(live))
+            for j, i in enumerate(live):
+                out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),
+                                    duration_s=audios[j].duration_s, asr_logprob=scores[j],
+                                    prompt=prompts[j].name)
+        return out  # type: ignore[return-value]
