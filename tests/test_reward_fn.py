@@ -144,18 +144,13 @@ def test_server_retry_after_is_honoured():
 # through verl 0.9.1's own loader and naive reward manager
 
 
-def _tokenizer(speech_special: bool):
-    from tokenizers import AddedToken
-
+def _tokenizer():
+    """A tiny tokenizer extended by the vocabulary module, exactly as the converter does."""
     from ttsrl.tiny_tokenizer import train_tokenizer
-    from ttsrl.vocab import add_cosyvoice_specials, added_token_names, extend_tokenizer
+    from ttsrl.vocab import extend_tokenizer
 
     tok = train_tokenizer(TEXTS * 5, 300)
-    if speech_special:
-        return tok, extend_tokenizer(tok)  # the vocabulary module's own way
-    offset = add_cosyvoice_specials(tok)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_token_names()])
-    return tok, SpeechVocab(offset)
+    return tok, extend_tokenizer(tok)
 
 
 def _verl_scores(tok, sv, server_url, monkeypatch):
@@ -195,7 +190,9 @@ def _verl_scores(tok, sv, server_url, monkeypatch):
 
 
 def test_through_verl_naive_reward_manager(server, monkeypatch):
-    tok, sv = _tokenizer(speech_special=False)
+    tok, sv = _tokenizer()
+    # verl decodes responses with skip_special_tokens=True: speech tokens must survive it
+    assert tok.decode(sv.codes_to_ids([1, 2]) + [sv.eos_id], skip_special_tokens=True) == "<|s_1|><|s_2|>"
     outs = _verl_scores(tok, sv, server.url, monkeypatch)
     scores = [o["reward_score"] for o in outs]
     assert scores[:4] == pytest.approx([1.0] * 4) and scores[4] < 0.3
@@ -203,17 +200,6 @@ def test_through_verl_naive_reward_manager(server, monkeypatch):
     # what verl's reward loop does with the extra info: one column per key
     cols = {k: np.array([o["reward_extra_info"][k] for o in outs]) for k in KEYS}
     assert cols["transcript"].dtype.kind == "U" and cols["error_rate"].dtype == np.float64
-
-
-def test_speech_tokens_survive_verls_decoding_with_the_vocab_tokenizer(server, monkeypatch):
-    """verl decodes responses with skip_special_tokens=True: speech tokens must not be special."""
-    tok, sv = _tokenizer(speech_special=True)
-    if tok.decode(sv.codes_to_ids([1, 2]), skip_special_tokens=True) == "":
-        pytest.xfail("ttsrl.vocab.extend_tokenizer adds <|s_N|> as special tokens; verl 0.9.1's naive "
-                     "reward manager decodes with skip_special_tokens=True and gets '' (reward 0 for "
-                     "everything). Fix in ttsrl/vocab.py: add them with AddedToken(special=False).")
-    outs = _verl_scores(tok, sv, server.url, monkeypatch)
-    assert [o["reward_score"] for o in outs][:4] == pytest.approx([1.0] * 4)
 
 
 def test_by_hand_cli(server, tmp_path):
