@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Stage 0: turn JSON/JSONL text rows into verl's train.parquet and test.parquet.
+
+The logic lives in ttsrl/data.py; this is its command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ttsrl.data import DEFAULT_ABILITY, DEFAULT_DATA_SOURCE, DataError, PrepareConfig, prepare
+
+DESCRIPTION = """\
+Convert two text corpora (train and held-out test) into the Parquet files verl's
+RL trainer reads: LOCAL_DIR/train.parquet and LOCAL_DIR/test.parquet.
+
+Input: a JSONL file (one JSON object per line; blank lines ignored) or a JSON file
+holding one array of objects (detected by a leading '['). Each object needs a
+non-empty string "text" (surrounding whitespace is stripped).
+
+Output columns (verl's RL schema):
+  data_source   --data-source
+  prompt        [{"role": "user", "content": text}], rendered by the tokenizer's chat
+                template as <|sos|> text <|task_id|>
+  ability       --ability
+  reward_model  {"style": "rule", "ground_truth": text}
+  extra_info    {"split": "train"/"test", "index": 0-based row number in the file,
+                 "text": text}
+Every other input key is kept as a column (null where a row lacks it): all-bool
+-> bool, all-integer -> int64, integers/floats -> float64, all-string -> string;
+any other column (lists, objects, mixed kinds) is a string column: strings as they
+are, other values as JSON text (a mix of kinds is reported).
+"""
+
+EPILOG = """\
+Checks (all rows of both files are read before anything is written):
+  invalid rows     malformed JSON, not an object, "text" missing/empty/not a string
+                   or without any letter or digit (only punctuation), a key named
+                   like an output column, or a prompt longer than
+                   --max_prompt_length tokens. Without --skip-invalid they are an
+                   error listing FILE:LINE and the reason (exit status 1); with it they
+                   are skipped and listed. A syntax error inside a JSON array cannot be
+                   skipped (the array cannot be resumed); use JSONL for that.
+  prompt length    with --tokenizer: the exact token count of the chat-rendered prompt,
+                   as verl counts it (data.max_prompt_length; verl silently drops longer
+                   prompts, this script reports them). Without it: UTF-8 bytes of the
+                   text + 2, an upper bound for byte-level BPE tokenizers (Qwen's), which
+                   may reject a prompt that would fit but never passes one that would not.
+  duplicates       texts equal after normalisation (NFKC, case-folded, whitespace and
+                   punctuation removed) within a split: reported and kept, or dropped
+                   after the first occurrence with --drop-duplicates.
+  leaks            test texts that also occur in the train file: reported.
+
+Output is written in chunks of --chunk-size rows (one Parquet row group each), to
+temporary files in LOCAL_DIR that replace train.parquet/test.parquet only when both
+are complete: an error or crash leaves the previous files untouched. A progress bar
+is shown on stderr when it is a terminal (not with --quiet).
+
+Example:
+  python prepare_data.py --train_file data/corpus/train.jsonl \\
+      --test_file data/corpus/test.jsonl --local_dir data --tokenizer hf_model
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prepare_data.py", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train_file", "--train-file", required=True, type=Path, metavar="FILE",
+                   help="training rows (JSON or JSONL with a \"text\" field)")
+    p.add_argument("--test_file", "--test-file", required=True, type=Path, metavar="FILE",
+                   help="held-out rows for validation, never trained on")
+    p.add_argument("--local_dir", "--local-dir", required=True, type=Path, metavar="DIR",
+                   help="output folder (created if missing) for train.parquet and test.parquet")
+    p.add_argument("--tokenizer", type=Path, metavar="HF_DIR", default=None,
+                   help="Hugging Face folder whose tokenizer has the chat template (the "
+                        "converted hf_model/); prompt lengths are then exact, else estimated")
+    p.add_argument("--max_prompt_length", "--max-prompt-length", type=int, default=1024,
+                   metavar="N", help="prompt budget in tokens, as verl's data.max_prompt_length "
+                                     "(default: %(default)s)")
+    p.add_argument("--skip-invalid", "--skip_invalid", action="store_true",
+                   help="skip invalid rows (and list them) instead of failing")
+    p.add_argument("--drop-duplicates", "--drop_duplicates", action="store_true",
+                   help="drop repeated texts within a split (keeps the first); default: keep, warn")
+    p.add_argument("--data-source", "--data_source", default=DEFAULT_DATA_SOURCE, metavar="NAME",
+                   help="value of the data_source column; verl passes it to the reward "
+                        "function (default: %(default)s)")
+    p.add_argument("--ability", default=DEFAULT_ABILITY,
+                   help="value of the ability column (default: %(default)s)")
+    p.add_argument("--chunk-size", "--chunk_size", type=int, default=10_000, metavar="ROWS",
+                   help="rows held in memory and written per Parquet row group "
+                        "(default: %(default)s)")
+    p.add_argument("--max-listed", type=int, default=20, metavar="N",
+                   help="line numbers listed per kind of problem (default: %(default)s)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no summary (warnings and errors still go to stderr)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = PrepareConfig(
+        train_file=args.train_file, test_file=args.test_file, local_dir=args.local_dir,
+        tokenizer=args.tokenizer, max_prompt_length=args.max_prompt_length,
+        skip_invalid=args.skip_invalid, drop_duplicates=args.drop_duplicates,
+        data_source=args.data_source, ability=args.ability, chunk_size=args.chunk_size,
+        max_listed=args.max_listed, progress=not args.quiet)
+    try:
+        report = prepare(cfg)
+    except DataError as e:
+        print(f"prepare_data.py: error: {e}", file=sys.stderr)
+        return 1
+    for warning in report.warnings():
+        print(f"prepare_data.py: warning: {warning}", file=sys.stderr)
+    if not args.quiet:
+        print(report.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
