@@ -1,0 +1,154 @@
+"""End to end on CPU: real verl 0.9.1 GRPO (our plugin, the ``hf`` rollout) on the
+tiny converted CosyVoice2 model for 3 steps, checkpoints, merge, reload.
+
+One training run per session (Ray start-up dominates); about 2 minutes on 2 cores.
+The reward is a local rule (fraction of speech codes in the lower half of the
+codebook), so it is learnable and needs no server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS, SAVE_FREQ = 3, 2
+REWARD = '''
+from ttsrl.vocab import SPEECH_TOKEN_SIZE, SpeechVocab
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    codes = SpeechVocab.parse_speech_text(solution_str)
+    low = sum(c < SPEECH_TOKEN_SIZE // 2 for c in codes)
+    return {"score": low / len(codes) if codes else 0.0, "n_codes": len(codes)}
+'''
+
+
+def _rows(texts: list[str], split: str) -> list[dict]:
+    return [{"data_source": "tiny_tts", "prompt": [{"role": "user", "content": t}], "ability": "tts",
+             "reward_model": {"style": "rule", "ground_truth": t}, "extra_info": {"split": split, "index": i}}
+            for i, t in enumerate(texts)]
+
+
+def parse_steps(log: str) -> dict[int, dict[str, float]]:
+    """verl's console logger lines ``step:N - key:value - ...`` -> {N: metrics}."""
+    steps: dict[int, dict[str, float]] = {}
+    for m in re.finditer(r"step:(\d+) - (.*)", log):
+        metrics = {}
+        for item in m.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            value = re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip())  # np.float64(0.5) -> 0.5
+            try:
+                metrics[key.strip()] = float(value)
+            except ValueError:
+                continue
+        steps.setdefault(int(m.group(1)), {}).update(metrics)
+    return steps
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from ttsrl.convert import cosyvoice_to_hf
+    from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+
+    ws = tmp_path_factory.mktemp("grpo")
+    corpus = ["今天天气很好 the weather is nice today", "我们一起去公园 let us go to the park"] * 40
+    make_tiny_cosyvoice2(ws / "cosyvoice", corpus, TinyConfig(tokenizer_vocab=400))
+    cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
+    texts = [f"句子{i} sentence {i}" for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(_rows(texts[:4], "test")), ws / "test.parquet")
+    (ws / "reward.py").write_text(REWARD)
+
+    cmd = [sys.executable, str(ROOT / "train_grpo.py"), "--preset", "cpu",
+           "--model-path", str(ws / "hf_model"), "--train-files", str(ws / "train.parquet"),
+           "--val-files", str(ws / "test.parquet"), "--checkpoint-dir", str(ws / "ckpt"),
+           "--reward-file", str(ws / "reward.py"), "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
+           "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "24",
+           "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
+           "--lr", "1e-3", "--", "actor_rollout_ref.actor.optim.weight_decay=0.0"]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
+    (ws / "train.log").write_text(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return ws, proc.stdout
+
+
+def test_training_steps_and_metrics(run):
+    ws, log = run
+    steps = parse_steps(log)
+    assert sorted(s for s in steps if s > 0) == list(range(1, STEPS + 1)), sorted(steps)
+    assert "val-core/tiny_tts/reward/mean@1" in steps[0]  # validation before training
+    assert "val-core/tiny_tts/reward/mean@1" in steps[STEPS]  # and at test_freq
+    for s in range(1, STEPS + 1):
+        m = steps[s]
+        # the hf rollout computes the same log-probs as the actor: its weights follow the actor's
+        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, m
+        assert m["training/rollout_probs_diff_max"] < 1e-3, m
+        assert 0.0 < m["critic/score/mean"] < 1.0 and m["response_length/max"] <= 24
+    assert (ws / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+
+
+def _fsdp_tensor(actor: Path, name: str) -> torch.Tensor:
+    state = torch.load(actor / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
+    t = state[name]
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).float()
+
+
+def test_merge_and_reload(run):
+    from transformers import AutoModelForCausalLM
+
+    from ttsrl.merge import MARKER
+
+    ws, _ = run
+    out = ws / "merged"
+    cmd = [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ws / "ckpt"),
+           "--out-dir", str(out), "--base-model", str(ws / "hf_model")]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for step in (SAVE_FREQ, STEPS):
+        assert (out / f"step_{step}" / MARKER).is_file()
+        assert str((out / f"step_{step}").resolve()) in first.stdout
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("already merged, skipped") == 2, again.stdout
+
+    # a step without its marker (interrupted) is merged again
+    (out / f"step_{SAVE_FREQ}" / MARKER).unlink()
+    redo = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert redo.returncode == 0 and f"step {SAVE_FREQ}: merged" in redo.stdout, redo.stdout
+    assert (out / f"step_{SAVE_FREQ}" / MARKER).is_file()
+
+    step_dir = out / f"step_{STEPS}"
+    for name in ("modeling_cosyvoice2.py", "tokenizer.json", "generation_config.json", "config.json"):
+        assert (step_dir / name).is_file(), name
+    cfg = json.loads((step_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["CosyVoice2Qwen2ForCausalLM"]
+
+    merged = AutoModelForCausalLM.from_pretrained(step_dir, trust_remote_code=True)
+    base = AutoModelForCausalLM.from_pretrained(ws / "hf_model", trust_remote_code=True)
+    assert type(merged).__name__ == "CosyVoice2Qwen2ForCausalLM"
+    lo, hi = cfg["speech_output_range"]
+    trained_bias = _fsdp_tensor(ws / "ckpt" / f"global_step_{STEPS}" / "actor", "lm_head.bias")
+    # the merged bias is the trained one (bf16-rounded by verl's merger) ...
+    torch.testing.assert_close(merged.lm_head.bias.float(), trained_bias.bfloat16().float())
+    # ... and training moved it
+    assert (trained_bias[lo:hi] - base.lm_head.bias[lo:hi]).abs().max() > 1e-3
+
+    # the merged folder reloads and generates speech tokens only, as the base model does
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(step_dir)
+    ids = tok.apply_chat_template([{"role": "user", "content": "句子1 sentence 1"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    gen = merged.generate(**ids, max_new_tokens=8, do_sample=False)
+    new = gen[0, ids["input_ids"].shape[1]:].tolist()
+    assert new and all(lo <= t < hi for t in new), new

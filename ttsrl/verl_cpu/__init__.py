@@ -1,0 +1,56 @@
+"""Our verl 0.9.1 plugin: a CPU platform, the fixes a CPU run needs, and the
+``hf`` rollout (transformers generation that receives the actor's weights).
+
+verl imports this package at start-up in every process (driver and Ray workers)
+when ``VERL_USE_EXTERNAL_MODULES=ttsrl.verl_cpu`` is set; ``ttsrl`` must then be
+importable (``PYTHONPATH`` = repository root). No verl file is edited.
+
+* always: the ``cpu`` platform is registered (inert unless chosen), the ``hf``
+  rollout (``actor_rollout_ref.rollout.name=hf``).
+* with ``VERL_PLATFORM=cpu``: the gloo backend-string fix and no-op pinning
+  (``patches``). ``VERL_ENGINE_DEVICE=cuda`` must also be set so verl's FSDP
+  engine, registered for cuda/npu only, is found (``cpu_env`` gives all three).
+
+verl is pinned to ``VERL_VERSION``: these hooks use verl internals, and importing
+the plugin under another verl version fails loudly unless
+``TTSRL_ALLOW_VERL_MISMATCH=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+VERL_VERSION = "0.9.1"
+PLUGIN_MODULE = __name__
+
+
+def cpu_env() -> dict[str, str]:
+    """Environment variables that select this plugin's CPU path."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
+    }
+
+
+def _check_version() -> None:
+    from importlib.metadata import version
+
+    found = version("verl")
+    if found != VERL_VERSION and os.environ.get("TTSRL_ALLOW_VERL_MISMATCH") != "1":
+        raise ImportError(f"ttsrl.verl_cpu is written against verl=={VERL_VERSION}, found verl=={found}; "
+                          "re-check the plugin (tests/test_grpo_cpu.py) before changing the pin")
+
+
+def install() -> None:
+    _check_version()
+    from . import hf_rollout, platform  # noqa: F401  (registers the platform)
+
+    hf_rollout.register()
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.PLATFORM_NAME:
+        from .patches import install_cpu_patches
+
+        install_cpu_patches()
+
+
+install()

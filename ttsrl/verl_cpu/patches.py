@@ -1,0 +1,76 @@
+"""Two process-wide fixes verl 0.9.1 needs on a machine without an accelerator.
+
+Both are applied only when the CPU platform is selected (see ``install_cpu_patches``)
+and are idempotent.
+
+1. ``verl.utils.distributed`` builds the backend string
+   ``f"cpu:gloo,{device}:{backend}"``, which on CPU is ``"cpu:gloo,cpu:gloo"``;
+   torch rejects a device listed twice. We wrap ``torch.distributed.init_process_group``
+   (verl calls it through the module attribute) and drop repeated device entries.
+2. FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` (verl forces it on the reference
+   model) pins host memory, which raises when no accelerator exists. We make the
+   policy's ``pin_memory`` False when CUDA is unavailable.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed
+
+_MARK = "_ttsrl_cpu_patched"
+
+
+def dedup_backend(backend: str | None) -> str | None:
+    """``"cpu:gloo,cpu:gloo"`` -> ``"cpu:gloo"``; other strings unchanged.
+
+    Raises ValueError when one device is given two different backends."""
+    if not backend or ":" not in backend:
+        return backend
+    seen: dict[str, str] = {}
+    for part in backend.split(","):
+        device, _, name = part.strip().partition(":")
+        if device in seen and seen[device] != name:
+            raise ValueError(f"backend string {backend!r} gives device {device!r} two backends")
+        seen.setdefault(device, name)
+    return ",".join(f"{d}:{b}" for d, b in seen.items())
+
+
+def _patch_init_process_group() -> None:
+    original = torch.distributed.init_process_group
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        if "backend" in kwargs:
+            kwargs["backend"] = dedup_backend(kwargs["backend"])
+        elif args:
+            args = (dedup_backend(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    setattr(init_process_group, _MARK, True)
+    torch.distributed.init_process_group = init_process_group
+
+
+def _patch_offload_pinning() -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    original_init = CPUOffloadPolicy.__init__
+    if getattr(original_init, _MARK, False):
+        return
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if not torch.cuda.is_available():
+            object.__setattr__(self, "pin_memory", False)  # pinning needs an accelerator; a no-op on CPU
+
+    setattr(__init__, _MARK, True)
+    CPUOffloadPolicy.__init__ = __init__
+
+
+def install_cpu_patches() -> None:
+    _patch_init_process_group()
+    _patch_offload_pinning()
