@@ -22,10 +22,21 @@ QWEN_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{
                           r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, per_character: bool = False):
     """Train a byte-level BPE on ``texts``; returns a transformers tokenizer whose
     regular vocabulary has at most ``vocab_size`` entries, followed by Qwen's
-    three specials."""
+    three specials.
+
+    ``per_character``: learn merges only inside characters (and inside ASCII words),
+    so every character seen becomes one token and no token spans two Chinese
+    characters, as Qwen's tokenizer mostly does for common characters."""
+    if per_character:
+        import re
+
+        texts = list(texts)
+        units = set(ch for t in texts for ch in t if not ch.isascii())
+        units |= set(w for t in texts for w in re.findall(r"[A-Za-z]+", t))
+        texts = sorted(units) * 2  # min_frequency 2
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
