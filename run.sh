@@ -10,6 +10,7 @@
 #          1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
 #          5 export the best (or EXPORT_STEP) step to llm.pt
 set -euo pipefail
+shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD
 
@@ -76,7 +77,7 @@ if stage -1; then
   need_venv
   if [[ ${BUILD_BASE_MODEL:-0} == 1 ]]; then
     banner -1 "build the tiny CosyVoice2-format base model (cached)" "$COSYVOICE2_DIR"
-    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR"
+    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --heldout "$TEST_FILE" --out "$COSYVOICE2_DIR"
   fi
   banner -1 "convert llm.pt -> Hugging Face checkpoint" "$HF_MODEL_DIR"
   "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR"
@@ -87,7 +88,7 @@ if stage 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
   "$PY" prepare_data.py --train_file "$TRAIN_FILE" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
-    --tokenizer "$HF_MODEL_DIR"
+    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH"
   done_stage 0
 fi
 
@@ -103,15 +104,16 @@ if stage 2; then
   banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
   server_ready || start_server
   # shellcheck disable=SC2086
-  "$PY" train_grpo.py $GRPO_ARGS --model "$HF_MODEL_DIR" --data-dir "$DATA_DIR" --ckpt-dir "$CKPT_DIR" \
-    --reward-url "$REWARD_URL" --log-dir "$LOG_DIR" -- "${EXTRA_OVERRIDES[@]}"
+  "$PY" train_grpo.py $GRPO_ARGS --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+    --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
+    -- "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG_DIR/train_grpo.log"
   done_stage 2
 fi
 
 if stage 3; then
   need_venv
   banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
-  "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR"
+  "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"
   done_stage 3
 fi
 

@@ -14,6 +14,7 @@ HF_MODEL_DIR=$EXP_DIR/hf_model
 TRAIN_FILE=data/corpus/train.jsonl
 TEST_FILE=data/corpus/test.jsonl
 DATA_DIR=$EXP_DIR/data
+MAX_PROMPT_LENGTH=64
 
 # stage 1
 REWARD_BACKEND=sim

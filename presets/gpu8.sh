@@ -13,6 +13,7 @@ HF_MODEL_DIR=$EXP_DIR/hf_model
 TRAIN_FILE=${TRAIN_FILE:-data/emilia_zh_train.jsonl}
 TEST_FILE=${TEST_FILE:-data/corpus/test.jsonl}
 DATA_DIR=$EXP_DIR/data
+MAX_PROMPT_LENGTH=1024
 
 REWARD_BACKEND=cosyvoice2
 REWARD_PORT=${REWARD_PORT:-8000}
