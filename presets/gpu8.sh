@@ -17,7 +17,10 @@ MAX_PROMPT_LENGTH=1024
 
 REWARD_BACKEND=cosyvoice2
 REWARD_PORT=${REWARD_PORT:-8000}
-REWARD_ARGS="--cosyvoice2-dir $COSYVOICE2_DIR --asr-model-dir ${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}"
+ASR_MODEL_DIR=${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}
+PROMPT_DIR=${PROMPT_DIR:-data/speaker_prompts}   # *.wav + .txt transcripts; one is chosen per text
+SPEECH_ARGS="--cosyvoice-checkout $COSYVOICE_ROOT --cosyvoice-model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --asr sherpa --sherpa-model-dir $ASR_MODEL_DIR --sherpa-kind paraformer"
+REWARD_ARGS="$SPEECH_ARGS"
 
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
@@ -25,5 +28,5 @@ GRPO_ARGS="--preset gpu --n-gpus 8"
 
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=8
-EVAL_ARGS="--backend cosyvoice2 --cosyvoice2-dir $COSYVOICE2_DIR --asr-model-dir ${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh} --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+EVAL_ARGS="--backend cosyvoice2 $SPEECH_ARGS --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
 EXPORT_PATH=$EXP_DIR/llm-new.pt

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Stage 4: synthesise held-out test sets with the start model and every merged
+GRPO step, score them (CER, pinyin error, reward) and write the sweep report.
+
+    python -m torch.distributed.run --standalone --nproc_per_node N infer_dataset.py \\
+        --start-model HF_DIR --merged-dir MERGED_DIR --out-dir EVAL_DIR \\
+        --backend sim --test-set embedded_test=data/corpus/test.jsonl
+
+Also runs as plain ``python infer_dataset.py ...`` (one rank). Under torchrun each
+rank decodes utterances rank::N of every test set (each exactly once; one rank per
+GPU) and rank 0 gathers the results.
+
+Outputs (see ttsrl/evaluate.py):
+  OUT/step_N/<test_set>/results.jsonl, summary.json, wavs/   per model and test set
+  OUT/report.md, OUT/summary.json, OUT/cer.png               the sweep
+Models already scored with the same settings are skipped unless --force.
+
+Test sets (--test-set NAME=PATH, repeatable):
+  a JSONL file          {"text": ..., "id"?, "prompt_text"?, "prompt_speech_tokens"?: [codes]}
+  a Seed-TTS dir        meta.lst with lines utt|prompt_text|prompt_wav|text
+  a CV3-Eval dir        Kaldi-style text, prompt_text, prompt_wav.scp
+For the two directory layouts, zero-shot prompts need DIR/prompt_speech_tokens.jsonl
+({"id": utt, "prompt_speech_tokens": [...]} per line, made with CosyVoice's speech
+tokenizer); without it they run as plain TTS and the log says so.
+
+Sampling defaults are CosyVoice2's: top-p 0.8, top-k 25, repetition-aware sampling
+(window 10, tau 0.1), min/max 2x/20x the text tokens; --greedy for argmax decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ttsrl.backends import ASRS, BACKENDS, BackendConfig
+from ttsrl.cosyvoice_lm import SamplingConfig
+from ttsrl.evaluate import EvalConfig, TestSetError, parse_test_set_arg, run_sweep
+from ttsrl.generate import GenerationConfig
+
+
+def parse_args(argv=None) -> EvalConfig:
+    s = SamplingConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("models and outputs")
+    g.add_argument("--start-model", required=True, help="converted start model (HF dir) = step 0")
+    g.add_argument("--merged-dir", default=None, help="merged steps MERGED_DIR/step_N (stage 3); optional")
+    g.add_argument("--steps", default=None, help="comma-separated steps to score (default: 0 and every merged step)")
+    g.add_argument("--out-dir", required=True, help="where results, report.md, summary.json, cer.png go")
+    g.add_argument("--test-set", action="append", required=True, metavar="NAME=PATH",
+                   help="a test set (JSONL file, Seed-TTS dir or CV3-Eval dir); repeatable")
+    g.add_argument("--limit", type=int, default=None, help="only the first N utterances of each test set")
+    g.add_argument("--force", action="store_true", help="re-score models that are already scored")
+    g.add_argument("--no-wavs", action="store_true", help="do not write wavs (backends that make audio)")
+
+    g = p.add_argument_group("generation")
+    g.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto",
+                   help="auto: vLLM on GPU when installed, else transformers")
+    g.add_argument("--device", default="auto", help="auto (one GPU per rank, else cpu), cpu or cuda")
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="weights dtype of the transformers engine")
+    g.add_argument("--batch-size", type=int, default=8, help="utterances per batch (transformers engine)")
+    g.add_argument("--greedy", action="store_true", help="argmax decoding instead of CosyVoice2 sampling")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (per utterance: seed + id)")
+    g.add_argument("--top-p", type=float, default=s.top_p)
+    g.add_argument("--top-k", type=int, default=s.top_k)
+    g.add_argument("--win-size", type=int, default=s.win_size, help="repetition-aware sampling window")
+    g.add_argument("--tau-r", type=float, default=s.tau_r, help="repetition threshold (fraction of window)")
+    g.add_argument("--min-token-text-ratio", type=float, default=s.min_token_text_ratio,
+                   help="minimum speech codes per text token (stop tokens refused before)")
+    g.add_argument("--max-token-text-ratio", type=float, default=s.max_token_text_ratio,
+                   help="maximum speech codes per text token")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0 = cores / ranks)")
+
+    g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
+    g.add_argument("--backend", choices=BACKENDS, default="sim", help="token2wav + ASR preset (default sim)")
+    g.add_argument("--asr", choices=ASRS, default="default", help="override the preset's ASR")
+    g.add_argument("--reward", default="tanh", help="reward variant reported per utterance (tanh, toneless)")
+    g.add_argument("--no-length-guard", action="store_true", help="report rewards without the length guard")
+    g.add_argument("--whisper-model-dir", default=None)
+    g.add_argument("--whisper-compute-type", default=None)
+    g.add_argument("--cosyvoice-checkout", default=None, help="CosyVoice source checkout (backend cosyvoice2)")
+    g.add_argument("--cosyvoice-model-dir", default=None, help="CosyVoice2-0.5B model directory")
+    g.add_argument("--prompt-dir", default=None, help="speaker prompts for token2wav: *.wav + .txt")
+    g.add_argument("--sherpa-model-dir", default=None, help="sherpa-onnx model dir (--asr sherpa)")
+    g.add_argument("--sherpa-kind", default="sense_voice", choices=("sense_voice", "paraformer"))
+    a = p.parse_args(argv)
+
+    try:
+        test_sets = [parse_test_set_arg(t) for t in a.test_set]
+        steps = [int(x) for x in a.steps.split(",")] if a.steps else None
+    except ValueError as e:
+        p.error(str(e))
+    if a.reward == "cer_nll":
+        p.error("--reward cer_nll needs ASR scores; report tanh or toneless here")
+    if a.batch_size < 1 or (a.limit is not None and a.limit < 1):
+        p.error("--batch-size and --limit must be >= 1")
+    backend = BackendConfig(backend=a.backend, asr=a.asr, whisper_model_dir=a.whisper_model_dir,
+                            whisper_compute_type=a.whisper_compute_type, cpu_threads=a.threads,
+                            cosyvoice_checkout=a.cosyvoice_checkout, cosyvoice_model_dir=a.cosyvoice_model_dir,
+                            prompt_dir=a.prompt_dir, sherpa_model_dir=a.sherpa_model_dir, sherpa_kind=a.sherpa_kind)
+    try:
+        backend.validate()
+    except ValueError as e:
+        p.error(str(e))
+    sampling = SamplingConfig(top_p=a.top_p, top_k=a.top_k, win_size=a.win_size, tau_r=a.tau_r,
+                              min_token_text_ratio=a.min_token_text_ratio,
+                              max_token_text_ratio=a.max_token_text_ratio)
+    return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, merged_dir=a.merged_dir,
+                      steps=steps, backend=backend,
+                      generation=GenerationConfig(greedy=a.greedy, sampling=sampling, seed=a.seed,
+                                                  batch_size=a.batch_size),
+                      engine=a.engine, device=a.device, dtype=a.dtype, reward=a.reward,
+                      length_guard=not a.no_length_guard, save_wavs=not a.no_wavs, force=a.force,
+                      limit=a.limit, gpu_memory_utilization=a.gpu_memory_utilization, threads=a.threads)
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    try:
+        run_sweep(cfg, log=lambda line: print(line, flush=True))
+    except (TestSetError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Stage 4: batched generation (ttsrl.generate), test sets, scoring and the sweep
+(ttsrl.evaluate, infer_dataset.py), on the tiny random checkpoint of conftest.py."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ttsrl import sim
+from ttsrl import vocab as V
+from ttsrl.backends import BackendConfig, build_pipeline
+from ttsrl.cosyvoice_lm import SamplingConfig
+from ttsrl.evaluate import (EvalConfig, TestSetError, Utterance, read_test_set, run_sweep, score, shard,
+                            summarize)
+from ttsrl.generate import GenerationConfig, Generated, HFGenerator, Request, build_input_ids
+from ttsrl.hf_model import load_speech_lm
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny matmuls on a shared 2-core machine: more threads only add waiting.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_hf):
+    return load_speech_lm(tiny_hf)
+
+
+def requests_for(lm, texts, prefix="u"):
+    return [Request(f"{prefix}{i}", tuple(lm.tokenizer.encode(t, add_special_tokens=False)))
+            for i, t in enumerate(texts)]
+
+
+def generate(lm, reqs, **kw):
+    return HFGenerator(lm.model, lm.vocab, lm.tokenizer.pad_token_id).generate(reqs, GenerationConfig(**kw))
+
+
+# ---------------------------------------------------------------------------
+# generation
+
+
+def test_greedy_equals_reference_inference(tiny_cosyvoice2, lm):
+    """The conversion is exact, so batched HF greedy decoding must reproduce
+    CosyVoice2's own ``Qwen2LM.inference(greedy=True)`` token for token."""
+    _, ref = tiny_cosyvoice2
+    reqs = requests_for(lm, TEXTS)
+    got = generate(lm, reqs, greedy=True, batch_size=len(reqs))
+    for r, g in zip(reqs, got):
+        want = list(ref.inference(r.text_ids, greedy=True))
+        assert g.error is None and g.codes == want
+
+
+def test_zero_shot_prompt_layout_matches_reference(tiny_cosyvoice2, lm):
+    _, ref = tiny_cosyvoice2
+    sv = lm.vocab
+    tok = lm.tokenizer
+    prompt_text = tuple(tok.encode("今天天气很好", add_special_tokens=False))
+    prompt_speech = (12, 7, 6560, 0, 4000)
+    text_ids = tuple(tok.encode("你好", add_special_tokens=False))
+    req = Request("z", text_ids, prompt_text, prompt_speech)
+    assert build_input_ids(sv, req) == ([sv.sos_id, *prompt_text, *text_ids, sv.task_id]
+                                        + sv.codes_to_ids(prompt_speech))
+    # batched next to a plain request of another length: still the reference's output
+    got = generate(lm, [req, requests_for(lm, ["银行的行长在行走。"])[0]], greedy=True, batch_size=2)
+    want = list(ref.inference(text_ids, prompt_text, prompt_speech, greedy=True))
+    assert got[0].codes == want
+    # min/max length count the target text only: 20 x len(text_ids) codes at most
+    assert len(got[0].codes) <= 20 * len(text_ids)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_batch_equals_single(lm, greedy):
+    reqs = requests_for(lm, TEXTS)
+    assert len({len(r.text_ids) for r in reqs}) > 2  # really different lengths in one batch
+    cfg = dict(greedy=greedy, seed=7, sampling=SamplingConfig(min_token_text_ratio=0, max_token_text_ratio=6))
+    batched = generate(lm, reqs, batch_size=len(reqs), **cfg)
+    single = generate(lm, reqs, batch_size=1, **cfg)
+    assert [g.codes for g in batched] == [g.codes for g in single]
+    assert all(g.codes for g in batched)
+
+
+def test_sampling_is_seeded_per_item(lm):
+    reqs = requests_for(lm, TEXTS[:3])
+    cfg = dict(sampling=SamplingConfig(max_token_text_ratio=5))
+    a = generate(lm, reqs, seed=1, **cfg)
+    b = generate(lm, list(reversed(reqs)), seed=1, **cfg)[::-1]  # order does not matter
+    c = generate(lm, reqs, seed=2, **cfg)
+    assert [g.codes for g in a] == [g.codes for g in b]
+    assert [g.codes for g in a] != [g.codes for g in c]
+
+
+def biased_model(tiny_hf, hf_id: int, value: float, others: dict[int, float] = {}):
+    m = load_speech_lm(tiny_hf)
+    with torch.no_grad():
+        m.model.lm_head.bias[hf_id] += value
+        for i, v in others.items():
+            m.model.lm_head.bias[i] += v
+    return m
+
+
+@pytest.mark.parametrize("stop_index", V.STOP_INDICES)
+@pytest.mark.parametrize("greedy", [True, False])
+def test_stops_on_every_stop_id(tiny_hf, lm, stop_index, greedy):
+    """A model that always wants to stop: stops at once when allowed; the stop token
+    itself is never part of the output. Greedy refuses it until min_len."""
+    m = biased_model(tiny_hf, lm.vocab.to_hf(stop_index), 50.0)
+    reqs = requests_for(m, TEXTS[:3])
+    none = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=0), batch_size=3)
+    assert all(g.codes == [] and g.stopped and g.error is None for g in none)
+    if greedy:
+        got = generate(m, reqs, greedy=True, sampling=SamplingConfig(min_token_text_ratio=1.0), batch_size=3)
+        for r, g in zip(reqs, got):
+            assert g.stopped and g.error is None
+            assert len(g.codes) == len(r.text_ids)  # min_len = 1 x text tokens
+            assert all(0 <= c < V.SPEECH_TOKEN_SIZE for c in g.codes)
+    else:
+        # CosyVoice2 gives up after max_trials stop draws before min_len: that item
+        # is reported as failed, the batch goes on
+        got = generate(m, reqs, greedy=False, sampling=SamplingConfig(min_token_text_ratio=1.0), batch_size=3)
+        assert all("only stop tokens" in g.error for g in got)
+
+
+def test_max_length_keeps_the_last_token(tiny_hf, lm):
+    """A model that never stops: exactly max_len codes, the last one kept."""
+    sv = lm.vocab
+    m = biased_model(tiny_hf, sv.to_hf(5), 50.0, {i: -50.0 for i in sv.stop_ids})
+    reqs = requests_for(m, TEXTS[:2])
+    got = generate(m, reqs, greedy=True, sampling=SamplingConfig(max_token_text_ratio=3.0), batch_size=2)
+    for r, g in zip(reqs, got):
+        assert not g.stopped
+        assert g.codes == [5] * (3 * len(r.text_ids))
+
+
+# ---------------------------------------------------------------------------
+# test sets and scoring
+
+
+def test_shard_covers_each_item_once():
+    items = list(range(11))
+    parts = [shard(items, r, 3) for r in range(3)]
+    assert sorted(x for p in parts for x in p) == items
+    assert [len(p) for p in parts] == [4, 4, 3]
+
+
+def test_jsonl_reader_errors_name_file_and_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"text": "你好", "id": "a"}\n{"txt": "x"}\n', encoding="utf-8")
+    with pytest.raises(TestSetError, match=r"t\.jsonl:2: expected a non-empty string 'text'"):
+        read_test_set("t", p)
+    p.write_text('{"text": "你好", "id": "a"}\n{"text": "好", "id": "a"}\n', encoding="utf-8")
+    with pytest.raises(TestSetError, match="appears twice"):
+        read_test_set("t", p)
+    p.write_text('{"text": "你好", "prompt_text": "好", "prompt_speech_tokens": [1, 6561]}\n', encoding="utf-8")
+    with pytest.raises(TestSetError, match="outside 0..6560"):
+        read_test_set("t", p)
+
+
+def test_seedtts_layout_with_and_without_prompt_tokens(tmp_path):
+    d = tmp_path / "zh"
+    d.mkdir()
+    (d / "meta.lst").write_text("u1|今天天气很好|prompt-wavs/u1.wav|你好\nu2|银行|prompt-wavs/u2.wav|重庆\n",
+                                encoding="utf-8")
+    ts = read_test_set("seed", d)
+    assert ts.layout == "seedtts" and [u.id for u in ts.utterances] == ["u1", "u2"]
+    assert ts.utterances[0] == Utterance("u1", "你好")  # no tokens file: plain TTS, and a note says so
+    assert ts.notes and "prompt_speech_tokens.jsonl" in ts.notes[0]
+    (d / "prompt_speech_tokens.jsonl").write_text('{"id": "u1", "prompt_speech_tokens": [1, 2]}\n'
+                                                  '{"id": "u2", "prompt_speech_tokens": [3]}\n')
+    ts = read_test_set("seed", d)
+    assert ts.utterances[0] == Utterance("u1", "你好", "今天天气很好", (1, 2)) and not ts.notes
+
+
+def test_cv3_layout(tmp_path):
+    d = tmp_path / "zero_shot_zh"
+    d.mkdir()
+    (d / "text").write_text("uttid_1 你好\nuttid_2 重庆\n", encoding="utf-8")
+    (d / "prompt_text").write_text("uttid_1 今天天气很好\nuttid_2 银行\n", encoding="utf-8")
+    (d / "prompt_wav.scp").write_text("uttid_1 w/1.wav\nuttid_2 w/2.wav\n")
+    (d / "prompt_speech_tokens.jsonl").write_text('{"id": "uttid_1", "prompt_speech_tokens": [9]}\n'
+                                                  '{"id": "uttid_2", "prompt_speech_tokens": [8]}\n')
+    ts = read_test_set("cv3", d)
+    assert ts.layout == "cv3"
+    assert ts.utterances[1] == Utterance("uttid_2", "重庆", "银行", (8,))
+
+
+def test_missing_outputs_count_as_full_errors():
+    pipeline = build_pipeline(BackendConfig(backend="sim"))
+    utts = [Utterance("ok", "今天天气很好"), Utterance("empty", "银行的行长"), Utterance("broken", "你好吗")]
+    gens = [Generated(codes=sim.encode("今天天气很好"), stopped=True), Generated(codes=[]),
+            Generated(error="SamplingError: only stop tokens")]
+    rows = score(pipeline, utts, gens)
+    assert [r["failure"] for r in rows] == [False, True, True]
+    assert rows[0]["cer_errors"] == 0 and rows[0]["reward"] == pytest.approx(1.0)
+    for r, n in zip(rows[1:], (5, 3)):
+        assert r["cer_errors"] == r["ref_len"] == n and r["reward"] == 0.0 and r["transcript"] == ""
+    assert rows[2]["error"].startswith("SamplingError")
+    s = summarize(rows)
+    assert s["failures"] == 2 and s["failed_ids"] == ["empty", "broken"]
+    assert s["cer"] == pytest.approx(8 / 14)  # micro-averaged: (0 + 5 + 3) / (6 + 5 + 3)
+
+
+def test_hypothesis_is_normalised_like_the_reference():
+    """Scoring goes through ttsrl.text, which normalises BOTH sides: a transcript that
+    differs from the reference only by punctuation and digits is error-free."""
+    from ttsrl.text import error_counts
+
+    assert error_counts("我有2个苹果。", "我有两个苹果", "char")[0] == 0
+    assert error_counts("我有两个苹果", "我有2个苹果！", "char")[0] == 0
+
+
+# ---------------------------------------------------------------------------
+# the sweep
+
+
+def write_jsonl(path, texts):
+    path.write_text("".join(json.dumps({"text": t, "id": f"t{i}"}, ensure_ascii=False) + "\n"
+                            for i, t in enumerate(texts)), encoding="utf-8")
+
+
+def test_two_ranks_decode_every_utterance_once(tiny_hf, tmp_path):
+    """torchrun with 2 gloo ranks over 5 utterances (not a multiple of 2)."""
+    test = tmp_path / "test.jsonl"
+    write_jsonl(test, TEXTS)
+    out = tmp_path / "eval"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "infer_dataset.py"), "--start-model", str(tiny_hf), "--out-dir", str(out),
+           "--test-set", f"small={test}", "--greedy", "--max-token-text-ratio", "4", "--threads", "1",
+           "--batch-size", "2"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "step_0" / "small" / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"t{i}" for i in range(5)]
+    summary = json.loads((out / "step_0" / "small" / "summary.json").read_text())
+    assert summary["n"] == 5 and summary["ranks"] == 2
+    # same outputs as one process decoding everything
+    lm = load_speech_lm(tiny_hf)
+    want = generate(lm, requests_for(lm, TEXTS, prefix="t"), greedy=True,
+                    sampling=SamplingConfig(max_token_text_ratio=4))
+    assert [r["n_codes"] for r in rows] == [len(g.codes) for g in want]
+    assert "| 0 (start) | small |" in p.stdout
+
+
+def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
+    test = tmp_path / "test.jsonl"
+    write_jsonl(test, TEXTS[:3])
+    merged = tmp_path / "merged"
+    shutil.copytree(tiny_hf, merged / "step_2")
+    (merged / "step_4").mkdir()  # incomplete merge (no config.json): not a model
+    out = tmp_path / "eval"
+    cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out),
+                     test_sets=[("a", str(test)), ("b", str(test))], engine="hf", device="cpu", threads=1,
+                     generation=GenerationConfig(sampling=SamplingConfig(max_token_text_ratio=3), seed=3))
+    logs = []
+    rows = run_sweep(cfg, log=logs.append)
+    assert [(r["step"], r["test_set"]) for r in rows] == [(0, "a"), (0, "b"), (2, "a"), (2, "b")]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == rows
+    for r in summary:
+        assert set(r) >= {"step", "test_set", "cer", "pinyin_error", "reward", "n", "failures"}
+        assert r["n"] == 3 and isinstance(r["failures"], int) and 0 <= r["reward"] <= 1
+    # step_2 is a copy of the start model and sampling is seeded per utterance: same scores
+    assert summary[0]["cer"] == summary[2]["cer"]
+    report = (out / "report.md").read_text()
+    assert report.count("\n| ") == 1 + 4 and "| 2 | b |" in report  # header + 4 rows
+    assert (out / "cer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    per = out / "step_2" / "a"
+    assert (per / "results.jsonl").is_file() and json.loads((per / "summary.json").read_text())["step"] == 2
+
+    # a second run scores nothing again
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("results.jsonl")}
+    logs.clear()
+    rows2 = run_sweep(cfg, log=logs.append)
+    assert rows2 == rows
+    assert sum("already scored" in line for line in logs) == 4
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("results.jsonl")} == before
+    # ... unless the settings change (or --force)
+    cfg.generation = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=3))
+    cfg.steps = [2]
+    logs.clear()
+    run_sweep(cfg, log=logs.append)
+    assert not any("already scored" in line for line in logs)
+    assert (out / "step_2" / "a" / "results.jsonl").stat().st_mtime_ns != before[out / "step_2" / "a" / "results.jsonl"]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+def test_wavs_written_when_the_backend_makes_audio(tmp_path):
+    """espeak-ng voices the codes (real audio), the sim ASR reads the codes back."""
+    import wave
+
+    pipeline = build_pipeline(BackendConfig(backend="whisper", asr="sim"))
+    utts = [Utterance("a/1", "今天天气很好"), Utterance("b", "你好")]
+    gens = [Generated(codes=sim.encode(u.text), stopped=True) for u in utts[:1]] + [Generated()]
+    rows = score(pipeline, utts, gens, wav_dir=tmp_path / "wavs")
+    assert rows[0]["cer_errors"] == 0 and rows[1]["failure"]
+    wavs = sorted(p.name for p in (tmp_path / "wavs").iterdir())
+    assert wavs == ["a_1.wav"]  # a failure has no audio; ids are made file-safe
+    with wave.open(str(tmp_path / "wavs" / "a_1.wav")) as w:
+        assert w.getnframes() > 0
