@@ -6,7 +6,15 @@ trained on a few sentences. Key names, index math and the speech vocabulary
 (6561 + 3) are the real ones.
 """
 
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SENTENCES = [
     "今天天气很好，我们去公园散步吧。", "我用iPhone拍照，Hello world!", "二零二四年三月五日，百分之五十。",
@@ -32,3 +40,30 @@ def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "hf_model"
     cosyvoice_to_hf(tiny_cosyvoice2[0], out, log=lambda _: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def sim_server_url():
+    """The reward server CLI with the ``sim`` backend on a free loopback port."""
+    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", "sim", "--port", "0",
+           "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, seen = None, []
+    deadline = time.time() + 120
+    while time.time() < deadline and url is None:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "ready on http://" in line:
+            url = line.split("ready on ")[1].split()[0]
+    if url is None:
+        proc.kill()
+        pytest.fail("reward server did not start:\n" + "".join(seen))
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -87,6 +87,27 @@ def ras_sampling(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig
     return top
 
 
+class SamplingError(RuntimeError):
+    """Only stop tokens were drawn while the minimum length forbids stopping."""
+
+
+def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg: SamplingConfig,
+               greedy: bool = False, generator: torch.Generator | None = None) -> int:
+    """Next output index (0..6563) from log-probs over the 6564 outputs, by CosyVoice2's
+    rule: greedy argmax, or repetition-aware sampling; before the minimum length the
+    stop indices are masked (greedy) or redrawn, at most ``max_trials`` times."""
+    if greedy:
+        if not allow_stop:
+            logp = logp.clone()
+            logp[SPEECH_TOKEN_SIZE:] = -float("inf")
+        return int(logp.argmax())
+    for _ in range(cfg.max_trials):
+        top = ras_sampling(logp, decoded, cfg, generator)
+        if allow_stop or top < SPEECH_TOKEN_SIZE:
+            return top
+    raise SamplingError(f"sampled only stop tokens in {cfg.max_trials} trials before the minimum length")
+
+
 class Qwen2LM(nn.Module):
     def __init__(self, qwen2_config):
         super().__init__()
@@ -158,24 +179,12 @@ class Qwen2LM(nn.Module):
         for i in range(max_len):
             hidden, cache = self.llm(lm_input, past_key_values=cache, use_cache=True)
             logp = self.llm_decoder(hidden[0, -1]).log_softmax(dim=-1)
-            top = self._sample(logp, out, sampling, generator, greedy, allow_stop=i >= min_len)
+            top = pick_token(logp, out, i >= min_len, sampling, greedy, generator)
             if top in self.stop_token_ids:
                 break
             yield top
             out.append(top)
             lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
-
-    def _sample(self, logp, decoded, cfg, generator, greedy, allow_stop) -> int:
-        if greedy:
-            if not allow_stop:
-                logp = logp.clone()
-                logp[SPEECH_TOKEN_SIZE:] = -float("inf")
-            return int(logp.argmax())
-        for _ in range(cfg.max_trials):
-            top = ras_sampling(logp, decoded, cfg, generator)
-            if allow_stop or top < SPEECH_TOKEN_SIZE:
-                return top
-        raise RuntimeError(f"sampled only stop tokens in {cfg.max_trials} trials before min length")
 
 
 def load_llm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import vocab as V
-from .cosyvoice_lm import SamplingConfig, ras_sampling
+from .cosyvoice_lm import SamplingConfig, SamplingError, pick_token
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,6 @@ class GenerationConfig:
     batch_size: int = 8
 
 
-class SamplingError(RuntimeError):
-    """The sampler drew only stop tokens before the minimum length."""
-
-
 def build_input_ids(vocab: V.SpeechVocab, req: Request) -> list[int]:
     """``[sos] + prompt_text + text + [task_id] + prompt_speech`` as HF token ids."""
     return ([vocab.sos_id] + list(req.prompt_text_ids) + list(req.text_ids) + [vocab.task_id]
@@ -86,23 +82,6 @@ def length_limits(n_text: int, sampling: SamplingConfig) -> tuple[int, int]:
 def item_seed(seed: int, key: str) -> int:
     """A 63-bit seed for one item: same for the same (seed, key) in any process."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") >> 1
-
-
-def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg: SamplingConfig,
-               greedy: bool, generator: torch.Generator | None) -> int:
-    """Next LLM output index (0..6563) from log-probs over the 6564 outputs, by
-    CosyVoice2's rule: greedy argmax, or repetition-aware sampling; stop indices
-    are masked (greedy) or redrawn up to ``max_trials`` times before ``min_len``."""
-    if greedy:
-        if not allow_stop:
-            logp = logp.clone()
-            logp[V.SPEECH_TOKEN_SIZE:] = -float("inf")
-        return int(logp.argmax())
-    for _ in range(cfg.max_trials):
-        top = ras_sampling(logp, decoded, cfg, generator)
-        if allow_stop or top < V.SPEECH_TOKEN_SIZE:
-            return top
-    raise SamplingError(f"sampled only stop tokens in {cfg.max_trials} trials before the minimum length")
 
 
 class HFGenerator:

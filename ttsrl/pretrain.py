@@ -41,8 +41,10 @@ class PretrainConfig:
                                                                  tokenizer_vocab=4096))
     steps: int = 1500
     batch_size: int = 32
-    span_prob: float = 0.5  # share of examples that are a random span of a sentence, not the whole
+    span_prob: float = 0.3  # share of examples that are a random span of a sentence
+    random_prob: float = 0.4  # share that are random strings of corpus characters ("reading drills")
     min_span: int = 2
+    max_random: int = 12
     lr: float = 3e-3
     weight_decay: float = 0.01
     tone_noise: float = 0.35  # share of syllables whose tone is replaced by a random other tone
@@ -154,8 +156,13 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
         return tok.encode(t, add_special_tokens=False), sim.encode(t)
 
     sentences = [example(t) for t in texts]
-    # spans teach reading character by character instead of memorising sentences
+    # Spans and random character strings teach reading character by character (a
+    # monotonic text -> speech alignment) instead of memorising whole sentences.
     spans = [example(s) for t in texts for s in sentence_spans(t, cfg.min_span)]
+    chars = sorted(set(ch for t in texts for ch in t if "\u4e00" <= ch <= "\u9fff"))
+
+    def drill() -> tuple[list[int], list[int]]:
+        return example("".join(rng.choice(chars) for _ in range(rng.randint(cfg.min_span, cfg.max_random))))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
     model.train()
@@ -163,7 +170,11 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     for _ in bar:
         batch = []
         for _ in range(cfg.batch_size):
-            text_ids, codes = rng.choice(spans if rng.random() < cfg.span_prob else sentences)
+            u = rng.random()
+            if u < cfg.random_prob:
+                text_ids, codes = drill()
+            else:
+                text_ids, codes = rng.choice(spans if u < cfg.random_prob + cfg.span_prob else sentences)
             batch.append((text_ids, noisy_codes(codes, cfg, rng)))
         loss = batch_loss(model, batch)
         opt.zero_grad()
