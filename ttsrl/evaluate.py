@@ -274,11 +274,11 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
         part = live[start:start + chunk]
         codes = [gens[i].codes for i in part]
         texts = [utts[i].text for i in part]
-        if wav_dir is None:
-            trs = pipeline.transcribe_tokens(codes, texts)
-            hyps.update({i: tr.text for i, tr in zip(part, trs)})
-        else:
-            hyps.update(_transcribe_saving_wavs(pipeline, part, codes, texts, utts, wav_dir))
+        for i, tr in zip(part, pipeline.transcribe_tokens(codes, texts)):
+            hyps[i] = tr.text
+            if wav_dir is not None and tr.audio is not None and tr.audio.waveform is not None:
+                wav_dir.mkdir(parents=True, exist_ok=True)
+                tr.audio.write_wav(wav_dir / f"{_safe_name(utts[i].id)}.wav")
     unit = _failure_unit(pipeline)
     rows = []
     for i, (u, g) in enumerate(zip(utts, gens)):
@@ -298,18 +298,6 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
                        reward=0.0, failure=True, error=g.error or "no speech codes generated")
         rows.append(row)
     return rows
-
-
-def _transcribe_saving_wavs(pipeline, live, codes, texts, utts, wav_dir: Path) -> dict[int, str]:
-    """The pipeline's transcribe_tokens, keeping the audio to write it to disk."""
-    prompts = [pipeline.prompt_for(t) for t in texts]
-    audios = pipeline.token2wav.synthesize(codes, prompts)
-    hyps = pipeline.asr.transcribe(audios)
-    for i, a in zip(live, audios):
-        if a.waveform is not None:
-            wav_dir.mkdir(parents=True, exist_ok=True)
-            a.write_wav(wav_dir / f"{_safe_name(utts[i].id)}.wav")
-    return dict(zip(live, hyps))
 
 
 def _safe_name(s: str) -> str:

@@ -130,6 +130,7 @@ class Transcript:
     duration_s: float
     asr_logprob: float | None = None
     prompt: str | None = None
+    audio: "Audio | None" = None  # what the ASR heard (waveform or, for sim, codes)
 
 
 def stable_index(key: str, n: int) -> int:
@@ -185,5 +186,5 @@ class SpeechPipeline:
             for j, i in enumerate(live):
                 out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),
                                     duration_s=audios[j].duration_s, asr_logprob=scores[j],
-                                    prompt=prompts[j].name)
+                                    prompt=prompts[j].name, audio=audios[j])
         return out  # type: ignore[return-value]
