@@ -14,6 +14,10 @@ shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD
 
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 START=${1:--2}
 STOP=${2:-5}
 shift $(( $# < 2 ? $# : 2 ))

@@ -3,9 +3,10 @@ tiny converted CosyVoice2 model for 3 steps, checkpoints, merge, reload.
 
 One training run per session (Ray start-up dominates); about 2 minutes on 2 cores.
 The reward is the real one: ``reward_tts.py`` posting to the reward server CLI
-(``sim`` backend) on a loopback port. The tiny model here is random (a fake of
-CosyVoice2's weights, see conftest.py), so its rewards are near zero; learning is
-shown by the embedded run (run.sh), not by this 3-step test.
+(``sim`` backend) on a loopback port. The tiny model (a fake of CosyVoice2's
+weights, see conftest.py) is first pretrained for a few seconds on 12 sentences so
+that its samples earn different rewards; learning over many steps is shown by the
+embedded run (run.sh), not by this 3-step test.
 """
 
 from __future__ import annotations
@@ -50,13 +51,19 @@ def parse_steps(log: str) -> dict[int, dict[str, float]]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, sim_server_url):
     from ttsrl.convert import cosyvoice_to_hf
-    from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+    from ttsrl.pretrain import PretrainConfig, build_base_model
+    from ttsrl.tiny_model import TinyConfig
 
     ws = tmp_path_factory.mktemp("grpo")
-    corpus = ["今天天气很好 the weather is nice today", "我们一起去公园 let us go to the park"] * 40
-    make_tiny_cosyvoice2(ws / "cosyvoice", corpus, TinyConfig(tokenizer_vocab=400))
+    # A few seconds of supervised pretraining on 12 shipped sentences, so that sampled
+    # responses get different, non-zero sim rewards and GRPO has a signal.
+    lines = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
+    (ws / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    texts = [json.loads(x)["text"] for x in lines]
+    cfg = PretrainConfig(model=TinyConfig(tokenizer_vocab=4096), steps=120, span_prob=0.0, random_prob=0.0,
+                         tone_noise=0.3, initial_noise=0.0)
+    build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", cfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
-    texts = [f"句子{i} sentence {i}" for i in range(12)]
     pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")
     pq.write_table(pa.Table.from_pylist(_rows(texts[:4], "test")), ws / "test.parquet")
 
@@ -64,7 +71,7 @@ def run(tmp_path_factory, sim_server_url):
            "--model-path", str(ws / "hf_model"), "--train-files", str(ws / "train.parquet"),
            "--val-files", str(ws / "test.parquet"), "--checkpoint-dir", str(ws / "ckpt"),
            "--reward-file", str(ROOT / "reward_tts.py"), "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
-           "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "24",
+           "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
            "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
            "--lr", "1e-3", "--", "actor_rollout_ref.actor.optim.weight_decay=0.0"]
     env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url}
@@ -87,7 +94,7 @@ def test_training_steps_and_metrics(run):
         # the hf rollout computes the same log-probs as the actor: its weights follow the actor's
         assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, m
         assert m["training/rollout_probs_diff_max"] < 1e-3, m
-        assert 0.0 <= m["critic/score/mean"] <= 1.0 and m["response_length/max"] <= 24
+        assert 0.0 < m["critic/score/mean"] < 1.0 and m["response_length/max"] <= 32
     # every rollout was scored by the server: 3 steps x 4 prompts x n=4, plus 2 validations of 4
     assert stats["ok"] >= STEPS * 4 * 4 + 2 * 4, stats
     assert (ws / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)

@@ -2,7 +2,7 @@
 shipped corpus with the simulated codec (``ttsrl.sim``) as its speech tokenizer.
 
 It is deliberately imperfect, as a real TTS LM is: its training targets carry
-label noise (a share of syllables get a wrong tone, a few a wrong initial), so the
+label noise (a share of syllables get a wrong tone; optionally a wrong initial), so the
 model learns to hedge, and sampling from it makes mistakes that a reward can see.
 Held-out error then starts well above zero and GRPO has room to lower it. Tone
 errors are what real Mandarin TTS models get wrong most, which is also why the
@@ -37,18 +37,18 @@ INFO_FILE = "build_info.json"
 @dataclass(frozen=True)
 class PretrainConfig:
     model: TinyConfig = field(default_factory=lambda: TinyConfig(hidden_size=128, intermediate_size=256,
-                                                                 num_attention_heads=4, num_key_value_heads=2,
-                                                                 tokenizer_vocab=4096))
-    steps: int = 1500
+                                                                 num_hidden_layers=4, num_attention_heads=4,
+                                                                 num_key_value_heads=2, tokenizer_vocab=4096))
+    steps: int = 2000
     batch_size: int = 32
     span_prob: float = 0.3  # share of examples that are a random span of a sentence
-    random_prob: float = 0.4  # share that are random strings of corpus characters ("reading drills")
+    random_prob: float = 0.5  # share that are random strings of corpus characters ("reading drills")
     min_span: int = 2
     max_random: int = 12
     lr: float = 3e-3
     weight_decay: float = 0.01
-    tone_noise: float = 0.35  # share of syllables whose tone is replaced by a random other tone
-    initial_noise: float = 0.05  # share of syllables whose initial is replaced by a random one
+    tone_noise: float = 0.3  # share of syllables whose tone is replaced by a random other tone
+    initial_noise: float = 0.0  # share of syllables whose initial is replaced by a random one
     seed: int = 1234
     threads: int = 2
 

@@ -14,13 +14,15 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
 def merged_steps(merged_dir: str | Path) -> dict[int, Path]:
-    """step -> folder for every complete merged step (its config.json is written last)."""
+    """step -> folder for every complete merged step (stage 3 writes its marker last)."""
+    from .merge import is_merged
+
     d = Path(merged_dir)
     out = {}
     if d.is_dir():
         for p in d.iterdir():
             m = _STEP_RE.match(p.name)
-            if m and (p / "config.json").is_file():
+            if m and is_merged(p):
                 out[int(m.group(1))] = p
     return dict(sorted(out.items()))
 

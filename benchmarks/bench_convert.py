@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Conversion speed and memory at full size (CosyVoice2-0.5B shape).
+
+Builds a RANDOM CosyVoice2 checkpoint of the real shape (Qwen2-0.5B inner model,
+vocab 151936, a synthetic tokenizer of Qwen2's exact size) in a temp dir, then times
+llm.pt -> HF and HF -> llm.pt, each in a child process whose peak RSS is read from
+the kernel (ru_maxrss). Needs ~8 GB of disk and RAM.
+
+    .venv/bin/python benchmarks/bench_convert.py [--workdir DIR]
+"""
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def qwen_sized_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab.update({f"x{i}": i for i in range(len(vocab), 151643)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    fast.save_pretrained(out)
+
+
+def build(d: Path) -> float:
+    import torch
+    from transformers import Qwen2Config
+
+    from ttsrl.convert import BLANK_EN, atomic_torch_save
+    from ttsrl.cosyvoice_lm import Qwen2LM
+
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                      architectures=["Qwen2ForCausalLM"])
+    qwen_sized_tokenizer(d / BLANK_EN)
+    cfg.save_pretrained(d / BLANK_EN)
+    with torch.device("meta"):
+        model = Qwen2LM(cfg)
+    state = {k: torch.randn(v.shape) * 0.02 for k, v in model.state_dict().items()}
+    state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]  # tied
+    atomic_torch_save(state, d / "llm.pt")
+    return (d / "llm.pt").stat().st_size / 2**30
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd`` under a fresh wrapper process; returns (seconds, peak RSS in GiB)."""
+    wrapper = [sys.executable, "-c", "import resource,subprocess,sys; subprocess.run(sys.argv[1:], check=True, "
+               "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"]
+    t0 = time.time()
+    out = subprocess.run(wrapper + cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return time.time() - t0, int(out.strip().splitlines()[-1]) / 2**20  # KiB -> GiB
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", help="where to put the ~6 GB of checkpoints (default: a temp dir)")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
+        d = Path(tmp)
+        t0 = time.time()
+        size = build(d / "cosyvoice2")
+        print(f"random full-size llm.pt: {size:.2f} GiB (built in {time.time() - t0:.0f}s)")
+        py = sys.executable
+        secs, rss = timed([py, "pretrained_to_huggingface.py", "--pretrained-cosyvoice2-path", str(d / "cosyvoice2"),
+                           "--save-path", str(d / "hf")])
+        print(f"llm.pt -> HF : {secs:6.1f} s, peak RSS {rss:.2f} GiB ({rss / size:.2f}x the checkpoint)")
+        secs, rss = timed([py, "huggingface_to_pretrained.py", "--hf-cosyvoice2-llm-path", str(d / "hf"),
+                           "--output-path", str(d / "llm-back.pt")])
+        print(f"HF -> llm.pt : {secs:6.1f} s, peak RSS {rss:.2f} GiB ({rss / size:.2f}x the checkpoint)")
+
+
+if __name__ == "__main__":
+    main()
