@@ -39,9 +39,11 @@ export PYTHONUNBUFFERED=1
 STARTED_SERVER=0
 
 stage() { (( $1 >= START && $1 <= STOP )); }
+LAST_STAGE=
 banner() {  # banner STAGE "what it does" "where its output goes"
   printf '\n==== stage %s [%s]: %s\n     -> %s\n' "$1" "$PRESET_NAME" "$2" "$3"
-  STAGE_T0=$SECONDS
+  [[ $1 == "$LAST_STAGE" ]] || STAGE_T0=$SECONDS
+  LAST_STAGE=$1
 }
 done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
 need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
