@@ -117,6 +117,9 @@ def parse_args(argv=None) -> EvalConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar (ours), not one per model load
     try:
         run_sweep(cfg, log=lambda line: print(line, flush=True))
     except (TestSetError, FileNotFoundError) as e:

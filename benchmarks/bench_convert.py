@@ -19,33 +19,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def qwen_sized_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    vocab.update({f"x{i}": i for i in range(len(vocab), 151643)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    fast.save_pretrained(out)
-
-
 def build(d: Path) -> float:
     import torch
     from transformers import Qwen2Config
 
     from ttsrl.convert import BLANK_EN, atomic_torch_save
     from ttsrl.cosyvoice_lm import Qwen2LM
+    from ttsrl.tiny_tokenizer import qwen_sized_tokenizer
 
     cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                       architectures=["Qwen2ForCausalLM"])
-    qwen_sized_tokenizer(d / BLANK_EN)
+    qwen_sized_tokenizer().save_pretrained(d / BLANK_EN)
     cfg.save_pretrained(d / BLANK_EN)
     with torch.device("meta"):
         model = Qwen2LM(cfg)

@@ -42,11 +42,10 @@ def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def sim_server_url():
-    """The reward server CLI with the ``sim`` backend on a free loopback port."""
-    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", "sim", "--port", "0",
-           "--log-level", "WARNING"]
+def start_reward_server(*args: str) -> tuple[subprocess.Popen, str]:
+    """Start the reward server CLI as a user does, on a free loopback port; returns
+    (process, URL) once it prints that it is ready. Its output keeps being drained."""
+    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--port", "0", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, seen = None, []
     deadline = time.time() + 120
@@ -60,10 +59,22 @@ def sim_server_url():
     if url is None:
         proc.kill()
         pytest.fail("reward server did not start:\n" + "".join(seen))
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
-    yield url
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block on a full pipe
+    return proc, url
+
+
+def stop_process(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(15)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sim_server_url():
+    """The reward server CLI with the ``sim`` backend on a free loopback port."""
+    proc, url = start_reward_server("--backend", "sim", "--log-level", "WARNING")
+    yield url
+    stop_process(proc)

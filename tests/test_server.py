@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import requests
 
+from conftest import start_reward_server, stop_process
+
 from ttsrl import sim
 from ttsrl.backends import SpeakerPrompt, SpeechPipeline
 from ttsrl.backends.sim import SimASR, SimToken2Wav
@@ -34,32 +36,11 @@ MAX_BODY = 100_000
 @pytest.fixture(scope="module")
 def server_url():
     """The CLI, as a user starts it, on a free port (it prints the port when ready)."""
-    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", "sim", "--port", "0",
-           "--max-batch", "32", "--max-delay-ms", "20", "--max-tokens", str(MAX_TOKENS),
-           "--max-body-bytes", str(MAX_BODY), "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, seen = None, []
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "ready on http://" in line:
-            url = line.split("ready on ")[1].split()[0]
-            break
-    if url is None:
-        proc.kill()
-        pytest.fail("server did not start:\n" + "".join(seen))
-    # keep draining its output so it never blocks on a full pipe
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    proc, url = start_reward_server("--backend", "sim", "--max-batch", "32", "--max-delay-ms", "20",
+                                    "--max-tokens", str(MAX_TOKENS), "--max-body-bytes", str(MAX_BODY),
+                                    "--log-level", "WARNING")
     yield url
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
 
 
 def reference_payload(tokens: list[int], gt_text: str) -> dict:

@@ -2,27 +2,17 @@
 chat template on a tiny one."""
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, models
 
 from ttsrl import vocab as V
 
 
 @pytest.fixture(scope="module")
 def qwen_sized_tokenizer():
-    """A byte-level BPE tokenizer with exactly Qwen2's 151643 regular entries followed
-    by <|endoftext|>, <|im_start|>, <|im_end|> (151643..151645), like CosyVoice-BlankEN.
-    The entries are synthetic; only the sizes matter here."""
-    from transformers import PreTrainedTokenizerFast
+    """Exactly Qwen2's size: 151643 regular entries + its 3 specials (synthetic entries)."""
+    from ttsrl.tiny_tokenizer import qwen_sized_tokenizer
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    vocab.update({f"x{i}": i for i in range(len(vocab), 151643)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    return fast
+    return qwen_sized_tokenizer()
 
 
 def test_real_ids(qwen_sized_tokenizer):

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .generate import GenerationConfig, Generated, Request
+from .jsonl import iter_objects
 from .vocab import SPEECH_TOKEN_SIZE
 
 PROMPT_TOKENS_FILE = "prompt_speech_tokens.jsonl"
@@ -108,30 +109,20 @@ def _check_codes(codes, where: str) -> tuple[int, ...]:
 
 def read_jsonl_test_set(name: str, path: Path) -> TestSet:
     utts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TestSetError(f"{where}: not JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TestSetError(f"{where}: expected a JSON object with a 'text' field")
-            text = obj.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise TestSetError(f"{where}: expected a non-empty string 'text'")
-            uid = obj.get("id", f"{name}_{lineno:05d}")
-            prompt_text = obj.get("prompt_text") or ""
-            if not isinstance(prompt_text, str):
-                raise TestSetError(f"{where}: 'prompt_text' must be a string")
-            speech = obj.get("prompt_speech_tokens")
-            speech = None if speech is None else _check_codes(speech, where)
-            if prompt_text and not speech:
-                raise TestSetError(f"{where}: 'prompt_text' without 'prompt_speech_tokens' "
-                                   "(CosyVoice2's zero-shot prompt needs both)")
-            utts.append(Utterance(str(uid), text.strip(), prompt_text.strip(), speech))
+    for where, obj in iter_objects(path, TestSetError):
+        text = obj.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise TestSetError(f"{where}: expected a non-empty string 'text'")
+        uid = obj.get("id", f"{name}_{len(utts) + 1:05d}")
+        prompt_text = obj.get("prompt_text") or ""
+        if not isinstance(prompt_text, str):
+            raise TestSetError(f"{where}: 'prompt_text' must be a string")
+        speech = obj.get("prompt_speech_tokens")
+        speech = None if speech is None else _check_codes(speech, where)
+        if prompt_text and not speech:
+            raise TestSetError(f"{where}: 'prompt_text' without 'prompt_speech_tokens' "
+                               "(CosyVoice2's zero-shot prompt needs both)")
+        utts.append(Utterance(str(uid), text.strip(), prompt_text.strip(), speech))
     return _finish(TestSet(name, str(path), utts, "jsonl"))
 
 
@@ -140,18 +131,10 @@ def _read_prompt_tokens(d: Path) -> dict[str, tuple[int, ...]] | None:
     if not p.is_file():
         return None
     out = {}
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TestSetError(f"{where}: not JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or "id" not in obj or "prompt_speech_tokens" not in obj:
-                raise TestSetError(f"{where}: expected {{\"id\": ..., \"prompt_speech_tokens\": [...]}}")
-            out[str(obj["id"])] = _check_codes(obj["prompt_speech_tokens"], where)
+    for where, obj in iter_objects(p, TestSetError):
+        if "id" not in obj or "prompt_speech_tokens" not in obj:
+            raise TestSetError(f"{where}: expected {{\"id\": ..., \"prompt_speech_tokens\": [...]}}")
+        out[str(obj["id"])] = _check_codes(obj["prompt_speech_tokens"], where)
     return out
 
 

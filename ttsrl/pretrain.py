@@ -27,7 +27,7 @@ from . import sim
 from . import vocab as V
 from .convert import BLANK_EN, atomic_torch_save
 from .cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig
-from .text import cer
+from .jsonl import iter_objects
 from .tiny_model import TinyConfig, qwen2_config
 from .tiny_tokenizer import save_blank_en, train_tokenizer
 
@@ -55,12 +55,10 @@ class PretrainConfig:
 
 def read_texts(path: str | Path) -> list[str]:
     texts = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            row = json.loads(line)
-            if not isinstance(row.get("text"), str) or not row["text"].strip():
-                raise ValueError(f"{path}:{n}: expected an object with a non-empty string 'text'")
-            texts.append(row["text"])
+    for where, row in iter_objects(path):
+        if not isinstance(row.get("text"), str) or not row["text"].strip():
+            raise ValueError(f"{where}: expected an object with a non-empty string 'text'")
+        texts.append(row["text"])
     return texts
 
 

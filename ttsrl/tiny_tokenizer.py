@@ -17,6 +17,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from .vocab import QWEN_SPECIALS
 
+QWEN_REGULAR_VOCAB = 151643  # Qwen2's byte-level BPE entries before its special tokens
+
 # Qwen2's pre-tokenisation regex (transformers' Qwen2Tokenizer uses the same).
 QWEN_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
                           r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -67,3 +69,21 @@ def save_blank_en(tokenizer, out_dir: str | Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "Qwen2Tokenizer"
     cfg_path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2))
+
+
+def qwen_sized_tokenizer():
+    """A byte-level BPE tokenizer with exactly Qwen2's 151643 regular entries followed by
+    ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (ids 151643..151645), like the
+    released CosyVoice-BlankEN. Its entries are synthetic: only the sizes and ids are
+    real (for checking the real id math and for full-size benchmarks)."""
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab.update({f"x{i}": i for i in range(len(vocab), QWEN_REGULAR_VOCAB)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=QWEN_SPECIALS[0])
+    fast.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIALS[1:])})
+    return fast
