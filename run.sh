@@ -50,7 +50,12 @@ need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh 
 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
 start_server() {
-  if server_ready; then echo "     reward server already answering at $REWARD_URL"; return; fi
+  if server_ready; then
+    echo "     reward server already answering at $REWARD_URL"
+    # one a crashed run.sh started (its pid file is still here) is adopted and stopped at the end
+    [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null && STARTED_SERVER=1
+    return
+  fi
   mkdir -p "$LOG_DIR"
   # shellcheck disable=SC2086
   setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" $REWARD_ARGS \

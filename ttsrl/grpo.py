@@ -216,6 +216,10 @@ class GRPOConfig:
             f"+{ar}.model.override_config.attn_implementation=eager",  # no flash-attn
             f"{ar}.model.use_remove_padding=False",
             f"{ar}.rollout.dtype=float32",
+            # fp32 compute in actor and ref, as in the fp32 hf rollout (verl's default is bf16
+            # autocast: slower on most CPUs and ~1e-2 apart from the rollout's probabilities)
+            *(f"+{ar}.{role}.fsdp_config.mixed_precision.{k}=fp32" for role in ("actor", "ref")
+              for k in ("param_dtype", "reduce_dtype", "buffer_dtype")),
             f"{ar}.rollout.calculate_log_probs=True",  # rollout vs actor log-prob metrics
             f"{ar}.rollout.agent.num_workers=1",
             "reward.num_workers=1",
