@@ -113,7 +113,7 @@ fi
 if stage 2; then
   need_venv
   banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
-  server_ready || start_server
+  start_server  # reuses one that answers already
   # shellcheck disable=SC2086
   "$PY" train_grpo.py $GRPO_ARGS --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
     --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
