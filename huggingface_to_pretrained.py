@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     p.add_argument("--verify", action="store_true",
                    help="reload the written llm.pt as CosyVoice2's Qwen2LM and compare its logits with the HF model")
     a = p.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         if a.from_sweep:
             if not (a.merged_dir and a.start_model):
