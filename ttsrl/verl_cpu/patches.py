@@ -1,4 +1,4 @@
-"""Two process-wide fixes verl 0.9.1 needs on a machine without an accelerator.
+"""Process-wide fixes verl 0.9.1 needs on a machine without an accelerator.
 
 Both are applied only when the CPU platform is selected (see ``install_cpu_patches``)
 and are idempotent.
@@ -10,6 +10,9 @@ and are idempotent.
 2. FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` (verl forces it on the reference
    model) pins host memory, which raises when no accelerator exists. We make the
    policy's ``pin_memory`` False when CUDA is unavailable.
+3. The v1 trainer's replay buffer waits for rollouts by sleeping a fixed 2 s between
+   polls (not configurable), so every step's generation rounds up to a multiple of
+   2 s. A CPU step is a few seconds, so we poll every ``CPU_POLL_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 import torch.distributed
 
 _MARK = "_ttsrl_cpu_patched"
+CPU_POLL_INTERVAL_S = 0.05
 
 
 def dedup_backend(backend: str | None) -> str | None:
@@ -71,6 +75,23 @@ def _patch_offload_pinning() -> None:
     CPUOffloadPolicy.__init__ = __init__
 
 
+def _patch_replay_buffer_poll() -> None:
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    original_init = ReplayBuffer.__init__
+    if getattr(original_init, _MARK, False):
+        return
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.poll_interval = min(self.poll_interval, CPU_POLL_INTERVAL_S)
+
+    setattr(__init__, _MARK, True)
+    ReplayBuffer.__init__ = __init__
+
+
 def install_cpu_patches() -> None:
     _patch_init_process_group()
     _patch_offload_pinning()
+    _patch_replay_buffer_poll()
