@@ -47,7 +47,7 @@ class PretrainConfig:
     max_random: int = 12
     lr: float = 3e-3
     weight_decay: float = 0.01
-    tone_noise: float = 0.3  # share of syllables whose tone is replaced by a random other tone
+    tone_noise: float = 0.4  # share of syllables whose tone is replaced by a random other tone
     initial_noise: float = 0.0  # share of syllables whose initial is replaced by a random one
     seed: int = 1234
     threads: int = 2

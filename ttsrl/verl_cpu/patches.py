@@ -58,40 +58,34 @@ def _patch_init_process_group() -> None:
     torch.distributed.init_process_group = init_process_group
 
 
-def _patch_offload_pinning() -> None:
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    original_init = CPUOffloadPolicy.__init__
+def _fix_after_init(cls, fix) -> None:
+    """Run ``fix(instance)`` after every ``cls.__init__``; installing it twice is a no-op."""
+    original_init = cls.__init__
     if getattr(original_init, _MARK, False):
         return
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        if not torch.cuda.is_available():
-            object.__setattr__(self, "pin_memory", False)  # pinning needs an accelerator; a no-op on CPU
+        fix(self)
 
     setattr(__init__, _MARK, True)
-    CPUOffloadPolicy.__init__ = __init__
+    cls.__init__ = __init__
 
 
-def _patch_replay_buffer_poll() -> None:
-    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+def _no_pinning(policy) -> None:
+    if not torch.cuda.is_available():
+        object.__setattr__(policy, "pin_memory", False)  # pinning needs an accelerator; a no-op on CPU
 
-    original_init = ReplayBuffer.__init__
-    if getattr(original_init, _MARK, False):
-        return
 
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        self.poll_interval = min(self.poll_interval, CPU_POLL_INTERVAL_S)
-
-    setattr(__init__, _MARK, True)
-    ReplayBuffer.__init__ = __init__
+def _fast_poll(buffer) -> None:
+    buffer.poll_interval = min(buffer.poll_interval, CPU_POLL_INTERVAL_S)
 
 
 def install_cpu_patches() -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
     _patch_init_process_group()
-    _patch_offload_pinning()
-    _patch_replay_buffer_poll()
+    _fix_after_init(CPUOffloadPolicy, _no_pinning)
+    _fix_after_init(ReplayBuffer, _fast_poll)
