@@ -186,6 +186,8 @@ class GRPOConfig:
             f"trainer.experiment_name={v(self.experiment_name)}",
             f"trainer.logger={v(list(self.loggers))}",
             f"trainer.default_local_dir={v(self.checkpoint_dir)}",
+            # Hydra's run folder (resolved config + log) next to the checkpoints, not in the cwd
+            f"hydra.run.dir={v(str(Path(self.checkpoint_dir) / 'hydra'))}",
             f"trainer.n_gpus_per_node={self.n_gpus_per_node}",
             f"trainer.nnodes={self.nnodes}",
             f"trainer.save_freq={self.save_freq}",
