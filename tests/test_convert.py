@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from ttsrl import convert
-from ttsrl import vocab as V
 from ttsrl.cosyvoice_lm import Qwen2LM
 from ttsrl.hf_model import load_speech_lm
 
@@ -95,7 +94,7 @@ def test_sharded_bf16_reads(tiny_cosyvoice2, tmp_path):
     assert len(set(index["weight_map"].values())) > 1
     state = convert.hf_to_cosyvoice_state(hf, log=lambda _: None)
     orig = torch.load(d / "llm.pt")
-    lo = convert.V.vocab_of(load_speech_lm(hf).tokenizer).speech_offset
+    lo = load_speech_lm(hf).vocab.speech_offset
     for k in orig:  # bf16 rounding only; unused inner-embedding rows come from the exact side file
         want = orig[k].to(torch.bfloat16).float()
         if k.endswith("embed_tokens.weight") or k == "llm.model.lm_head.weight":

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from . import vocab as V
+from .atomic import atomic_dir, atomic_path
 from .cosyvoice_lm import Qwen2LM, load_llm_state_dict
 
 MODELING_FILE = Path(__file__).with_name("modeling_cosyvoice2.py")
@@ -42,37 +41,9 @@ INNER = "llm.model.model."
 
 # ---- small file helpers ---------------------------------------------------------
 
-@contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield a temp dir next to ``target``; on success it replaces ``target``."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def atomic_torch_save(obj, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class ShardWriter:

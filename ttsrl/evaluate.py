@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .atomic import atomic_path, atomic_write_text
 from .generate import GenerationConfig, Generated, Request
 from .jsonl import iter_objects
 from .vocab import SPEECH_TOKEN_SIZE
@@ -303,13 +304,6 @@ def summarize(rows: Sequence[dict]) -> dict:
 
 # ---------------------------------------------------------------------------
 # files
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def write_json(path: Path, obj) -> None:
@@ -684,8 +678,6 @@ def plot_cer(rows: Sequence[dict], path: Path) -> None:
     if rows:
         ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)

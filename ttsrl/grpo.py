@@ -158,7 +158,7 @@ class GRPOConfig:
             f"data.max_response_length={self.max_response_length}",
             "data.filter_overlong_prompts=True",
             "data.truncation=error",
-            f"data.trust_remote_code=True",
+            "data.trust_remote_code=True",
             f"{ar}.model.path={v(self.model_path)}",
             f"{ar}.model.trust_remote_code=True",  # keeps the custom class with the lm_head bias
             f"{ar}.model.use_fused_kernels=False",  # fused kernels drop the lm_head bias

@@ -28,12 +28,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .atomic import atomic_dir
 from .convert import EXTRA_FILE, MODELING_FILE
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -131,8 +131,7 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob(f".step_{step}.tmp-*"):  # left by a merge that was killed
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=out_dir))
-    try:
+    with atomic_dir(target) as tmp:  # an interrupted merge leaves no step_N
         cmd = [cfg.python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
                "--local_dir", str(actor), "--target_dir", str(tmp)]
         if remote:
@@ -154,13 +153,6 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
         marker = {"step": step, "source": str(actor.resolve()), "remote_code": [m.name for m in modules],
                   "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))  # last: marks completion
-        os.chmod(tmp, 0o755)  # mkdtemp made it private
-        if target.exists():  # a half-written step from an older, non-atomic attempt
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return StepResult(step, target, merged=True, seconds=time.time() - t0)
 
 

@@ -25,6 +25,7 @@ import torch
 
 from . import sim
 from . import vocab as V
+from .atomic import atomic_write_text
 from .convert import BLANK_EN, atomic_torch_save
 from .cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig
 from .jsonl import iter_objects
@@ -194,9 +195,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
         test = read_texts(heldout)
         info["heldout_cer_greedy"] = round(heldout_cer(model, tok, test, greedy=True), 4)
         info["heldout_cer_sampling"] = round(heldout_cer(model, tok, test, greedy=False, seed=cfg.seed), 4)
-    tmp = info_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(info_path)
+    atomic_write_text(info_path, json.dumps(info, indent=2))
     log(f"built base model in {train_seconds:.0f}s: " + ", ".join(f"{k}={v}" for k, v in info.items()
                                                                    if k.startswith(("heldout", "final"))))
     return info

