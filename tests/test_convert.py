@@ -86,6 +86,31 @@ def test_round_trip_bit_exact(tiny_cosyvoice2, tiny_hf, tmp_path):
     assert b["llm.model.lm_head.weight"].data_ptr() == b["llm.model.model.embed_tokens.weight"].data_ptr()
 
 
+def test_top_level_safetensors_hold_only_model_weights(tiny_hf):
+    """vLLM loads every top-level ``*.safetensors`` as weights of the model: the side file
+    with the unused inner-embedding rows must not be one of them (it made vLLM 0.24 fail
+    with "no module or parameter named 'inner_embed_tail'")."""
+    from safetensors import safe_open
+
+    names = set()
+    for f in tiny_hf.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            names |= set(h.keys())
+    assert names and all(n.startswith(("model.", "lm_head.")) for n in names), sorted(names)[:5]
+    assert (tiny_hf / convert.EXTRA_FILE).is_file()
+
+
+def test_legacy_side_file_still_read(tiny_cosyvoice2, tiny_hf, tmp_path):
+    """Folders written before the side file moved into a sub-folder still export exactly."""
+    legacy = tmp_path / "legacy"
+    shutil.copytree(tiny_hf, legacy)
+    (legacy / convert.EXTRA_FILE).rename(legacy / convert.LEGACY_EXTRA_FILE)
+    out = tmp_path / "llm.pt"
+    convert.hf_to_cosyvoice(legacy, out, log=lambda _: None)
+    a, b = torch.load(tiny_cosyvoice2[0] / "llm.pt"), torch.load(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sharded_bf16_reads(tiny_cosyvoice2, tmp_path):
     d, _ = tiny_cosyvoice2
     hf = tmp_path / "hf_bf16"

@@ -10,7 +10,9 @@
 
 Inner-embedding rows at and beyond ``offset`` are unused by CosyVoice2 (no text id
 reaches them) and have no place in the HF layout; they are kept in a side file
-(``cosyvoice2_extra.safetensors``) so that llm.pt -> HF -> llm.pt is bit-exact.
+(``cosyvoice2_extra/inner_embed_tail.safetensors``) so that llm.pt -> HF -> llm.pt is
+bit-exact. It sits in a sub-folder because vLLM loads every ``*.safetensors`` at the top
+of a checkpoint folder as model weights.
 
 Tensors are streamed: ``llm.pt`` is memory-mapped and the output is written in
 safetensors shards, so peak memory stays near one copy of the model.
@@ -32,7 +34,8 @@ from .cosyvoice_lm import Qwen2LM, load_llm_state_dict
 
 MODELING_FILE = Path(__file__).with_name("modeling_cosyvoice2.py")
 ARCH = "CosyVoice2Qwen2ForCausalLM"
-EXTRA_FILE = "cosyvoice2_extra.safetensors"
+EXTRA_FILE = "cosyvoice2_extra/inner_embed_tail.safetensors"
+LEGACY_EXTRA_FILE = "cosyvoice2_extra.safetensors"  # written before; vLLM cannot load a folder with it
 BLANK_EN = "CosyVoice-BlankEN"
 SHARD_BYTES = 1 << 30
 
@@ -202,6 +205,7 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
             writer.add(name, t)
         writer.close()
         tail = state[INNER + "embed_tokens.weight"][sv.speech_offset:]
+        (out / EXTRA_FILE).parent.mkdir()
         save_file({"inner_embed_tail": tail.contiguous()}, str(out / EXTRA_FILE), metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(hf_config_dict(inner_config, sv, tokenizer.pad_token_id, dtype, stock), indent=2))
         (out / "generation_config.json").write_text(json.dumps(generation_config_dict(sv, tokenizer.pad_token_id), indent=2))
@@ -273,6 +277,8 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
         raise ValueError(f"{hf_dir}: tensor 'lm_head.bias' has shape {tuple(bias.shape)}, expected {(P,)}")
     n_tail = inner.vocab_size - lo
     extra = hf_dir / EXTRA_FILE
+    if not extra.is_file() and (hf_dir / LEGACY_EXTRA_FILE).is_file():
+        extra = hf_dir / LEGACY_EXTRA_FILE
     if extra.is_file():
         from safetensors.torch import load_file
 

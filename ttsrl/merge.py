@@ -149,6 +149,7 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
             if (hf / name).is_file() and not (tmp / name).exists():
                 shutil.copy2(hf / name, tmp / name)
         if cfg.base_model is not None and (cfg.base_model / EXTRA_FILE).is_file():
+            (tmp / EXTRA_FILE).parent.mkdir(exist_ok=True)
             shutil.copy2(cfg.base_model / EXTRA_FILE, tmp / EXTRA_FILE)
         marker = {"step": step, "source": str(actor.resolve()), "remote_code": [m.name for m in modules],
                   "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
