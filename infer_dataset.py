@@ -32,9 +32,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ttsrl.backends import ASRS, BACKENDS, BackendConfig
+from ttsrl.backends.options import add_backend_args, backend_config
 from ttsrl.cosyvoice_lm import SamplingConfig
-from ttsrl.evaluate import EvalConfig, TestSetError, parse_test_set_arg, run_sweep
+from ttsrl.evaluate import EvalConfig, run_sweep
+from ttsrl.testsets import TestSetError, parse_test_set_arg
 from ttsrl.generate import GenerationConfig
 
 
@@ -73,17 +74,10 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0 = cores / ranks)")
 
     g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
-    g.add_argument("--backend", choices=BACKENDS, default="sim", help="token2wav + ASR preset (default sim)")
-    g.add_argument("--asr", choices=ASRS, default="default", help="override the preset's ASR")
-    g.add_argument("--reward", default="tanh", help="reward variant reported per utterance (tanh, toneless)")
+    add_backend_args(g, cpu_threads=False)  # --threads sets the backend's threads too
+    g.add_argument("--reward", default="tanh", choices=("tanh", "toneless"),
+                   help="reward variant reported per utterance (default %(default)s)")
     g.add_argument("--no-length-guard", action="store_true", help="report rewards without the length guard")
-    g.add_argument("--whisper-model-dir", default=None)
-    g.add_argument("--whisper-compute-type", default=None)
-    g.add_argument("--cosyvoice-checkout", default=None, help="CosyVoice source checkout (backend cosyvoice2)")
-    g.add_argument("--cosyvoice-model-dir", default=None, help="CosyVoice2-0.5B model directory")
-    g.add_argument("--prompt-dir", default=None, help="speaker prompts for token2wav: *.wav + .txt")
-    g.add_argument("--sherpa-model-dir", default=None, help="sherpa-onnx model dir (--asr sherpa)")
-    g.add_argument("--sherpa-kind", default="sense_voice", choices=("sense_voice", "paraformer"))
     a = p.parse_args(argv)
 
     try:
@@ -91,14 +85,9 @@ def parse_args(argv=None) -> EvalConfig:
         steps = [int(x) for x in a.steps.split(",")] if a.steps else None
     except ValueError as e:
         p.error(str(e))
-    if a.reward == "cer_nll":
-        p.error("--reward cer_nll needs ASR scores; report tanh or toneless here")
     if a.batch_size < 1 or (a.limit is not None and a.limit < 1):
         p.error("--batch-size and --limit must be >= 1")
-    backend = BackendConfig(backend=a.backend, asr=a.asr, whisper_model_dir=a.whisper_model_dir,
-                            whisper_compute_type=a.whisper_compute_type, cpu_threads=a.threads,
-                            cosyvoice_checkout=a.cosyvoice_checkout, cosyvoice_model_dir=a.cosyvoice_model_dir,
-                            prompt_dir=a.prompt_dir, sherpa_model_dir=a.sherpa_model_dir, sherpa_kind=a.sherpa_kind)
+    backend = backend_config(a, cpu_threads=a.threads)
     try:
         backend.validate()
     except ValueError as e:

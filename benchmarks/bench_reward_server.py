@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ttsrl import sim  # noqa: E402
-from ttsrl.reward_client import build_payload  # noqa: E402
+from ttsrl.protocol import DEFAULT_MODEL_NAME as MODEL  # noqa: E402
+from ttsrl.protocol import build_payload, infer_path  # noqa: E402
 
-MODEL = "token2wav_asr"
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。",
          "请把窗户关上，外面风很大。", "明天早上八点我们在学校门口见面。"]
 
@@ -67,7 +67,7 @@ def workload(n: int) -> list[tuple[list[int], str]]:
 def sequential(url: str, jobs) -> float:
     t0 = time.perf_counter()
     for codes, text in jobs:
-        r = requests.post(f"{url}/v2/models/{MODEL}/infer", headers={"Content-Type": "application/json"},
+        r = requests.post(url + infer_path(MODEL), headers={"Content-Type": "application/json"},
                           json=build_payload(codes, text), timeout=600)
         r.raise_for_status()
         float(r.json()["outputs"][0]["data"][0])
@@ -78,7 +78,7 @@ async def _concurrent(url: str, jobs) -> float:
     conn = aiohttp.TCPConnector(limit=512)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1200)) as s:
         async def one(codes, text):
-            async with s.post(f"{url}/v2/models/{MODEL}/infer", json=build_payload(codes, text)) as r:
+            async with s.post(url + infer_path(MODEL), json=build_payload(codes, text)) as r:
                 r.raise_for_status()
                 return (await r.json())["outputs"][0]["data"][0]
 

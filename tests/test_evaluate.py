@@ -15,8 +15,10 @@ from ttsrl import sim
 from ttsrl import vocab as V
 from ttsrl.backends import BackendConfig, build_pipeline
 from ttsrl.cosyvoice_lm import SamplingConfig
-from ttsrl.evaluate import (EvalConfig, TestSetError, Utterance, read_test_set, run_sweep, score, shard,
-                            summarize)
+from ttsrl.dist import shard
+from ttsrl.evaluate import EvalConfig, run_sweep, score
+from ttsrl.report import summarize
+from ttsrl.testsets import TestSetError, Utterance, read_test_set
 from ttsrl.generate import GenerationConfig, Generated, HFGenerator, Request, build_input_ids
 from ttsrl.hf_model import load_speech_lm
 from ttsrl.merge import MARKER

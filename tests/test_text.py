@@ -1,4 +1,4 @@
-"""Mandarin normalisation, pinyin, error rates and reward variants (ttsrl.text)."""
+"""Mandarin normalisation, pinyin, error rates (ttsrl.text) and reward variants (ttsrl.rewards)."""
 
 import json
 import math
@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ttsrl import text
-from ttsrl.text import (REWARDS, RewardResult, cer, compute_reward, error_counts,
-                        expected_tokens, is_pinyin_transcript, normalize, pinyin,
-                        pinyin_error_rate)
+from ttsrl import rewards
+from ttsrl.rewards import REWARDS, RewardResult, compute_reward, expected_tokens
+from ttsrl.text import cer, error_counts, is_pinyin_transcript, normalize, pinyin, pinyin_error_rate
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 
@@ -161,10 +160,10 @@ def test_error_counts_rejects_unknown_unit():
 # ---------------------------------------------------------------- rewards
 
 def test_tanh_reward_known_points():
-    assert text.tanh_reward(0.0) == 1.0
-    assert text.tanh_reward(0.1) == pytest.approx(0.709, abs=1e-3)
-    assert text.tanh_reward(0.2) == pytest.approx(0.463, abs=1e-3)
-    assert text.tanh_reward(5.0) == pytest.approx(0.0, abs=1e-6)
+    assert rewards.tanh_reward(0.0) == 1.0
+    assert rewards.tanh_reward(0.1) == pytest.approx(0.709, abs=1e-3)
+    assert rewards.tanh_reward(0.2) == pytest.approx(0.463, abs=1e-3)
+    assert rewards.tanh_reward(5.0) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_tanh_variant_end_to_end():

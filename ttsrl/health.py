@@ -1,6 +1,6 @@
 """Is a KServe-v2 reward server ready?  ``python -m ttsrl.health URL [--wait SECONDS]``.
 
-Exit status 0 when ``URL/v2/health/ready`` answers 200 (within ``--wait`` seconds)."""
+Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.protocol.READY_PATH``) answers 200 (within ``--wait`` seconds)."""
 
 import argparse
 import sys
@@ -8,10 +8,12 @@ import time
 
 import requests
 
+from .protocol import READY_PATH
+
 
 def ready(url: str, timeout: float = 2.0) -> bool:
     try:
-        return requests.get(url.rstrip("/") + "/v2/health/ready", timeout=timeout).status_code == 200
+        return requests.get(url.rstrip("/") + READY_PATH, timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
 

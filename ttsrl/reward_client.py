@@ -47,11 +47,12 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 import aiohttp
 
-from ttsrl.vocab import SpeechVocab
+from .protocol import DEFAULT_MODEL_NAME, DEFAULT_URL, ResponseError, build_payload, infer_path, parse_response
+from .vocab import SpeechVocab
 
 log = logging.getLogger("ttsrl.reward")
 
@@ -77,8 +78,8 @@ class RequestFailed(Exception):
 
 @dataclass
 class RewardClientConfig:
-    url: str = "http://127.0.0.1:8000"
-    model: str = "token2wav_asr"
+    url: str = DEFAULT_URL
+    model: str = DEFAULT_MODEL_NAME
     max_fail_fraction: float = 0.1
     retries: int = 4  # attempts after the first
     backoff_s: float = 0.5  # first retry delay; doubles each retry (capped at 30 s), with jitter
@@ -112,7 +113,7 @@ class RewardClientConfig:
 
     @property
     def infer_url(self) -> str:
-        return f"{self.url}/v2/models/{self.model}/infer"
+        return self.url + infer_path(self.model)
 
 
 # ---------------------------------------------------------------------------
@@ -169,29 +170,6 @@ def step_window(gap_s: float) -> StepWindow:
 # HTTP
 
 
-def build_payload(codes: list[int], text: str) -> dict:
-    """The KServe v2 body the reference recipe's client sends (nested [1,N] data)."""
-    return {"inputs": [
-        {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [list(codes)]},
-        {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
-        {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]},
-    ]}
-
-
-def parse_response(body: Any) -> tuple[float, float, str]:
-    """(reward, error rate, transcript) from an infer response; raises on anything odd."""
-    try:
-        outs = {o["name"]: o["data"] for o in body["outputs"]}
-        reward = float(outs["REWARDS"][0])
-        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else float("nan")
-        transcript = str(outs.get("TRANSCRIPTS", [""])[0])
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise RequestFailed(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
-    if not math.isfinite(reward):
-        raise RequestFailed(f"reward server returned a non-finite reward {reward}")
-    return reward, err, transcript
-
-
 _SEMAPHORES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
 
 
@@ -215,7 +193,10 @@ async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -
                 async with aiohttp.ClientSession(timeout=timeout) as session:
                     async with session.post(cfg.infer_url, json=payload) as resp:
                         if resp.status == 200:
-                            return parse_response(await resp.json(content_type=None))
+                            try:
+                                return parse_response(await resp.json(content_type=None))
+                            except ResponseError as e:
+                                raise RequestFailed(str(e)) from None
                         detail = (await resp.text())[:300]
                         last = f"HTTP {resp.status} from {cfg.infer_url}: {detail}"
                         if resp.status not in RETRYABLE_STATUS:
@@ -282,12 +263,6 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
         raise
     window.end(wid, False)
     return _result(reward, err, transcript, False)
-
-
-def compute_score_sync(data_source: str, solution_str: str, ground_truth: str,
-                       extra_info: dict | None = None, **kwargs) -> dict:
-    """Blocking wrapper (for code that cannot await)."""
-    return asyncio.run(compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs))
 
 
 async def score_all(rows: Iterable[tuple[list[int], str]], config: RewardClientConfig | None = None) -> list[dict]:

@@ -26,7 +26,8 @@ import re
 from string import ascii_lowercase
 from typing import Iterable
 
-from ttsrl.text import SYLLABLES_PER_SECOND, is_toned_syllable, pinyin, syllables
+from ttsrl.rewards import SYLLABLES_PER_SECOND
+from ttsrl.text import is_toned_syllable, pinyin, syllables
 from ttsrl.vocab import SPEECH_TOKEN_SIZE
 
 INITIALS = ("", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x",
@@ -68,7 +69,7 @@ _KIND.update({c: ("initial", ini) for ini, c in INITIAL_CODES.items()})
 _KIND.update({c: ("final", ft) for ft, c in FINAL_CODES.items()})
 _KIND.update({c: ("letter", ch) for ch, c in LETTER_CODES.items()})
 
-#: nominal token rate to give ``ttsrl.text.expected_tokens`` for this codec
+#: nominal token rate to give ``ttsrl.rewards.expected_tokens`` for this codec
 #: (2 codes per syllable at SYLLABLES_PER_SECOND syllables per second)
 TOKEN_RATE = 2 * SYLLABLES_PER_SECOND
 

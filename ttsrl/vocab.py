@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 SPEECH_TOKEN_SIZE = 6561  # codec vocabulary of CosyVoice2's speech tokenizer
+TOKEN_RATE_HZ = 25.0  # speech tokens per second of audio (CosyVoice2's speech tokenizer)
 NUM_STOP_TOKENS = 3
 NUM_OUTPUTS = SPEECH_TOKEN_SIZE + NUM_STOP_TOKENS  # rows of llm_decoder / speech_embedding
 EOS_INDEX = SPEECH_TOKEN_SIZE  # the end-of-speech class CosyVoice2 trains on

@@ -24,9 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..atomic import atomic_path
-
-# CosyVoice2's speech tokenizer runs at 25 tokens per second of audio.
-TOKEN_RATE_HZ = 25.0
+from ..vocab import TOKEN_RATE_HZ
 
 
 @dataclass(frozen=True)
@@ -110,6 +108,10 @@ class ASR(ABC):
 
     name: str = "asr"
     supports_score: bool = False
+    #: the unit its transcripts are compared in: "char" for text, "pinyin" for an ASR
+    #: that writes toned pinyin (the simulated one). A failed utterance (nothing
+    #: heard) counts its reference length in this unit, like the successes around it.
+    transcript_unit: str = "char"
 
     @abstractmethod
     def transcribe(self, audios: Sequence[Audio]) -> list[str]:
@@ -160,6 +162,11 @@ class SpeechPipeline:
     @property
     def token_rate(self) -> float:
         return self.token2wav.token_rate
+
+    @property
+    def failure_unit(self) -> str:
+        """Unit of the reference length of a failure (see ``ASR.transcript_unit``)."""
+        return self.asr.transcript_unit
 
     def prompt_for(self, text: str) -> SpeakerPrompt:
         from ttsrl.text import normalize

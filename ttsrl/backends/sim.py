@@ -41,6 +41,7 @@ class SimASR(ASR):
     """Decodes simulated codes to space-separated toned pinyin (``ttsrl.sim.decode``)."""
 
     name = "sim"
+    transcript_unit = "pinyin"  # it writes toned pinyin
 
     def transcribe(self, audios: Sequence[Audio]) -> list[str]:
         from ttsrl import sim

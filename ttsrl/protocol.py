@@ -1,0 +1,246 @@
+"""The KServe v2 / Triton HTTP JSON wire protocol of the reward server, in one place.
+
+Used by the server (``ttsrl.server``), the client verl calls (``ttsrl.reward_client``),
+the health check (``ttsrl.health``) and the benchmarks::
+
+    POST /v2/models/{name}/infer            (also .../versions/{v}/infer)
+      inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
+              TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
+              GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
+      outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1]
+              (REWARDS first: the reference client reads outputs[0].data[0])
+    GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
+    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram
+
+A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)
+works unchanged. Every bad request is a :class:`RequestError` (a 4xx answer with
+``{"error": message}``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from typing import Any
+
+from .vocab import SPEECH_TOKEN_SIZE
+
+DEFAULT_MODEL_NAME = "token2wav_asr"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+MODEL_VERSION = "1"
+INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("GT_TEXT", "BYTES", [1, 1]))
+OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]))
+MAX_GT_CHARS = 2000
+READY_PATH = "/v2/health/ready"
+
+
+def infer_path(model_name: str = DEFAULT_MODEL_NAME) -> str:
+    return f"/v2/models/{model_name}/infer"
+
+
+# ---------------------------------------------------------------------------
+# client side
+
+
+class ResponseError(ValueError):
+    """An infer response that does not have the outputs this protocol promises."""
+
+
+def build_payload(codes: list[int], text: str) -> dict:
+    """The KServe v2 body the reference recipe's client sends (nested [1,N] data)."""
+    return {"inputs": [
+        {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [list(codes)]},
+        {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
+        {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]},
+    ]}
+
+
+def parse_response(body: Any) -> tuple[float, float, str]:
+    """(reward, error rate, transcript) from an infer response; raises :class:`ResponseError`."""
+    try:
+        outs = {o["name"]: o["data"] for o in body["outputs"]}
+        reward = float(outs["REWARDS"][0])
+        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else float("nan")
+        transcript = str(outs.get("TRANSCRIPTS", [""])[0])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ResponseError(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
+    if not math.isfinite(reward):
+        raise ResponseError(f"reward server returned a non-finite reward {reward}")
+    return reward, err, transcript
+
+
+# ---------------------------------------------------------------------------
+# server side
+
+
+def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
+                   rid: str | None = None, wanted: list[str] | None = None) -> dict:
+    values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate}
+    outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
+               for n, d, s in OUTPUT_SPECS if wanted is None or n in wanted]
+    resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs}
+    if rid is not None:
+        resp["id"] = rid
+    return resp
+
+
+def model_metadata(model_name: str) -> dict:
+    return {"name": model_name, "versions": [MODEL_VERSION],
+            "inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in INPUT_SPECS],
+            "outputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in OUTPUT_SPECS]}
+
+
+class RequestError(Exception):
+    """A client error: answered with ``status`` and ``{"error": message}``."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------
+# request parsing
+
+
+def _flatten(data: Any, name: str) -> list:
+    """KServe allows row-major flat data or nested lists; return it flat."""
+    if not isinstance(data, list):
+        raise RequestError(f"input {name}: 'data' must be a list, got {type(data).__name__}")
+    out: list = []
+    stack = [iter(data)]
+    depth = 1
+    while stack:
+        try:
+            x = next(stack[-1])
+        except StopIteration:
+            stack.pop()
+            depth -= 1
+            continue
+        if isinstance(x, list):
+            depth += 1
+            if depth > 3:
+                raise RequestError(f"input {name}: 'data' is nested too deeply")
+            stack.append(iter(x))
+        else:
+            out.append(x)
+    return out
+
+
+def _shape(spec: dict, name: str) -> list[int]:
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise RequestError(f"input {name}: 'shape' must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise RequestError(f"input {name}: negative dimension in shape {shape}")
+    return shape
+
+
+def _ints(spec: dict, name: str, max_count: int) -> tuple[list[int], list[int]]:
+    if spec.get("datatype") != "INT32":
+        raise RequestError(f"input {name}: datatype must be INT32, got {spec.get('datatype')!r}")
+    shape = _shape(spec, name)
+    if "data" not in spec:
+        raise RequestError(f"input {name}: missing 'data' (binary tensor data is not supported)")
+    if len(shape) != 2 or shape[0] != 1:
+        raise RequestError(f"input {name}: shape must be [1, N], got {shape}")
+    if shape[1] > max_count:
+        raise RequestError(f"input {name}: {shape[1]} elements exceed the limit of {max_count}", 413)
+    values = _flatten(spec["data"], name)
+    if len(values) != shape[1]:
+        raise RequestError(f"input {name}: shape {shape} needs {shape[1]} values, data has {len(values)}")
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise RequestError(f"input {name}: INT32 data must be integers, got {v!r}")
+        if not -(2 ** 31) <= v < 2 ** 31:
+            raise RequestError(f"input {name}: {v} does not fit INT32")
+    return values, shape
+
+
+def _text(spec: dict) -> str:
+    name = "GT_TEXT"
+    if spec.get("datatype") != "BYTES":
+        raise RequestError(f"input {name}: datatype must be BYTES, got {spec.get('datatype')!r}")
+    shape = _shape(spec, name)
+    if shape not in ([1, 1], [1]):
+        raise RequestError(f"input {name}: shape must be [1, 1], got {shape}")
+    if "data" not in spec:
+        raise RequestError(f"input {name}: missing 'data'")
+    values = _flatten(spec["data"], name)
+    if len(values) != 1:
+        raise RequestError(f"input {name}: expected exactly one string, got {len(values)} values")
+    v = values[0]
+    if isinstance(v, dict) and set(v) == {"b64"}:  # binary string sent as base64
+        try:
+            raw = base64.b64decode(v["b64"], validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise RequestError(f"input {name}: invalid base64") from None
+        try:
+            v = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(f"input {name}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not isinstance(v, str):
+        raise RequestError(f"input {name}: expected a string, got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"input {name}: not valid UTF-8 (lone surrogate)") from None
+    if not v.strip():
+        raise RequestError(f"input {name}: text is empty")
+    if len(v) > MAX_GT_CHARS:
+        raise RequestError(f"input {name}: text longer than {MAX_GT_CHARS} characters", 413)
+    return v
+
+
+def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, Any, list[str] | None]:
+    """Validate a KServe v2 infer body -> (codes, text, request id, requested outputs)."""
+    try:
+        req = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"body is not valid JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise RequestError("body must be a JSON object with an 'inputs' list")
+    inputs = req.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("body must have a non-empty 'inputs' list")
+    by_name: dict[str, dict] = {}
+    for spec in inputs:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise RequestError("every input must be an object with a 'name'")
+        name = spec["name"]
+        if name not in {n for n, _, _ in INPUT_SPECS}:
+            raise RequestError(f"unknown input {name!r}; expected TOKENS, TOKEN_LENS, GT_TEXT")
+        if name in by_name:
+            raise RequestError(f"input {name} given twice")
+        by_name[name] = spec
+    missing = [n for n, _, _ in INPUT_SPECS if n not in by_name]
+    if missing:
+        raise RequestError(f"missing input(s) {', '.join(missing)}")
+
+    tokens, tshape = _ints(by_name["TOKENS"], "TOKENS", max_tokens)
+    lens, _ = _ints(by_name["TOKEN_LENS"], "TOKEN_LENS", 1)
+    if len(lens) != 1:
+        raise RequestError("input TOKEN_LENS: shape must be [1, 1]")
+    n = lens[0]
+    if not 0 <= n <= tshape[1]:
+        raise RequestError(f"input TOKEN_LENS: {n} is not in 0..{tshape[1]} (the length of TOKENS)")
+    codes = tokens[:n]
+    for c in codes:
+        if not 0 <= c < SPEECH_TOKEN_SIZE:
+            raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
+    text = _text(by_name["GT_TEXT"])
+
+    wanted = None
+    if "outputs" in req:
+        outs = req["outputs"]
+        known = {n for n, _, _ in OUTPUT_SPECS}
+        if not isinstance(outs, list) or not all(isinstance(o, dict) and o.get("name") in known for o in outs):
+            raise RequestError(f"'outputs' must list objects named among {sorted(known)}")
+        wanted = [o["name"] for o in outs]
+    rid = req.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise RequestError("'id' must be a string")
+    return codes, text, rid, wanted
