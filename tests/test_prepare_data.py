@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ttsrl.data import (DataError, PrepareConfig, RecordReader, normalise_for_dedup,
-                        output_schema, prepare)
+from ttsrl.data import DataError, PrepareConfig, output_schema, prepare
+from ttsrl.records import RecordReader
+from ttsrl.rowchecks import normalise_for_dedup
 from ttsrl.vocab import extend_tokenizer, vocab_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,17 +138,15 @@ def test_json_array_and_jsonl_give_the_same_parquet(tmp_path):
         assert ta.equals(tb)
 
 
-def test_json_array_read_in_tiny_blocks_gives_same_records_and_lines(tmp_path):
-    """Element boundaries that fall inside a read block (numbers, strings, multi-byte
-    UTF-8) are handled; line numbers are those where each element starts."""
+def test_json_array_records_and_lines(tmp_path):
+    """A JSON array (read whole) yields its elements with the line each starts on."""
     path = tmp_path / "rows.json"
     path.write_text('\ufeff[\n  {"text": "今天天气很好。",\n   "n": 123456789},\n  12345,\n'
                     '  {"text": "a\\nb"}  ,{"text": "第三"}\n]\n', encoding="utf-8")
     expected = [(2, {"text": "今天天气很好。", "n": 123456789}), (4, 12345), (5, {"text": "a\nb"}),
                 (5, {"text": "第三"})]
-    for block in (1, 2, 3, 7, 1 << 20):
-        got = [(r.line, r.value) for r in RecordReader(path, block_size=block)]
-        assert got == expected, block
+    got = [(r.line, r.value) for r in RecordReader(path)]
+    assert got == expected
 
 
 def test_prepared_parquet_loads_in_verl_rlhf_dataset_and_renders_sos_text_task(tmp_path, tok_dir,
@@ -201,7 +200,7 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path):
 
 def test_template_that_does_not_copy_the_text_is_counted_row_by_row(tokenizer):
     import copy
-    from ttsrl.data import TokenizerPromptLength
+    from ttsrl.rowchecks import TokenizerPromptLength
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = ("{% for m in messages %}{{ '<|sos|>' + m['content'] + '。' + m['content'] "
                          "+ '<|task_id|>' }}{% endfor %}")
@@ -212,7 +211,7 @@ def test_template_that_does_not_copy_the_text_is_counted_row_by_row(tokenizer):
 
 
 def test_estimate_without_tokenizer_is_an_upper_bound(tmp_path, tokenizer):
-    from ttsrl.data import EstimatedPromptLength, TokenizerPromptLength
+    from ttsrl.rowchecks import EstimatedPromptLength, TokenizerPromptLength
     counter = TokenizerPromptLength(tokenizer)
     assert counter.batched  # our template: <|sos|> text <|task_id|>
     exact = counter.count(SENTENCES)
@@ -290,17 +289,14 @@ def test_json_array_syntax_errors_are_fatal_even_when_skipping(tmp_path, content
         assert f"{path}:{line}: {message}" in str(err.value)
 
 
-def test_json_array_syntax_error_is_found_without_reading_the_rest(tmp_path):
+def test_json_array_syntax_error_names_its_line(tmp_path):
     path = tmp_path / "big.json"
     with open(path, "w", encoding="utf-8") as f:
         f.write('[\n{"text": "好"},\n{"text": "坏" "id": 1},\n')
         f.write(",\n".join(json.dumps({"text": f"第{i}句"}, ensure_ascii=False) for i in range(5000)))
         f.write("\n]\n")
-    for block in (16, 1024):
-        reader = RecordReader(path, block_size=block)
-        with pytest.raises(DataError, match=rf"{path}:3: malformed JSON: Expecting ',' delimiter"):
-            list(reader)
-        assert reader.bytes_read <= 4 * block
+    with pytest.raises(DataError, match=rf"{path}:3: malformed JSON: Expecting ',' delimiter"):
+        list(RecordReader(path))
 
 
 def test_json_array_element_errors_can_be_skipped(tmp_path):

@@ -1,13 +1,24 @@
-"""Atomic writes: a file or folder appears whole, or not at all (temp + rename)."""
+"""Atomic writes: a file or folder appears whole, or not at all (temp + rename).
+
+Every writer of the package goes through here, with one durability policy: the new
+file's data is flushed to disk (``fsync``) before it replaces the old one, and the
+folder is synced after the rename, so a power cut leaves the old file or the new
+one, never a torn or empty one. Temporary names carry the writer's pid
+(``.NAME.tmp-PID-XXXX``) so that :func:`remove_stale_temps` can delete what a
+killed writer (``kill -9``) left behind, without touching a live writer's file.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+_TEMP_RE = re.compile(r"^\..+\.(?:tmp|old)-(\d+)-")
 
 
 def _umask() -> int:
@@ -16,21 +27,62 @@ def _umask() -> int:
     return mask
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file or folder to disk (folders: where the filesystem allows it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems cannot sync directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete temporary files/folders in ``folder`` left by writers that no longer run."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _TEMP_RE.match(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path in ``path``'s folder to write to (with any writer: torch.save,
-    savefig, wave...); on success it replaces ``path``, on error it is removed."""
+    savefig, wave, a ParquetWriter...); on success it is synced and replaces ``path``,
+    on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=path.suffix, dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-{os.getpid()}-", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it normal modes
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_path(path.parent)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -44,21 +96,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 @contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield a temp folder next to ``target``; on success it replaces ``target`` (an
-    existing one is moved aside, then deleted), on error it is removed."""
+    """Yield a temp folder next to ``target``; on success its files are synced and it
+    replaces ``target`` (an existing one is moved aside, then deleted), on error it is
+    removed."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private
+        for p in tmp.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                fsync_path(p)
+        fsync_path(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
     if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-")
         os.replace(target, old)
     os.replace(tmp, target)
+    fsync_path(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -17,7 +17,8 @@ Every valid input row becomes one row of verl's RL schema::
 
 Input
     A file whose first non-blank character is ``[`` is one JSON array of objects
-    (read incrementally, never whole). Anything else is JSONL: one object per line,
+    (read whole: use JSONL for a corpus that does not fit in memory; JSONL is
+    streamed line by line). Anything else is JSONL: one object per line,
     blank lines ignored. Line numbers in messages are 1-based; for an array element
     they are the line the element starts on.
 
@@ -59,29 +60,29 @@ Output
     ``pyarrow.parquet.ParquetWriter`` (one row group per chunk), so memory does not
     grow with the file. Both files are written to temporary files in the output
     directory and moved into place with ``os.replace`` only after both are complete:
-    a crash or error leaves the previous files (or none) and no partial file.
+    a crash or error leaves the previous files (or none) and no partial file
+    (``ttsrl.atomic``); the temporary file of a run that was killed (kill -9) is
+    removed by the next run. An output folder that cannot be written (a file in its
+    place, no permission, read-only) is an error before any input is read.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
 import os
-import re
 import sys
-import tempfile
-import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .vocab import SOS_TOKEN, TASK_ID_TOKEN
+from .atomic import atomic_path, remove_stale_temps
+from .records import DataError, Invalid, RecordReader
+from .rowchecks import (OUTPUT_COLUMNS, ExtraColumn, PromptLength, extract_text, make_prompt_length,
+                        normalise_for_dedup, value_kind)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -90,16 +91,7 @@ DEFAULT_DATA_SOURCE = "ttsrl"
 DEFAULT_ABILITY = "tts"
 REWARD_STYLE = "rule"
 SPLITS = ("train", "test")
-OUTPUT_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
-_OUTPUT_COLUMN_SET = frozenset(OUTPUT_COLUMNS)
-# Tokens the chat template adds around the text (used by the estimate only).
-TEMPLATE_TOKENS = len((SOS_TOKEN, TASK_ID_TOKEN))
-
-_READ_BLOCK = 1 << 20  # bytes read at a time from JSON arrays
-
-
-class DataError(Exception):
-    """Input that cannot be turned into a dataset; the message names file and line."""
+__all__ = ["OUTPUT_COLUMNS", "DataError", "PrepareConfig", "PrepareReport", "output_schema", "prepare"]
 
 
 @dataclass(frozen=True)
@@ -117,378 +109,6 @@ class PrepareConfig:
     chunk_size: int = 10_000  # rows per Parquet row group / in memory at once
     max_listed: int = 20  # line numbers listed per kind of problem
     progress: bool = True  # tqdm bars on stderr (only shown on a terminal)
-
-
-# ---------------------------------------------------------------------------
-# Reading
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Invalid:
-    """Why a row is invalid: a short ``kind`` (counted) and a message for the user."""
-
-    kind: str
-    message: str
-
-
-@dataclass(slots=True)
-class RawRecord:
-    """One input row: ``value`` is the parsed JSON, or ``error`` says why not."""
-
-    line: int
-    value: Any = None
-    error: Invalid | None = None
-
-
-class RecordReader:
-    """Iterate the rows of a JSONL file or a JSON array file, with line numbers.
-
-    ``bytes_read`` tells how far into the file the reader is (for progress bars).
-    """
-
-    def __init__(self, path: str | Path, block_size: int = _READ_BLOCK):
-        self.path = Path(path)
-        self.block_size = block_size
-        if not self.path.is_file():
-            raise DataError(f"{self.path}: no such file")
-        self.bytes_read = 0
-        self.format = self._detect_format()
-
-    def _detect_format(self) -> str:
-        with open(self.path, "rb") as f:
-            head = f.read(4096)
-            while head and not head.lstrip():
-                head = f.read(4096)
-        head = head.removeprefix(codecs.BOM_UTF8).lstrip()
-        if not head:
-            raise DataError(f"{self.path}: file is empty (expected JSONL rows or a JSON array "
-                            "of objects with a \"text\" field)")
-        return "json-array" if head.startswith(b"[") else "jsonl"
-
-    def __iter__(self) -> Iterator[RawRecord]:
-        self.bytes_read = 0
-        return self._iter_jsonl() if self.format == "jsonl" else self._iter_array()
-
-    def _iter_jsonl(self) -> Iterator[RawRecord]:
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, start=1):
-                self.bytes_read += len(raw)
-                if lineno == 1:
-                    raw = raw.removeprefix(codecs.BOM_UTF8)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    yield RawRecord(lineno, error=Invalid("not UTF-8",
-                                                           f"not valid UTF-8 (byte {e.start + 1})"))
-                    continue
-                text = text.rstrip("\r\n")
-                if not text.strip():
-                    continue
-                try:
-                    yield RawRecord(lineno, json.loads(text))
-                except json.JSONDecodeError as e:
-                    yield RawRecord(lineno, error=Invalid("malformed JSON",
-                                                           f"malformed JSON: {e.msg} (column {e.colno})"))
-
-    def _iter_array(self) -> Iterator[RawRecord]:
-        """Elements of a top-level JSON array, decoded one at a time.
-
-        The buffer holds the current element plus at most one read block. A value
-        is accepted only when something follows it in the buffer, so a number cut
-        by the block boundary is never taken for a complete one."""
-        decoder = json.JSONDecoder()
-        utf8 = codecs.getincrementaldecoder("utf-8-sig")()
-        buf, pos, line, eof = "", 0, 1, False
-
-        with open(self.path, "rb") as f:
-            def more() -> bool:
-                nonlocal buf, pos, eof
-                if eof:
-                    return False
-                block = f.read(self.block_size)
-                self.bytes_read += len(block)
-                eof = not block
-                try:
-                    text = utf8.decode(block, final=eof)
-                except UnicodeDecodeError:
-                    raise DataError(f"{self.path}:{line + buf.count(chr(10), pos)}: not valid UTF-8 "
-                                    "near this line") from None
-                buf, pos = buf[pos:] + text, 0
-                return True
-
-            def skip_ws() -> str:
-                """Advance past whitespace; the next character, '' at end of file."""
-                nonlocal pos, line
-                while True:
-                    m = _NON_WS.search(buf, pos)
-                    if m:
-                        line += buf.count("\n", pos, m.start())
-                        pos = m.start()
-                        return buf[pos]
-                    line += buf.count("\n", pos)
-                    pos = len(buf)
-                    if not more():
-                        return ""
-
-            def fail(what: str, at_line: int | None = None) -> DataError:
-                return DataError(f"{self.path}:{at_line or line}: {what} in the JSON array "
-                                 "(an array cannot be resumed after a syntax error, even with "
-                                 "--skip-invalid; fix the file or use JSONL)")
-
-            more()
-            if skip_ws() != "[":
-                raise fail("expected '['")
-            pos += 1
-            first = True
-            while True:
-                c = skip_ws()
-                if c == "]":
-                    pos += 1
-                    break
-                if not first:
-                    if c != ",":
-                        raise fail(f"expected ',' or ']' but found {c!r}" if c else "unexpected end of file")
-                    pos += 1
-                    c = skip_ws()
-                if not c:
-                    raise fail("unexpected end of file")
-                start_line = line
-                last_error = None
-                while True:
-                    try:
-                        value, end = decoder.raw_decode(buf, pos)
-                        if end < len(buf) or eof:
-                            break
-                    except json.JSONDecodeError as e:
-                        # An element cut by the block boundary fails further on once
-                        # more text is read; a real error stays where it is (except
-                        # inside a string still open at the end of the buffer).
-                        error = (e.msg, e.pos - pos)
-                        if eof or (error == last_error and not e.msg.startswith("Unterminated string")):
-                            err_line = start_line + buf.count("\n", pos, e.pos)
-                            raise fail(f"malformed JSON: {e.msg}", err_line) from None
-                        last_error = error
-                    more()
-                line += buf.count("\n", pos, end)
-                pos = end
-                first = False
-                yield RawRecord(start_line, value)
-            if skip_ws():
-                raise fail("unexpected content after the closing ']'")
-
-
-_NON_WS = re.compile(r"[^ \t\r\n]")
-
-
-# ---------------------------------------------------------------------------
-# Row checks
-# ---------------------------------------------------------------------------
-
-def extract_text(value: Any) -> tuple[str | None, Invalid | None]:
-    """The stripped ``text`` of a parsed row, or (None, why it is invalid)."""
-    if not isinstance(value, dict):
-        return None, Invalid("not an object", "expected a JSON object with a \"text\" field, "
-                                              f"got {_json_kind(value)}")
-    if "text" not in value:
-        return None, Invalid("missing text", "missing field \"text\" (expected a non-empty string)")
-    text = value["text"]
-    if not isinstance(text, str):
-        return None, Invalid("text not a string",
-                             f"field \"text\" must be a string, got {_json_kind(text)}")
-    text = text.strip()
-    if not text:
-        return None, Invalid("empty text", "field \"text\" is empty (expected a non-empty string)")
-    if not (text[0].isalnum() or any(ch.isalnum() for ch in text)):
-        return None, Invalid("nothing to speak", "field \"text\" has no letter or digit "
-                                                 "(nothing to speak)")
-    if not _OUTPUT_COLUMN_SET.isdisjoint(value):
-        clash = next(k for k in OUTPUT_COLUMNS if k in value)
-        return None, Invalid("reserved field", f"field {clash!r} clashes with verl's output "
-                                               "column of that name; rename it in the input")
-    return text, None
-
-
-def _json_kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
-
-
-@cache
-def _dedup_table() -> dict[int, None]:
-    """Code points removed before comparing texts: whitespace, punctuation, controls."""
-    drop = {}
-    for cp in range(sys.maxunicode + 1):
-        cat = unicodedata.category(chr(cp))
-        if cat[0] in "PZ" or cat in ("Cc", "Cf"):
-            drop[cp] = None
-    return drop
-
-
-def normalise_for_dedup(text: str) -> str:
-    """The form in which two texts count as duplicates (see the module doc)."""
-    return unicodedata.normalize("NFKC", text).casefold().translate(_dedup_table())
-
-
-# ---------------------------------------------------------------------------
-# Prompt length
-# ---------------------------------------------------------------------------
-
-class PromptLength:
-    """Counts the tokens of the rendered chat prompt for a batch of texts."""
-
-    description = ""
-
-    def count(self, texts: list[str]) -> list[int]:
-        raise NotImplementedError
-
-
-class EstimatedPromptLength(PromptLength):
-    """Upper bound without a tokenizer: UTF-8 bytes + the template's special tokens."""
-
-    description = "estimated as UTF-8 bytes + 2, an upper bound; --tokenizer counts exactly"
-
-    def count(self, texts: list[str]) -> list[int]:
-        return [len(t.encode("utf-8")) + TEMPLATE_TOKENS for t in texts]
-
-
-class TokenizerPromptLength(PromptLength):
-    """Exact count: the tokenizer's chat template as verl applies it.
-
-    verl counts ``apply_chat_template([user turn], add_generation_prompt=True)``.
-    When the template puts the text verbatim between a fixed prefix and suffix
-    (ours does), the same ids come from tokenising prefix + text + suffix, which
-    the fast (Rust) tokenizer does in one batched call; this is checked on a probe
-    sentence, and any other template is rendered row by row."""
-
-    _SENTINEL = "\x00TTSRL-TEXT\x00"
-    _PROBE = "今天是2024年3月5日, hello world! 重庆的银行行长\n第二行"
-
-    def __init__(self, tokenizer: Any):
-        if isinstance(tokenizer, (str, os.PathLike)):
-            from transformers import AutoTokenizer
-            path = Path(tokenizer)
-            if not path.is_dir():
-                raise DataError(f"--tokenizer {path}: not a directory (expected a Hugging Face "
-                                "tokenizer folder, e.g. the converted hf_model/)")
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(str(path))
-            except Exception as e:  # transformers raises many kinds here
-                raise DataError(f"--tokenizer {path}: cannot load a tokenizer: {e}") from e
-            self.description = f"counted with the tokenizer in {path}"
-        else:
-            self.description = "counted with the given tokenizer"
-        if not getattr(tokenizer, "chat_template", None):
-            raise DataError("the tokenizer has no chat template; give the converted model's "
-                            "folder (hf_model/), whose tokenizer renders <|sos|> text <|task_id|>")
-        self.tokenizer = tokenizer
-        rendered = self._render(self._SENTINEL)
-        self._affixes = None
-        if rendered.count(self._SENTINEL) == 1:
-            self._affixes = tuple(rendered.split(self._SENTINEL))
-            if self.count([self._PROBE]) != [len(self._exact_ids(self._PROBE))]:
-                self._affixes = None
-
-    @property
-    def batched(self) -> bool:
-        """True when counts come from one batched tokenizer call (the template puts
-        the text verbatim between a fixed prefix and suffix)."""
-        return self._affixes is not None
-
-    def _messages(self, text: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": text}]
-
-    def _render(self, text: str) -> str:
-        return self.tokenizer.apply_chat_template(self._messages(text), add_generation_prompt=True,
-                                                  tokenize=False)
-
-    def _exact_ids(self, text: str) -> list[int]:
-        out = self.tokenizer.apply_chat_template(self._messages(text), add_generation_prompt=True,
-                                                 tokenize=True)
-        if isinstance(out, Mapping) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
-
-    def count(self, texts: list[str]) -> list[int]:
-        if not texts:
-            return []
-        if self._affixes is None:
-            return [len(self._exact_ids(t)) for t in texts]
-        prefix, suffix = self._affixes
-        rendered = [prefix + t + suffix for t in texts]
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)  # the Rust tokenizer
-        if backend is not None:  # same ids (checked on the probe), without Python overhead
-            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-            return [len(e.ids) for e in encode(rendered, add_special_tokens=False)]
-        ids = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
-        return [len(x) for x in ids]
-
-
-def make_prompt_length(tokenizer: Any) -> PromptLength:
-    return EstimatedPromptLength() if tokenizer is None else TokenizerPromptLength(tokenizer)
-
-
-# ---------------------------------------------------------------------------
-# Extra columns
-# ---------------------------------------------------------------------------
-
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _value_kind(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int" if _INT64[0] <= v <= _INT64[1] else "json"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "str"
-    return "json"
-
-
-# Columns whose values are all of one of these kinds keep a native Arrow type.
-_NATIVE_TYPES = {
-    frozenset(): pa.string(),  # only nulls
-    frozenset({"bool"}): pa.bool_(),
-    frozenset({"int"}): pa.int64(),
-    frozenset({"float"}): pa.float64(),
-    frozenset({"int", "float"}): pa.float64(),
-    frozenset({"str"}): pa.string(),
-}
-
-
-@dataclass
-class ExtraColumn:
-    """Kinds of value seen in one extra input column, with a line for each.
-
-    A column that is not native (lists, objects, huge integers, mixed kinds) is a
-    string column: strings are stored as they are, every other value as JSON text."""
-
-    name: str
-    kinds: dict[str, int] = field(default_factory=dict)  # kind -> first line
-
-    @property
-    def native(self) -> bool:
-        return frozenset(self.kinds) in _NATIVE_TYPES
-
-    @property
-    def arrow_type(self) -> pa.DataType:
-        return _NATIVE_TYPES.get(frozenset(self.kinds), pa.string())
-
-    @property
-    def mixed(self) -> bool:
-        """Values of different kinds (int and float together do not count)."""
-        return not self.native and len(self.kinds) > 1
-
-    def convert(self, values: list[Any]) -> pa.Array:
-        if not self.native:
-            values = [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-                      for v in values]
-        return pa.array(values, type=self.arrow_type)
 
 
 # ---------------------------------------------------------------------------
@@ -574,7 +194,7 @@ def scan_split(split: str, path: Path, cfg: PrepareConfig, length: PromptLength,
                 if k == "text":
                     continue
                 col = scan.columns.get(k) or scan.columns.setdefault(k, ExtraColumn(k))
-                kind = _value_kind(v)
+                kind = value_kind(v)
                 if kind is not None and kind not in col.kinds:
                     col.kinds[kind] = line
             scan.rows += 1
@@ -680,22 +300,6 @@ def write_split(scan: SplitScan, cfg: PrepareConfig, out_path: Path,
     return written
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems cannot sync directories
-        pass
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------
 # The whole stage
 # ---------------------------------------------------------------------------
@@ -754,6 +358,21 @@ def _bar(enabled: bool, total: int, desc: str):
                 disable=not (enabled and sys.stderr.isatty()))
 
 
+def check_output_dir(out_dir: Path) -> Path:
+    """Raise :class:`DataError` when ``out_dir`` cannot be created or written (a file in
+    its place or above it, no permission, read-only filesystem). Creates nothing."""
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "exists and is not a directory" if existing == out_dir else f"{existing} is not a directory"
+        raise DataError(f"--local_dir {out_dir}: {what}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == out_dir else f" ({existing} is not writable)"
+        raise DataError(f"--local_dir {out_dir}: permission denied or read-only{where}")
+    return out_dir
+
+
 def prepare(cfg: PrepareConfig,
             on_chunk: Callable[[str, int], None] | None = None) -> PrepareReport:
     """Run stage 0. Raises ``DataError`` on bad input (nothing is written then).
@@ -766,6 +385,7 @@ def prepare(cfg: PrepareConfig,
     files = {"train": Path(cfg.train_file), "test": Path(cfg.test_file)}
     for split, path in files.items():
         RecordReader(path)  # fails early on a missing or empty file
+    out_dir = check_output_dir(Path(cfg.local_dir))  # fails early, before the long pass 1
     length = make_prompt_length(cfg.tokenizer)
 
     scans: dict[str, SplitScan] = {}
@@ -788,29 +408,21 @@ def prepare(cfg: PrepareConfig,
         if s.rows == 0:
             raise DataError(f"{s.path}: no valid rows ({s.records} records read)")
 
-    out_dir = Path(cfg.local_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     outputs = {split: out_dir / f"{split}.parquet" for split in SPLITS}
-    temps: dict[str, Path] = {}
     try:
-        for split in SPLITS:
-            fd, tmp = tempfile.mkstemp(prefix=f".{split}.", suffix=".parquet.tmp", dir=out_dir)
-            os.close(fd)
-            temps[split] = Path(tmp)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it normal modes
-            with _bar(cfg.progress, scans[split].path.stat().st_size,
-                      f"write {outputs[split].name}") as bar:
-                def chunk_done(rows: int, bytes_read: int, split=split, bar=bar) -> None:
-                    bar.update(bytes_read - bar.n)
-                    if on_chunk:
-                        on_chunk(split, rows)
-                write_split(scans[split], cfg, temps[split], on_chunk=chunk_done)
-            _fsync(temps[split])
-        for split in SPLITS:
-            os.replace(temps[split], outputs[split])
-        _fsync(out_dir)
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out_dir)  # left by a run that was killed
+        # both files are complete before either replaces its old version
+        with atomic_path(outputs["train"]) as train_tmp, atomic_path(outputs["test"]) as test_tmp:
+            for split, tmp in (("train", train_tmp), ("test", test_tmp)):
+                with _bar(cfg.progress, scans[split].path.stat().st_size,
+                          f"write {outputs[split].name}") as bar:
+                    def chunk_done(rows: int, bytes_read: int, split=split, bar=bar) -> None:
+                        bar.update(bytes_read - bar.n)
+                        if on_chunk:
+                            on_chunk(split, rows)
+                    write_split(scans[split], cfg, tmp, on_chunk=chunk_done)
+    except OSError as e:
+        raise DataError(f"{e.filename or out_dir}: cannot write the output: {e.strerror or e}") from None
 
     return PrepareReport(scans, outputs, length.description, cfg.drop_duplicates)
