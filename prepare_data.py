@@ -39,9 +39,12 @@ Checks (all rows of both files are read before anything is written):
                    or without any letter or digit (only punctuation), a key named
                    like an output column, or a prompt longer than
                    --max_prompt_length tokens. Without --skip-invalid they are an
-                   error listing FILE:LINE and the reason (exit status 1); with it they
-                   are skipped and listed. A syntax error inside a JSON array cannot be
-                   skipped (the array cannot be resumed); use JSONL for that.
+                   error listing FILE:LINE and the reason (exit status 2); with it they
+                   are skipped and listed. Also invalid: a string with a lone UTF-16
+                   surrogate escape ("\\ud800"), an integer of more than 4,300 digits,
+                   nesting deeper than Python's parser allows. Inside a JSON array
+                   these and syntax errors cannot be skipped (the array cannot be
+                   resumed); use JSONL for that.
   prompt length    with --tokenizer: the exact token count of the chat-rendered prompt,
                    as verl counts it (data.max_prompt_length; verl silently drops longer
                    prompts, this script reports them). Without it: UTF-8 bytes of the
@@ -54,7 +57,9 @@ Checks (all rows of both files are read before anything is written):
 
 Output is written in chunks of --chunk-size rows (one Parquet row group each), to
 temporary files in LOCAL_DIR that replace train.parquet/test.parquet only when both
-are complete: an error or crash leaves the previous files untouched. A progress bar
+are complete: an error or crash leaves the previous files untouched, and the next
+run removes the temporary file of a killed run. Bad input or an unwritable LOCAL_DIR
+exits with status 2 and a message naming the file (and line). A progress bar
 is shown on stderr when it is a terminal (not with --quiet).
 
 Example:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         report = prepare(cfg)
     except DataError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     for warning in report.warnings():
         print(f"prepare_data.py: warning: {warning}", file=sys.stderr)
     if not args.quiet:

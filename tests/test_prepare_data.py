@@ -466,7 +466,7 @@ def test_cli_reports_errors_and_skips(tmp_path):
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试。"}])
     args = ["--train_file", str(train), "--test_file", str(test), "--local_dir", str(tmp_path / "out")]
     res = run_cli(*args)
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert f"error: 1 invalid rows in {train}" in res.stderr and f"{train}:2: field" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
 
@@ -475,3 +475,119 @@ def test_cli_reports_errors_and_skips(tmp_path):
     assert "skipped 1 invalid rows" in res.stderr and f"{train}:3: same text as line 1" in res.stderr
     assert "train: 2 rows" in res.stdout
     assert set(pq.read_table(tmp_path / "out" / "train.parquet").column("data_source").to_pylist()) == {"mine"}
+
+
+# ---------------------------------------------------------------------------
+# hostile input (issue 11 item 4): clear errors with FILE:LINE, exit 2, no traceback
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HOSTILE_ROWS = {
+    "lone surrogate": ('{"text": "a\\ud800b"}', "lone UTF-16 surrogate"),
+    "huge integer": ('{"text": "好", "n": ' + "9" * 5000 + "}", "a number Python cannot read"),
+    "deep nesting": ('{"text": "好", "x": ' + DEEP + "}", "nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ROWS))
+def test_hostile_jsonl_row_is_a_row_error_with_file_and_line(tmp_path, kind):
+    line, message = HOSTILE_ROWS[kind]
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"text": "你好"}\n' + line + '\n{"text": "再见"}\n', encoding="utf-8")
+    test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
+    out = tmp_path / "out"
+    res = run_cli("--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q")
+    assert res.returncode == 2, res.stderr
+    assert f"{train}:2: " in res.stderr and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()
+    res = run_cli("--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q",
+                  "--skip-invalid")
+    assert res.returncode == 0, res.stderr
+    assert f"{train}:2: " in res.stderr and "Traceback" not in res.stderr
+    texts = [r["text"] for r in pq.read_table(out / "train.parquet").column("extra_info").to_pylist()]
+    assert texts == ["你好", "再见"]
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ROWS))
+def test_hostile_json_array_element_is_fatal_with_file_and_line(tmp_path, kind):
+    line, message = HOSTILE_ROWS[kind]
+    train = tmp_path / "train.json"
+    train.write_text('[\n{"text": "你好"},\n' + line + '\n]\n', encoding="utf-8")
+    test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
+    for extra in ((), ("--skip-invalid",)):
+        res = run_cli("--train_file", str(train), "--test_file", str(test), "--local_dir",
+                      str(tmp_path / "out"), "-q", *extra)
+        if kind == "lone surrogate" and extra:  # parsed fine: a row problem, skippable
+            assert res.returncode == 0, res.stderr
+            assert f"{train}:3: " in res.stderr and message in res.stderr
+            continue
+        assert res.returncode == 2, res.stderr
+        assert f"{train}:3: " in res.stderr and message in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_directory_as_input_says_so(tmp_path):
+    test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
+    res = run_cli("--train_file", str(tmp_path), "--test_file", str(test), "--local_dir", str(tmp_path / "o"))
+    assert res.returncode == 2
+    assert f"{tmp_path}: is a directory" in res.stderr and "no such file" not in res.stderr
+
+
+def _unwritable_dirs(tmp_path: Path) -> list[tuple[Path, str]]:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [(a_file, "exists and is not a directory"),
+             (a_file / "sub", f"{a_file} is not a directory"),
+             (Path("/proc/ttsrl-out"), "cannot write in /proc")]  # unwritable even for root
+    if os.geteuid() != 0:  # root ignores modes
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        cases.append((locked / "out", "cannot write in"))
+    return cases
+
+
+def test_unwritable_local_dir_is_a_clear_error_before_reading(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": "你好"}])
+    test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
+    for out, message in _unwritable_dirs(tmp_path):
+        res = run_cli("--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q")
+        assert res.returncode == 2, (out, res.stderr)
+        assert f"--local_dir {out}: " in res.stderr and message in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_read_only_filesystem_local_dir(tmp_path):
+    """A real read-only mount (a tmpfs mounted ro; needs root, else skipped)."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "none", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only filesystem here (needs root)")
+    try:
+        train = write_jsonl(tmp_path / "train.jsonl", [{"text": "你好"}])
+        res = run_cli("--train_file", str(train), "--test_file", str(train), "--local_dir", str(mnt / "out"), "-q")
+        assert res.returncode == 2, res.stderr
+        assert f"--local_dir {mnt / 'out'}: cannot write in {mnt} (Read-only file system)" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_temp_parquet_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
+    """A writer killed with SIGKILL mid-write leaves its temp file; the next run deletes it."""
+    import signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import sys, time; from ttsrl.atomic import atomic_path\n"
+            f"with atomic_path({str(out / 'train.parquet')!r}) as tmp:\n"
+            "    tmp.write_bytes(b'PAR1 partial'); print(tmp, flush=True); time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    leftover = Path(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert leftover.is_file() and leftover.parent == out
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": "你好"}])
+    res = run_cli("--train_file", str(train), "--test_file", str(train), "--local_dir", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    assert not leftover.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -367,9 +368,13 @@ def check_output_dir(out_dir: Path) -> Path:
     if not existing.is_dir():
         what = "exists and is not a directory" if existing == out_dir else f"{existing} is not a directory"
         raise DataError(f"--local_dir {out_dir}: {what}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == out_dir else f" ({existing} is not writable)"
-        raise DataError(f"--local_dir {out_dir}: permission denied or read-only{where}")
+    try:  # a probe file tells what os.access cannot (root, read-only mounts, /proc)
+        fd, probe = tempfile.mkstemp(prefix=".ttsrl-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = "" if existing == out_dir else f" in {existing}"
+        raise DataError(f"--local_dir {out_dir}: cannot write{where} ({e.strerror or e})") from None
     return out_dir
 
 
