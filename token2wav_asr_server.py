@@ -42,6 +42,14 @@ def parse_args(argv=None) -> ServerConfig:
                    help="requests that may wait; beyond it the server answers 503 + Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="most speech codes per sequence (413 above)")
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections at most; beyond it the longest-idle one is closed "
+                        "(default 0 = half the file-descriptor limit, at most 1024)")
+    p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                   help="close a connection that sends no complete request headers for this long "
+                        "(also idle keep-alive connections) (default %(default)s)")
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="answer 408 when a request body takes longer than this (default %(default)s)")
     p.add_argument("--devices", default=None,
                    help="comma-separated devices, one backend replica each (default: all GPUs, else cpu)")
     p.add_argument("--log-level", default="INFO")
@@ -51,7 +59,8 @@ def parse_args(argv=None) -> ServerConfig:
     cfg = ServerConfig(backend=backend, host=a.host, port=a.port, model_name=a.model_name, reward=a.reward,
                        length_guard=not a.no_length_guard, max_batch=a.max_batch, max_delay_ms=a.max_delay_ms,
                        max_queue=a.max_queue, max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
-                       devices=a.devices.split(",") if a.devices else None)
+                       devices=a.devices.split(",") if a.devices else None, max_connections=a.max_connections,
+                       idle_timeout_s=a.idle_timeout_s, body_timeout_s=a.body_timeout_s)
     try:
         cfg.validate()
     except ValueError as e:

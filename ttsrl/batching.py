@@ -38,6 +38,7 @@ class Stats:
         self.client_errors = 0
         self.rejected_full = 0
         self.backend_errors = 0
+        self.server_errors = 0  # requests answered 500
         self.batches = 0
         self.items = 0
         self.backend_seconds = 0.0
@@ -48,6 +49,7 @@ class Stats:
         return {
             "requests": self.requests, "ok": self.ok, "client_errors": self.client_errors,
             "rejected_queue_full": self.rejected_full, "backend_errors": self.backend_errors,
+            "server_errors": self.server_errors,
             "batches": self.batches, "items": self.items,
             "mean_batch_size": self.items / self.batches if self.batches else 0.0,
             "max_batch_size": max(self.batch_sizes, default=0),
@@ -60,9 +62,10 @@ class Batcher:
     """Bounded queue + one batching worker per pipeline (device)."""
 
     def __init__(self, cfg, pipelines: Sequence[SpeechPipeline], stats: Stats,
-                 score: Callable[[SpeechPipeline, list, list], list[Scored]]):
+                 score: Callable[[SpeechPipeline, list, list], list[Scored]], errors=None):
         self.cfg = cfg  # a ServerConfig: max_batch, max_delay_ms, max_queue
         self.score = score
+        self.errors = errors  # a RepeatedErrors: a failure that repeats is logged once, counted
         self.pipelines = list(pipelines)
         self.stats = stats
         self.queue: deque[Item] = deque()
@@ -126,7 +129,11 @@ class Batcher:
                 results = await loop.run_in_executor(pool, self.score, pipeline,
                                                      [it.codes for it in batch], [it.text for it in batch])
             except Exception as e:  # a backend failure answers 500 to this batch only
-                log.exception("backend %s failed on a batch of %d", pipeline.name, len(batch))
+                if self.errors is not None:
+                    self.errors.error(f"backend {pipeline.name} failed: {type(e).__name__}: {e}"[:300],
+                                      "backend %s failed on a batch of %d", pipeline.name, len(batch), exc_info=e)
+                else:
+                    log.exception("backend %s failed on a batch of %d", pipeline.name, len(batch))
                 self.stats.backend_errors += len(batch)
                 for it in batch:
                     if not it.future.done():

@@ -23,6 +23,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from typing import Any
 
 from .vocab import SPEECH_TOKEN_SIZE
@@ -106,28 +107,73 @@ class RequestError(Exception):
 # request parsing
 
 
-def _flatten(data: Any, name: str) -> list:
-    """KServe allows row-major flat data or nested lists; return it flat."""
+# Caps applied before Python's own limits are reached (recursion, int digits).
+MAX_JSON_DEPTH = 16  # a valid request nests 4 deep ({"inputs": [{"data": [[...]]}]})
+MAX_JSON_CONTAINERS = 256  # arrays + objects in one body (a valid one has about 12)
+MAX_JSON_SPECIALS = 50_000  # quotes + backslashes + brackets scanned before giving up
+MAX_INT_DIGITS = 20  # INT32 needs 11; 20 keeps int64 readable for a clear range message
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+_SPECIALS = re.compile(rb'["\\\[\]{}]')
+
+
+def check_json_shape(body: bytes) -> None:
+    """Refuse a body nested deeper than MAX_JSON_DEPTH (or with too many containers)
+    before ``json.loads`` sees it: one pass over the structural characters only."""
+    depth = containers = 0
+    in_string = False
+    skip_at = -1
+    for i, m in enumerate(_SPECIALS.finditer(body)):
+        if i > MAX_JSON_SPECIALS:
+            raise RequestError(f"body has more than {MAX_JSON_SPECIALS} quotes/brackets; not a request of this model")
+        pos = m.start()
+        if pos == skip_at:  # the character after a backslash
+            continue
+        c = body[pos]
+        if in_string:
+            if c == 0x5C:  # backslash: the next character is escaped
+                skip_at = pos + 1
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            containers += 1
+            if depth > MAX_JSON_DEPTH:
+                raise RequestError(f"body is JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            if containers > MAX_JSON_CONTAINERS:
+                raise RequestError(f"body has more than {MAX_JSON_CONTAINERS} JSON arrays/objects")
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        raise RequestError(f"integer of {len(s.lstrip('-'))} digits in the body (at most {MAX_INT_DIGITS})")
+    return int(s)
+
+
+def _values(data: Any, shape: list[int], name: str) -> list:
+    """The values of ``data`` in row-major order. KServe allows flat data or lists nested
+    exactly like ``shape``; anything else (ragged rows, extra nesting) is refused."""
     if not isinstance(data, list):
         raise RequestError(f"input {name}: 'data' must be a list, got {type(data).__name__}")
-    out: list = []
-    stack = [iter(data)]
-    depth = 1
-    while stack:
-        try:
-            x = next(stack[-1])
-        except StopIteration:
-            stack.pop()
-            depth -= 1
-            continue
-        if isinstance(x, list):
-            depth += 1
-            if depth > 3:
-                raise RequestError(f"input {name}: 'data' is nested too deeply")
-            stack.append(iter(x))
-        else:
-            out.append(x)
-    return out
+    count = math.prod(shape)
+    if not any(isinstance(x, list) for x in data):  # flat, row-major
+        if len(data) != count:
+            raise RequestError(f"input {name}: shape {shape} needs {count} values, data has {len(data)}")
+        return data
+    level = [data]
+    for dim, size in enumerate(shape):
+        for row in level:
+            if not isinstance(row, list) or len(row) != size:
+                got = f"a list of {len(row)}" if isinstance(row, list) else type(row).__name__
+                raise RequestError(f"input {name}: 'data' is not nested like shape {shape} "
+                                   f"(dimension {dim} needs lists of {size}, got {got})")
+        level = [x for row in level for x in row]
+    if any(isinstance(x, list) for x in level):
+        raise RequestError(f"input {name}: 'data' is nested deeper than shape {shape}")
+    return level
 
 
 def _shape(spec: dict, name: str) -> list[int]:
@@ -139,19 +185,19 @@ def _shape(spec: dict, name: str) -> list[int]:
     return shape
 
 
-def _ints(spec: dict, name: str, max_count: int) -> tuple[list[int], list[int]]:
+def _ints(spec: dict, name: str, max_count: int, fixed: list[int] | None = None) -> tuple[list[int], list[int]]:
     if spec.get("datatype") != "INT32":
         raise RequestError(f"input {name}: datatype must be INT32, got {spec.get('datatype')!r}")
     shape = _shape(spec, name)
     if "data" not in spec:
         raise RequestError(f"input {name}: missing 'data' (binary tensor data is not supported)")
+    if fixed is not None and shape != fixed:
+        raise RequestError(f"input {name}: shape must be {fixed}, got {shape}")
     if len(shape) != 2 or shape[0] != 1:
         raise RequestError(f"input {name}: shape must be [1, N], got {shape}")
     if shape[1] > max_count:
         raise RequestError(f"input {name}: {shape[1]} elements exceed the limit of {max_count}", 413)
-    values = _flatten(spec["data"], name)
-    if len(values) != shape[1]:
-        raise RequestError(f"input {name}: shape {shape} needs {shape[1]} values, data has {len(values)}")
+    values = _values(spec["data"], shape, name)
     for v in values:
         if not isinstance(v, int) or isinstance(v, bool):
             raise RequestError(f"input {name}: INT32 data must be integers, got {v!r}")
@@ -169,7 +215,7 @@ def _text(spec: dict) -> str:
         raise RequestError(f"input {name}: shape must be [1, 1], got {shape}")
     if "data" not in spec:
         raise RequestError(f"input {name}: missing 'data'")
-    values = _flatten(spec["data"], name)
+    values = _values(spec["data"], shape, name)
     if len(values) != 1:
         raise RequestError(f"input {name}: expected exactly one string, got {len(values)} values")
     v = values[0]
@@ -197,10 +243,13 @@ def _text(spec: dict) -> str:
 
 def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, Any, list[str] | None]:
     """Validate a KServe v2 infer body -> (codes, text, request id, requested outputs)."""
-    try:
-        req = json.loads(body)
+    check_json_shape(body)
+    try:  # the int hook costs ~1 ms per 4,096 codes: only when a long digit run is there at all
+        req = json.loads(body, parse_int=_bounded_int) if _LONG_DIGITS.search(body) else json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RequestError(f"body is not valid JSON: {e}") from None
+    except RecursionError:  # not reached after check_json_shape; kept as a backstop
+        raise RequestError("body is JSON nested too deeply") from None
     if not isinstance(req, dict):
         raise RequestError("body must be a JSON object with an 'inputs' list")
     inputs = req.get("inputs")
@@ -221,9 +270,7 @@ def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, A
         raise RequestError(f"missing input(s) {', '.join(missing)}")
 
     tokens, tshape = _ints(by_name["TOKENS"], "TOKENS", max_tokens)
-    lens, _ = _ints(by_name["TOKEN_LENS"], "TOKEN_LENS", 1)
-    if len(lens) != 1:
-        raise RequestError("input TOKEN_LENS: shape must be [1, 1]")
+    lens, _ = _ints(by_name["TOKEN_LENS"], "TOKEN_LENS", 1, fixed=[1, 1])
     n = lens[0]
     if not 0 <= n <= tshape[1]:
         raise RequestError(f"input TOKEN_LENS: {n} is not in 0..{tshape[1]} (the length of TOKENS)")

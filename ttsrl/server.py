@@ -24,6 +24,7 @@ from aiohttp import web
 
 from .backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from .batching import Batcher, Stats
+from .http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
 from .protocol import (DEFAULT_HOST, DEFAULT_MODEL_NAME, DEFAULT_PORT, MODEL_VERSION, RequestError,
                        build_response, model_metadata, parse_infer_request)
 from .scoring import Scored, score_codes
@@ -46,6 +47,9 @@ class ServerConfig:
     max_tokens: int = 4096  # speech codes per sequence (CosyVoice2: 25/s -> 160 s)
     devices: list[str] | None = None  # None: every local device
     retry_after_s: int = 1
+    max_connections: int = 0  # open connections; 0 = half the file-descriptor limit, at most 1024
+    idle_timeout_s: float = 10.0  # a connection outside a request (headers still coming, idle) is closed
+    body_timeout_s: float = 30.0  # a request body not received in time: 408
 
     def validate(self) -> None:
         from .rewards import REWARDS
@@ -55,8 +59,10 @@ class ServerConfig:
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.max_delay_ms < 0:
-            raise ValueError("max_delay_ms must be >= 0")
+        if self.max_delay_ms < 0 or self.max_connections < 0:
+            raise ValueError("max_delay_ms and max_connections must be >= 0")
+        if self.idle_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("idle_timeout_s and body_timeout_s must be > 0")
         self.backend.validate()
 
 
@@ -86,6 +92,38 @@ class RewardServer:
         self.pipelines: list[SpeechPipeline] = []
         self.batcher: Batcher | None = None
         self.ready = False
+        self.errors = RepeatedErrors(log)
+        self.guard: ConnectionGuard | None = None
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._flusher: asyncio.Task | None = None
+
+    # ---- serving ---------------------------------------------------------------
+    async def start(self) -> tuple[str, int]:
+        """Set the app up (load and warm the backends), listen; returns (host, port)."""
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self.errors.loop_handler)  # e.g. accept() EMFILE: once, counted
+        self._runner = web.AppRunner(self.make_app(), access_log=None)
+        await self._runner.setup()
+        self.guard = ConnectionGuard(self._runner.server, self.cfg.max_connections or default_max_connections(),
+                                     self.cfg.idle_timeout_s)
+        self._listener = await loop.create_server(self.guard, self.cfg.host, self.cfg.port, reuse_address=True)
+        self.guard.start()
+        self._flusher = loop.create_task(self.errors.run())
+        host, port = self._listener.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self.guard is not None:
+            await self.guard.stop()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.errors.flush()
 
     # ---- lifecycle -------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -121,7 +159,7 @@ class RewardServer:
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
-        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self.score)
+        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self.score, self.errors)
         self.batcher.start()
         self.ready = True
         log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)
@@ -138,12 +176,18 @@ class RewardServer:
     # ---- middleware ------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler):
+        transport = request.transport
+        if self.guard is not None:
+            self.guard.enter(transport)
         try:
             return await handler(request)
         except RequestError as e:
             self.stats.client_errors += e.status < 500
             headers = {"Retry-After": str(self.cfg.retry_after_s)} if e.status == 503 else None
-            return _error(str(e), e.status, headers)
+            resp = _error(str(e), e.status, headers)
+            if e.status == 408:  # the rest of that body is not worth waiting for
+                resp.force_close()
+            return resp
         except web.HTTPRequestEntityTooLarge:
             self.stats.client_errors += 1
             return _error(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
@@ -154,9 +198,14 @@ class RewardServer:
             raise
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # never crash on a request: answer 500 and log
-            log.exception("unhandled error on %s", request.path)
-            return _error(f"internal error: {type(e).__name__}: {e}", 500)
+        except Exception as e:  # never crash on a request: answer 500 and log (a repeat: counted)
+            self.stats.server_errors += 1
+            what = f"{type(e).__name__}: {e}"[:300]
+            self.errors.error(f"500 on {request.path}: {what}", "unhandled error on %s", request.path, exc_info=e)
+            return _error(f"internal error: {what}", 500)
+        finally:
+            if self.guard is not None:
+                self.guard.leave(transport)
 
     # ---- handlers -------------------------------------------------------------
     def _check_model(self, request: web.Request) -> None:
@@ -192,6 +241,8 @@ class RewardServer:
         d = self.stats.as_dict()
         d["queue_depth"] = len(self.batcher.queue) if self.batcher else 0
         d["replicas"] = [p.name for p in self.pipelines]
+        if self.guard is not None:
+            d.update(self.guard.as_dict())
         return _json(d)
 
     async def _infer(self, request: web.Request) -> web.Response:
@@ -201,7 +252,10 @@ class RewardServer:
             raise RequestError("server is not ready", 503)
         if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
             raise RequestError(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
-        body = await request.read()
+        try:
+            body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
+        except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
+            raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
         codes, text, rid, wanted = parse_infer_request(body, self.cfg.max_tokens)
         result: Scored = await self.batcher.submit(codes, text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
@@ -219,17 +273,13 @@ def run(cfg: ServerConfig, announce: Callable[[str], None] = print) -> None:
     server = RewardServer(cfg)
 
     async def main():
-        runner = web.AppRunner(server.make_app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        announce(f"ttsrl reward server ready on http://{host}:{port} "
-                 f"(model {cfg.model_name}, reward {cfg.reward}, {', '.join(p.name for p in server.pipelines)})")
         try:
+            host, port = await server.start()
+            announce(f"ttsrl reward server ready on http://{host}:{port} "
+                     f"(model {cfg.model_name}, reward {cfg.reward}, {', '.join(p.name for p in server.pipelines)})")
             await asyncio.Event().wait()
         finally:
-            await runner.cleanup()
+            await server.close()
 
     try:
         asyncio.run(main())
@@ -260,20 +310,16 @@ class BackgroundServer:
 
         async def main():
             self._stop = asyncio.Event()
-            runner = web.AppRunner(self.server.make_app(), access_log=None)
             try:
-                await runner.setup()
-                site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
-                await site.start()
-                self.port = runner.addresses[0][1]
+                self.port = (await self.server.start())[1]
             except BaseException as e:
                 errors.append(e)
                 started.set()
-                await runner.cleanup()
+                await self.server.close()
                 return
             started.set()
             await self._stop.wait()
-            await runner.cleanup()
+            await self.server.close()
 
         def target():
             self._loop = asyncio.new_event_loop()

@@ -1,0 +1,117 @@
+"""Issue 11 item 5's attacks on the reward server, counted: hostile bodies, 500s in
+/stats, 1,100 idle partial connections under ``ulimit -n 1024`` held for 40 s while
+valid requests are sent, and the size of the server's log.
+
+    python benchmarks/attack_reward_server.py [--root CHECKOUT] [--hold-s 40]
+
+``--root`` runs the server of another checkout (e.g. an older commit, to compare).
+Prints one line per attack; numbers, no pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ttsrl import sim  # noqa: E402
+from ttsrl.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path  # noqa: E402
+
+TEXT = "我想喝一杯热茶。"
+
+
+def bodies() -> dict[str, bytes]:
+    g = json.dumps(build_payload(sim.encode(TEXT), TEXT))
+    codes = json.dumps([sim.encode(TEXT)])
+    n = len(sim.encode(TEXT))
+    return {
+        "100k-deep nesting": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "5000-digit integer in TOKENS": g.replace(codes, "[[" + "9" * 5000 + "]]").encode(),
+        "ragged [[1,[2],3]]": json.dumps({"inputs": [
+            {"name": "TOKENS", "shape": [1, 3], "datatype": "INT32", "data": [[1, [2], 3]]},
+            {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[3]]},
+            {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}).encode(),
+        "GT_TEXT [[[\"你好\"]]]": g.replace(json.dumps([TEXT]), json.dumps([[["你好"]]])).encode(),
+        "TOKEN_LENS shape [1,2]": g.replace('"shape": [1, 1], "datatype": "INT32", "data": [[%d]]' % n,
+                                            '"shape": [1, 2], "datatype": "INT32", "data": [[%d, %d]]' % (n, n)
+                                            ).encode(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=ROOT, help="checkout whose server to attack")
+    ap.add_argument("--hold-s", type=float, default=40.0, help="how long the 1,100 connections are held")
+    ap.add_argument("--connections", type=int, default=1100)
+    a = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, a.connections + 500), hard))
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, str(a.root / "token2wav_asr_server.py"), "--backend", "sim", "--port", "0"],
+            cwd=a.root, stdout=f, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)))
+    try:
+        while "ready on http://" not in log.read_text():
+            time.sleep(0.2)
+        url = log.read_text().split("ready on ")[1].split()[0]
+        host, port = url.removeprefix("http://").split(":")
+        for desc, body in bodies().items():
+            r = requests.post(url + infer_path(), data=body, headers={"Content-Type": "application/json"},
+                              timeout=30)
+            print(f"{desc:32s} HTTP {r.status_code}")
+        st = requests.get(f"{url}/v2/models/{DEFAULT_MODEL_NAME}/stats", timeout=10).json()
+        print(f"{'/stats server_errors':32s} {st.get('server_errors', 'absent')}")
+        print(f"{'tracebacks in log so far':32s} {log.read_text().count('Traceback')}")
+        socks, refused = [], 0
+        for _ in range(a.connections):
+            try:
+                s = socket.create_connection((host, int(port)), timeout=5)
+                s.sendall(b"POST /v2/models/x/infer HTTP/1.1\r\nHost: x\r\n")
+                socks.append(s)
+            except OSError:
+                refused += 1
+        ok = failed = 0
+        latencies = []
+        payload = build_payload(sim.encode(TEXT), TEXT)
+        t_end = time.time() + a.hold_s
+        while time.time() < t_end:
+            t0 = time.time()
+            try:
+                r = requests.post(url + infer_path(), json=payload, timeout=5)
+                ok += r.status_code == 200
+                failed += r.status_code != 200
+            except requests.RequestException:
+                failed += 1
+            latencies.append(time.time() - t0)
+            time.sleep(0.2)
+        print(f"{'partial connections opened':32s} {len(socks)} (refused {refused})")
+        print(f"{'valid requests while held':32s} {ok} ok, {failed} failed/timed out, "
+              f"max latency {max(latencies):.2f} s")
+        for s in socks:
+            s.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    print(f"{'server log':32s} {log.stat().st_size} bytes, {text.count('Traceback')} tracebacks, "
+          f"{text.count('Too many open files')} 'Too many open files'")
+
+
+if __name__ == "__main__":
+    main()

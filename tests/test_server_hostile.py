@@ -1,0 +1,203 @@
+"""The reward server under hostile clients (issue 11 item 5): the real CLI on a loopback
+port, raw sockets for what an HTTP library will not send."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from ttsrl import sim
+from ttsrl.protocol import build_payload, infer_path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "我想喝一杯热茶。"
+
+
+def start(tmp_path: Path, *args: str, nofile: int | None = None) -> tuple[subprocess.Popen, str, Path]:
+    """The server CLI with its log in a file (to count what it writes)."""
+    log = tmp_path / "server.log"
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    f = open(log, "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", "sim",
+                             "--port", "0", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=limit)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        text = log.read_text()
+        if "ready on http://" in text:
+            return proc, text.split("ready on ")[1].split()[0], log
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("server did not start:\n" + log.read_text())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def infer(url: str, body: bytes | dict, timeout: float = 30) -> requests.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return requests.post(url + infer_path(), data=data, headers={"Content-Type": "application/json"},
+                         timeout=timeout)
+
+
+def stats(url: str) -> dict:
+    return requests.get(f"{url}/v2/models/token2wav_asr/stats", timeout=10).json()
+
+
+def good() -> dict:
+    return build_payload(sim.encode(TEXT), TEXT)
+
+
+def hostile_bodies() -> dict[str, bytes]:
+    g = json.dumps(good())
+    codes = json.dumps([sim.encode(TEXT)])
+    n = len(sim.encode(TEXT))
+    out = {
+        "100k-deep nesting": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "100k-deep nesting in data": g.replace(codes, "[" * 100_000 + "1" + "]" * 100_000).encode(),
+        "5000-digit integer in TOKENS": g.replace(codes, "[[" + "9" * 5000 + "]]").encode(),
+        "ragged TOKENS [[1,[2],3]]": json.dumps({"inputs": [
+            {"name": "TOKENS", "shape": [1, 3], "datatype": "INT32", "data": [[1, [2], 3]]},
+            {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[3]]},
+            {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}).encode(),
+        "GT_TEXT [[[\"你好\"]]]": g.replace(json.dumps([TEXT]), json.dumps([[["你好"]]])).encode(),
+        "TOKEN_LENS shape [1,2]": g.replace('"shape": [1, 1], "datatype": "INT32", "data": [[%d]]' % n,
+                                            '"shape": [1, 2], "datatype": "INT32", "data": [[%d, %d]]' % (n, n)
+                                            ).encode(),
+    }
+    for desc, body in out.items():
+        assert body != g.encode(), desc  # the replacement happened
+    return out
+
+
+def test_hostile_bodies_get_400_not_500_and_no_traceback(tmp_path):
+    proc, url, log = start(tmp_path, "--log-level", "WARNING")
+    try:
+        for desc, body in hostile_bodies().items():
+            r = infer(url, body)
+            assert r.status_code == 400, (desc, r.status_code, r.text[:300])
+            assert r.json()["error"], desc
+        r = infer(url, good())
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"][0] == pytest.approx(1.0)
+        s = stats(url)
+        assert s["server_errors"] == 0 and s["client_errors"] == len(hostile_bodies())
+    finally:
+        stop(proc)
+    assert "Traceback" not in log.read_text()
+
+
+def test_500s_are_counted_and_a_repeated_error_is_logged_once(tmp_path):
+    """A backend that fails on every batch (a code the sim ASR decodes into a text the
+    reward cannot take would be contrived; instead: a reward variant that needs ASR
+    scores the sim ASR cannot give is refused at start, so use the real failure path: a
+    BackgroundServer with a pipeline that raises)."""
+    import logging
+
+    from ttsrl.backends import SpeechPipeline
+    from ttsrl.backends.sim import SimASR, SimToken2Wav
+    from ttsrl.server import BackgroundServer, ServerConfig
+
+    class Broken(SimToken2Wav):
+        calls = 0
+
+        def synthesize(self, batch, prompts):
+            Broken.calls += 1
+            if Broken.calls > 1:  # the warm-up batch passes
+                raise RuntimeError("vocoder exploded")
+            return super().synthesize(batch, prompts)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("ttsrl.server").addHandler(handler)
+    try:
+        with BackgroundServer(ServerConfig(port=0, max_batch=1, max_delay_ms=0),
+                              pipelines=[SpeechPipeline(Broken(), SimASR())]) as srv:
+            n = 20
+            codes = [infer(srv.url, good()).status_code for _ in range(n)]
+            assert codes == [500] * n
+            s = stats(srv.url)
+            assert s["server_errors"] == n and s["backend_errors"] == n
+    finally:
+        logging.getLogger("ttsrl.server").removeHandler(handler)
+    with_trace = [r for r in records if r.exc_info]
+    # one traceback for the backend failure, one for the 500 it caused; the rest counted
+    assert len(with_trace) == 2, [r.getMessage() for r in with_trace]
+    summaries = [r.getMessage() for r in records if "repeated" in r.getMessage()]
+    assert any(f"repeated {n - 1} more times" in m for m in summaries), summaries
+
+
+def _partial(addr: tuple[str, int]) -> socket.socket:
+    s = socket.create_connection(addr, timeout=10)
+    s.sendall(b"POST /v2/models/token2wav_asr/infer HTTP/1.1\r\nHost: x\r\n")  # headers never end
+    return s
+
+
+def test_idle_partial_connections_do_not_block_valid_requests(tmp_path):
+    """1,100 idle partial requests against a server limited to 1,024 file descriptors:
+    valid requests still get answers, and the log stays small."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1300:
+        pytest.skip("this test needs 1,300 file descriptors of its own")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    proc, url, log = start(tmp_path, "--log-level", "WARNING", nofile=1024)
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    try:
+        for _ in range(1100):
+            socks.append(_partial((host, int(port))))
+        t0 = time.time()
+        for _ in range(20):
+            r = infer(url, good(), timeout=10)
+            assert r.status_code == 200
+        assert time.time() - t0 < 10
+        s = stats(url)
+        assert s["open_connections"] <= s["max_connections"] <= 512
+        assert s["connections_evicted"] >= 1100 - s["max_connections"]
+    finally:
+        for so in socks:
+            so.close()
+        stop(proc)
+    assert log.stat().st_size < 20_000, log.read_text()[:2000]
+
+
+def test_header_and_body_read_timeouts(tmp_path):
+    proc, url, log = start(tmp_path, "--log-level", "WARNING", "--idle-timeout-s", "0.5", "--body-timeout-s", "1")
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        s = _partial((host, int(port)))  # headers never complete: closed by the server
+        t0 = time.time()
+        assert s.recv(1024) == b""
+        assert time.time() - t0 < 5
+        s.close()
+        body = json.dumps(good()).encode()
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(b"POST /v2/models/token2wav_asr/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])  # the body never completes
+        t0 = time.time()
+        answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert 0.9 < time.time() - t0 < 5
+        s.close()
+        assert infer(url, good()).status_code == 200
+    finally:
+        stop(proc)
