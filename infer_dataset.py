@@ -35,8 +35,8 @@ import sys
 from ttsrl.backends.options import add_backend_args, backend_config
 from ttsrl.cosyvoice_lm import SamplingConfig
 from ttsrl.evaluate import EvalConfig, run_sweep
-from ttsrl.testsets import TestSetError, parse_test_set_arg
 from ttsrl.generate import GenerationConfig
+from ttsrl.testsets import TestSetError, parse_test_set_arg
 
 
 def parse_args(argv=None) -> EvalConfig:

@@ -29,6 +29,44 @@ from ttsrl.grpo import ALGORITHMS, DEVICES, GRPOConfig
 
 REQUIRED = ("model_path", "train_files", "val_files")
 
+# What each GRPOConfig field means (the --help text); the verl key it sets is in ttsrl/grpo.py.
+HELP = {
+    "model_path": "the Hugging Face checkpoint to train (stage -1's hf_model/ or a merged step)",
+    "train_files": "training Parquet from stage 0 (train.parquet)",
+    "val_files": "validation Parquet from stage 0 (test.parquet)",
+    "checkpoint_dir": "where verl writes global_step_N/ (and resumes from)",
+    "reward_file": "Python file holding the reward function verl calls",
+    "reward_function": "name of the reward function in --reward-file",
+    "reward_manager": "verl reward manager (naive: one call per response, batched by the server)",
+    "algorithm": "advantage/loss preset (see ALGORITHMS in ttsrl/grpo.py)",
+    "train_batch_size": "prompts per training step",
+    "ppo_mini_batch_size": "prompts per optimiser update (<= --train-batch-size)",
+    "micro_batch_size_per_gpu": "sequences per forward/backward pass on one GPU",
+    "lr": "actor learning rate",
+    "max_prompt_length": "prompt budget in tokens (longer prompts are dropped by verl)",
+    "max_response_length": "most speech tokens generated per response",
+    "use_kl_loss": "add a KL penalty to the reference model to the loss",
+    "gradient_checkpointing": "recompute activations in the backward pass (less memory, slower)",
+    "rollout": "generation engine: vllm (GPU) or hf (transformers, the CPU preset)",
+    "tensor_parallel_size": "GPUs per vLLM rollout engine",
+    "gpu_memory_utilization": "fraction of GPU memory vLLM may take",
+    "n": "responses sampled per prompt (the GRPO group size)",
+    "temperature": "rollout sampling temperature",
+    "top_p": "rollout nucleus sampling threshold",
+    "top_k": "rollout top-k sampling (CosyVoice2 samples with 25)",
+    "total_epochs": "passes over the training data",
+    "total_training_steps": "stop after this many steps (default: epochs x batches)",
+    "save_freq": "save a checkpoint every N steps",
+    "test_freq": "validate every N steps",
+    "val_before_train": "validate once before the first step",
+    "resume_mode": "verl resume mode: auto (newest global_step_N), disable, resume_path",
+    "n_gpus_per_node": "GPUs per node (the CPU preset uses 1 logical GPU)",
+    "nnodes": "nodes in the Ray cluster",
+    "project_name": "project name for the loggers",
+    "experiment_name": "experiment name for the loggers (and verl's folders)",
+    "loggers": "comma-separated: console, wandb, tensorboard",
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +94,10 @@ def _parser() -> argparse.ArgumentParser:
         else:
             base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
             kw["type"] = base[0]
-        kw["help"] = f"(default: {default})" if default is not None else ""
+        if "metavar" not in kw and "choices" not in kw:
+            kw["metavar"] = kw["type"].__name__.upper()
+        shown = "required" if f.name in REQUIRED else f"default: {default}"
+        kw["help"] = f"{HELP[f.name]} ({shown})"
         p.add_argument(opt, **kw)
     return p
 

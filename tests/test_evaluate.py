@@ -17,11 +17,11 @@ from ttsrl.backends import BackendConfig, build_pipeline
 from ttsrl.cosyvoice_lm import SamplingConfig
 from ttsrl.dist import shard
 from ttsrl.evaluate import EvalConfig, run_sweep, score
-from ttsrl.report import summarize
-from ttsrl.testsets import TestSetError, Utterance, read_test_set
-from ttsrl.generate import GenerationConfig, Generated, HFGenerator, Request, build_input_ids
+from ttsrl.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
 from ttsrl.hf_model import load_speech_lm
 from ttsrl.merge import MARKER
+from ttsrl.report import summarize
+from ttsrl.testsets import TestSetError, Utterance, read_test_set
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
@@ -29,7 +29,7 @@ TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用i
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    # Tiny matmuls on a shared 2-core machine: more threads only add waiting.
+    # Tiny matmuls: more threads only add waiting.
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -104,11 +104,11 @@ def test_sampling_is_seeded_per_item(lm):
     assert [g.codes for g in a] != [g.codes for g in c]
 
 
-def biased_model(tiny_hf, hf_id: int, value: float, others: dict[int, float] = {}):
+def biased_model(tiny_hf, hf_id: int, value: float, others: dict[int, float] | None = None):
     m = load_speech_lm(tiny_hf)
     with torch.no_grad():
         m.model.lm_head.bias[hf_id] += value
-        for i, v in others.items():
+        for i, v in (others or {}).items():
             m.model.lm_head.bias[i] += v
     return m
 

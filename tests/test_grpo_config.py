@@ -7,10 +7,11 @@ through Hydra's compose API, and the values are read back.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
 import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -98,7 +99,7 @@ def test_cpu_preset_overrides():
     assert a.rollout.name == "hf" and a.rollout.calculate_log_probs is True
     assert cfg.trainer.n_gpus_per_node == 1 and list(cfg.trainer.logger) == ["console"]
     env = c.env()
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_cpu" and env["VERL_PLATFORM"] == "cpu"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_cpu.plugin" and env["VERL_PLATFORM"] == "cpu"
     assert env["VERL_ENGINE_DEVICE"] == "cuda" and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert "VERL_PLATFORM" not in gpu().env()
 
@@ -135,10 +136,11 @@ def test_cli_builds_command_with_extras(capsys):
 
 
 def test_plugin_registers_rollout_and_platform():
-    import ttsrl.verl_cpu  # noqa: F401  (what VERL_USE_EXTERNAL_MODULES imports)
     from verl.plugin.platform import PlatformRegistry
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
+
+    import ttsrl.verl_cpu.plugin  # noqa: F401  (what VERL_USE_EXTERNAL_MODULES imports)
 
     assert get_rollout_replica_class("hf").__name__ == "HFReplica"
     assert get_rollout_class("hf", "async").__name__ == "HFServerAdapter"
@@ -167,3 +169,27 @@ def test_hf_rollout_sampling_params():
     greedy = parse_sampling({"temperature": 0, "top_k": -1, "top_p": 1.0, "max_tokens": 5}, 512, 100)
     assert greedy.greedy and greedy.max_tokens == 5
     assert not greedy.generation_config([7], 0).do_sample
+
+
+def test_reading_the_run_environment_imports_neither_verl_nor_ray():
+    """GRPOConfig.env() only names environment variables; the plugin is installed by
+    importing ttsrl.verl_cpu.plugin (what verl does), never as a side effect."""
+    code = ("import sys; from ttsrl.grpo import GRPOConfig; import ttsrl.verl_cpu; "
+            "env = GRPOConfig.cpu_preset(model_path='m', train_files='t', val_files='v').env(); "
+            "assert env['VERL_USE_EXTERNAL_MODULES'] == 'ttsrl.verl_cpu.plugin'; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'ray')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_train_grpo_option_has_typed_help():
+    import train_grpo
+
+    actions = [a for a in train_grpo._parser()._actions if a.option_strings and a.dest != "help"]
+    assert len(actions) >= 30
+    for a in actions:
+        assert a.help and len(a.help) > 15, a.option_strings
+        if a.nargs != 0:  # takes a value: says which kind
+            assert a.choices or a.metavar in ("INT", "FLOAT", "STR", "BOOL") or "," in (a.metavar or ""), \
+                (a.option_strings, a.metavar)

@@ -68,7 +68,8 @@ def tok_dir(tmp_path_factory) -> Path:
     from ttsrl.tiny_tokenizer import save_blank_en, train_tokenizer
     texts = SENTENCES * 4
     if (CORPUS / "train.jsonl").exists():
-        texts += [json.loads(l)["text"] for l in (CORPUS / "train.jsonl").read_text().splitlines() if l.strip()]
+        texts += [json.loads(line)["text"] for line in (CORPUS / "train.jsonl").read_text().splitlines()
+                  if line.strip()]
     tok = train_tokenizer(texts, vocab_size=400)
     extend_tokenizer(tok)
     out = tmp_path_factory.mktemp("tok")
@@ -200,6 +201,7 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path):
 
 def test_template_that_does_not_copy_the_text_is_counted_row_by_row(tokenizer):
     import copy
+
     from ttsrl.rowchecks import TokenizerPromptLength
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = ("{% for m in messages %}{{ '<|sos|>' + m['content'] + '。' + m['content'] "
@@ -440,7 +442,8 @@ def test_bad_lines_fixture(tmp_path):
 def test_project_corpus_prepares_cleanly(tmp_path, tok_dir):
     report, out = run_prepare(tmp_path, CORPUS / "train.jsonl", CORPUS / "test.jsonl", tokenizer=tok_dir)
     for split in ("train", "test"):
-        lines = [l for l in (CORPUS / f"{split}.jsonl").read_text(encoding="utf-8").splitlines() if l.strip()]
+        lines = [line for line in (CORPUS / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
         scan = report.scans[split]
         assert scan.invalid.count == 0 and scan.duplicates.count == 0
         assert pq.read_table(out / f"{split}.parquet").num_rows == len(lines)

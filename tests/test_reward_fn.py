@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from ttsrl import sim
-from ttsrl.reward_client import (ENV_MAX_FAIL, ENV_URL, RewardClientConfig, RewardServiceError, StepWindow,
-                                 compute_score)
+from ttsrl.reward_client import ENV_MAX_FAIL, ENV_URL, RewardClientConfig, RewardServiceError, StepWindow, compute_score
 from ttsrl.server import BackgroundServer, ServerConfig
 from ttsrl.vocab import SpeechVocab
 
@@ -155,7 +154,6 @@ def _tokenizer():
 
 def _verl_scores(tok, sv, server_url, monkeypatch):
     from omegaconf import OmegaConf
-
     from verl import DataProto
     from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
     from verl.trainer.ppo.reward import get_custom_reward_fn

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-
 from conftest import start_reward_server, stop_process
 
 from ttsrl import sim

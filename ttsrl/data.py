@@ -82,8 +82,15 @@ import pyarrow.parquet as pq
 
 from .atomic import atomic_path, remove_stale_temps
 from .records import DataError, Invalid, RecordReader
-from .rowchecks import (OUTPUT_COLUMNS, ExtraColumn, PromptLength, extract_text, make_prompt_length,
-                        normalise_for_dedup, value_kind)
+from .rowchecks import (
+    OUTPUT_COLUMNS,
+    ExtraColumn,
+    PromptLength,
+    extract_text,
+    make_prompt_length,
+    normalise_for_dedup,
+    value_kind,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -388,7 +395,7 @@ def prepare(cfg: PrepareConfig,
     if cfg.chunk_size <= 0:
         raise DataError(f"--chunk-size must be positive, got {cfg.chunk_size}")
     files = {"train": Path(cfg.train_file), "test": Path(cfg.test_file)}
-    for split, path in files.items():
+    for path in files.values():
         RecordReader(path)  # fails early on a missing or empty file
     out_dir = check_output_dir(Path(cfg.local_dir))  # fails early, before the long pass 1
     length = make_prompt_length(cfg.tokenizer)

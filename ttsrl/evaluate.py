@@ -27,9 +27,19 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .dist import Dist, init_distributed, pin_local_gpu, shard
-from .generate import GenerationConfig, Generated, Request
-from .report import (PLOT_FILE, REPORT_FILE, RESULTS_FILE, SUMMARY_FILE, format_table, pair_dir, summarize,
-                     write_json, write_jsonl, write_sweep)
+from .generate import Generated, GenerationConfig, Request
+from .report import (
+    PLOT_FILE,
+    REPORT_FILE,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    format_table,
+    pair_dir,
+    summarize,
+    write_json,
+    write_jsonl,
+    write_sweep,
+)
 from .testsets import TestSet, Utterance, read_test_set
 
 SCHEMA_VERSION = 1
@@ -297,7 +307,7 @@ def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device,
             reqs = make_requests(tokenizer, mine)
             world = d.world
             gens = gen.generate(reqs, cfg.generation,
-                                progress=(lambda n: bar.update(n * world)) if bar is not None else None)
+                                progress=(lambda n, world=world: bar.update(n * world)) if bar is not None else None)
             where = pair_dir(out_dir, step, ts.name)
             wav_dir = where / "wavs" if cfg.save_wavs else None
             rows = score(pipeline, mine, gens, reward=cfg.reward, length_guard=cfg.length_guard, wav_dir=wav_dir)

@@ -12,7 +12,7 @@ applied last so it wins.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -136,9 +136,6 @@ class GRPOConfig:
         base.update(kw)
         return cls(**base)
 
-    def with_(self, **kw) -> "GRPOConfig":
-        return replace(self, **kw)
-
     # ------------------------------------------------------------------------
     def recipe_overrides(self) -> list[str]:
         """The recipe itself, device independent."""
@@ -202,12 +199,12 @@ class GRPOConfig:
         return out
 
     def cpu_overrides(self) -> list[str]:
-        """What a CPU-only machine needs (verl-on-cpu note); used with ``cpu_env()``."""
+        """What a CPU-only machine needs (see ``ttsrl.verl_cpu``); used with ``cpu_env()``."""
         ar = "actor_rollout_ref"
         return [
             "trainer.device=cpu",
             "+ray_kwargs.ray_init.num_gpus=1",  # one logical GPU for verl's resource pools
-            "ray_kwargs.ray_init.num_cpus=32",  # logical: actors must not starve on 2 cores
+            "ray_kwargs.ray_init.num_cpus=32",  # logical: actors must not starve on a small CPU machine
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             f"{ar}.actor.strategy=fsdp2",
             f"{ar}.ref.strategy=fsdp2",
@@ -243,6 +240,3 @@ class GRPOConfig:
         env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
         return env
 
-
-def field_names() -> list[str]:
-    return [f.name for f in fields(GRPOConfig)]

@@ -33,7 +33,8 @@ def load_speech_lm(path: str | Path, dtype: torch.dtype = torch.float32, device:
     if getattr(config, "speech_output_range", None) is not None:
         model = CosyVoice2Qwen2ForCausalLM.from_pretrained(path, dtype=dtype)
     else:
-        warnings.warn(f"{path} is a stock Qwen2 checkpoint: no lm_head bias and no mask on non-speech tokens")
+        warnings.warn(f"{path} is a stock Qwen2 checkpoint: no lm_head bias and no mask on non-speech tokens",
+                      stacklevel=2)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return SpeechLM(model.to(device).eval(), tokenizer, V.vocab_of(tokenizer))

@@ -25,8 +25,16 @@ from aiohttp import web
 from .backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from .batching import Batcher, Stats
 from .http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
-from .protocol import (DEFAULT_HOST, DEFAULT_MODEL_NAME, DEFAULT_PORT, MODEL_VERSION, RequestError,
-                       build_response, model_metadata, parse_infer_request)
+from .protocol import (
+    DEFAULT_HOST,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_PORT,
+    MODEL_VERSION,
+    RequestError,
+    build_response,
+    model_metadata,
+    parse_infer_request,
+)
 from .scoring import Scored, score_codes
 
 log = logging.getLogger("ttsrl.server")

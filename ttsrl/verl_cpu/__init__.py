@@ -1,9 +1,11 @@
 """Our verl 0.9.1 plugin: a CPU platform, the fixes a CPU run needs, and the
 ``hf`` rollout (transformers generation that receives the actor's weights).
 
-verl imports this package at start-up in every process (driver and Ray workers)
-when ``VERL_USE_EXTERNAL_MODULES=ttsrl.verl_cpu`` is set; ``ttsrl`` must then be
-importable (``PYTHONPATH`` = repository root). No verl file is edited.
+verl imports ``ttsrl.verl_cpu.plugin`` at start-up in every process (driver and
+Ray workers) when ``VERL_USE_EXTERNAL_MODULES=ttsrl.verl_cpu.plugin`` is set; that
+import calls :func:`install`. ``ttsrl`` must then be importable (``PYTHONPATH`` =
+repository root). No verl file is edited. Importing this package itself installs
+nothing (reading ``cpu_env`` does not pull in verl or Ray).
 
 * always: the ``cpu`` platform is registered (inert unless chosen), the ``hf``
   rollout (``actor_rollout_ref.rollout.name=hf``).
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 
 VERL_VERSION = "0.9.1"
-PLUGIN_MODULE = __name__
+PLUGIN_MODULE = f"{__name__}.plugin"  # what verl imports; importing it installs the plugin
 
 
 def cpu_env() -> dict[str, str]:
@@ -43,6 +45,8 @@ def _check_version() -> None:
 
 
 def install() -> None:
+    """Register the ``cpu`` platform and the ``hf`` rollout; with ``VERL_PLATFORM=cpu``
+    also the CPU patches. Idempotent."""
     _check_version()
     from . import hf_rollout, platform  # noqa: F401  (registers the platform)
 
@@ -51,6 +55,3 @@ def install() -> None:
         from .patches import install_cpu_patches
 
         install_cpu_patches()
-
-
-install()

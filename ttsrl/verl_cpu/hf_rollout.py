@@ -136,7 +136,6 @@ class HFRolloutServer:
 
     def __init__(self, config, model_config, replica_rank: int, node_rank: int = 0):
         from transformers import AutoModelForCausalLM
-
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 

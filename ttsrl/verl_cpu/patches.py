@@ -1,6 +1,6 @@
 """Process-wide fixes verl 0.9.1 needs on a machine without an accelerator.
 
-Both are applied only when the CPU platform is selected (see ``install_cpu_patches``)
+All three are applied only when the CPU platform is selected (see ``install_cpu_patches``)
 and are idempotent.
 
 1. ``verl.utils.distributed`` builds the backend string
