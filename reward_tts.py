@@ -35,13 +35,15 @@ def main(argv=None) -> int:
     import json
     import time
 
+    from ttsrl.protocol import DEFAULT_MODEL_NAME, DEFAULT_URL
     from ttsrl.reward_client import RewardClientConfig, score_all
 
     p = argparse.ArgumentParser(description="Score a JSONL of (text, code) rows against the reward server.")
     p.add_argument("--input", "-i", required=True, help="JSONL with 'text' (str) and 'code' (list of ints 0..6560)")
     p.add_argument("--max-samples", "-n", type=int, default=None, help="only the first N rows")
-    p.add_argument("--url", default=None, help="server URL (default $TTSRL_REWARD_URL or http://127.0.0.1:8000)")
-    p.add_argument("--model-name", default=None, help="model name (default $TTSRL_REWARD_MODEL or token2wav_asr)")
+    p.add_argument("--url", default=None, help=f"server URL (default $TTSRL_REWARD_URL or {DEFAULT_URL})")
+    p.add_argument("--model-name", default=None,
+                   help=f"model name (default $TTSRL_REWARD_MODEL or {DEFAULT_MODEL_NAME})")
     a = p.parse_args(argv)
     cfg = RewardClientConfig.from_env()
     cfg.url = (a.url or cfg.url).rstrip("/")
