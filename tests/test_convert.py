@@ -203,6 +203,7 @@ def test_export_rejects_mismatch(tiny_hf, tmp_path):
     assert not (tmp_path / "llm.pt").exists()
 
 
+@pytest.mark.slow
 def test_cli_round_trip(tiny_cosyvoice2, tmp_path):
     import subprocess
     import sys

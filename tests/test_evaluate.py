@@ -232,6 +232,7 @@ def write_jsonl(path, texts):
                             for i, t in enumerate(texts)), encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_two_ranks_decode_every_utterance_once(tiny_hf, tmp_path):
     """torchrun with 2 gloo ranks over 5 utterances (not a multiple of 2)."""
     test = tmp_path / "test.jsonl"

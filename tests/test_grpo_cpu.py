@@ -26,6 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, SAVE_FREQ = 3, 2
+pytestmark = pytest.mark.slow  # a real verl/Ray run: minutes
 def _rows(texts: list[str], split: str) -> list[dict]:
     return [{"data_source": "tiny_tts", "prompt": [{"role": "user", "content": t}], "ability": "tts",
              "reward_model": {"style": "rule", "ground_truth": t}, "extra_info": {"split": split, "index": i}}

@@ -152,6 +152,7 @@ def _partial(addr: tuple[str, int]) -> socket.socket:
     return s
 
 
+@pytest.mark.slow
 def test_idle_partial_connections_do_not_block_valid_requests(tmp_path):
     """1,100 idle partial requests against a server limited to 1,024 file descriptors:
     valid requests still get answers, and the log stays small."""
