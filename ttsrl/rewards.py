@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .text import _is_cjk, cer, is_toned_syllable, pinyin, pinyin_error_rate
+from .text import cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
 from .vocab import TOKEN_RATE_HZ
 
 # ---------------------------------------------------------------------------
@@ -27,7 +27,7 @@ LENGTH_BAND = (0.5, 2.0)     # plausible actual/expected token-count ratios
 def _syllable_count(token: str) -> int:
     if is_toned_syllable(token):
         return 1
-    if _is_cjk(token[0]):  # characters pypinyin has no reading for (kana, rare hanzi)
+    if is_cjk(token[0]):  # characters pypinyin has no reading for (kana, rare hanzi)
         return len(token)
     return max(1, len(re.findall(r"[aeiouy]+", token)))  # English: vowel groups
 

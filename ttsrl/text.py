@@ -47,7 +47,7 @@ _CJK_RANGES = (
 )
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
@@ -204,7 +204,7 @@ def normalize(text: str) -> str:
     text = "".join(" " if _is_separator(ch) else ch for ch in text)
     out: list[str] = []
     for unit in _UNIT_RE.findall(text):
-        if out and not _is_cjk(unit[0]) and not _is_cjk(out[-1][-1]):
+        if out and not is_cjk(unit[0]) and not is_cjk(out[-1][-1]):
             out.append(" ")
         out.append(unit)
     return "".join(out)
@@ -228,7 +228,7 @@ def pinyin(text: str, tones: bool = True) -> list[str]:
     """
     out: list[str] = []
     for run in re.findall(rf"[{_CJK_CLASS}]+|[^\s{_CJK_CLASS}]+", normalize(text)):
-        if _is_cjk(run[0]):
+        if is_cjk(run[0]):
             out += lazy_pinyin(run, style=Style.TONE3, neutral_tone_with_five=True,
                                tone_sandhi=True)
         else:
@@ -243,7 +243,7 @@ def is_pinyin_transcript(hyp: str) -> bool:
     ASCII word, and at least one toned syllable ("wo3 yong4 iphone pai1 zhao4").
     """
     tokens = hyp.casefold().split()
-    if not tokens or any(_is_cjk(ch) for ch in hyp):
+    if not tokens or any(is_cjk(ch) for ch in hyp):
         return False
     toned = [is_toned_syllable(t) for t in tokens]
     return any(toned) and all(ok or re.fullmatch(r"[a-z]+", t) for ok, t in zip(toned, tokens))
