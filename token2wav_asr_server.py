@@ -9,7 +9,7 @@ Backends:
   sim         simulated codec (embedded preset; no audio, no model)
   whisper     espeak-ng voices the simulated codec's pinyin, Whisper transcribes
               (Whisper-base from the PyPI wheels on CPU, or --whisper-model-dir)
-  cosyvoice2  CosyVoice2 flow + HiFT (--cosyvoice-checkout, --cosyvoice-model-dir,
+  cosyvoice2  CosyVoice2 flow + HiFT (--cosyvoice-model-dir, optional --cosyvoice-checkout,
               --prompt-dir) and Whisper or sherpa-onnx ASR (--asr)
 """
 
@@ -47,9 +47,9 @@ def parse_args(argv=None) -> ServerConfig:
                    help="CTranslate2 Whisper directory (default: Whisper-base from the PyPI wheels)")
     p.add_argument("--whisper-compute-type", default=None, help="CTranslate2 compute type (default int8 CPU, float16 GPU)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per CPU backend (0 = all cores, max 8)")
-    p.add_argument("--cosyvoice-checkout", default=None, help="CosyVoice source checkout (backend cosyvoice2)")
+    p.add_argument("--cosyvoice-checkout", default=None, help="CosyVoice source checkout (backend cosyvoice2); default: the installed cosyvoice package")
     p.add_argument("--cosyvoice-model-dir", default=None, help="CosyVoice2-0.5B model directory")
-    p.add_argument("--prompt-dir", default=None, help="speaker prompts: *.wav each with a .txt transcript")
+    p.add_argument("--prompt-dir", default=None, help="speaker prompts: *.wav (>= 16 kHz, <= 30 s); one is chosen per text")
     p.add_argument("--sherpa-model-dir", default=None, help="sherpa-onnx SenseVoice/Paraformer directory (--asr sherpa)")
     p.add_argument("--sherpa-kind", default="sense_voice", choices=("sense_voice", "paraformer"))
     p.add_argument("--log-level", default="INFO")
