@@ -75,7 +75,7 @@ def parse_args(argv=None) -> EvalConfig:
     g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
     g.add_argument("--backend", choices=BACKENDS, default="sim", help="token2wav + ASR preset (default sim)")
     g.add_argument("--asr", choices=ASRS, default="default", help="override the preset's ASR")
-    g.add_argument("--reward", default="tanh", help="reward variant reported per utterance (tanh, toneless)")
+    g.add_argument("--reward", default="tanh", help="reward variant reported per utterance (tanh, tanh_reference, toneless)")
     g.add_argument("--no-length-guard", action="store_true", help="report rewards without the length guard")
     g.add_argument("--whisper-model-dir", default=None)
     g.add_argument("--whisper-compute-type", default=None)
