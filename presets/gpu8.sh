@@ -17,7 +17,8 @@
 #   - numbers/text are normalised by ttsrl.text (cn2an rules, both sides) instead of
 #     WeTextProcessing, the speaker is fixed per text (not random), and ASR is Paraformer
 #     (the reference used SenseVoice-Small).
-# Closest-to-reference setting: REWARD_EXTRA="--no-length-guard" (tanh reward unchanged).
+# Reference-exact reward text path: REWARD_EXTRA="--no-length-guard --reward tanh_reference"
+# (the reference's WeTextProcessing normaliser; speaker/ASR choices above stay ours).
 PRESET_NAME=gpu8
 DEVICE=cuda
 EXP_DIR=${EXP_DIR:-exp/gpu8}
