@@ -78,3 +78,19 @@ def test_gpu8_preset_wires_the_check(tmp_path):
     r = subprocess.run(["bash", "run.sh", "1", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**env, "PRESET": "presets/gpu8.sh"})
     assert r.returncode == 1 and "llm.pt" in r.stderr and "stage 1" not in r.stdout
+
+
+def test_device_specs():
+    import pytest
+    import torch
+
+    from ttsrl.backends.cosyvoice2 import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():  # this machine: a clear error, not a silent CPU run
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            resolve_device("cuda")
+    else:  # "cuda" without index is the current device, explicitly indexed
+        assert resolve_device("cuda").index == torch.cuda.current_device()
+    with pytest.raises(ValueError, match="unsupported device"):
+        resolve_device("mps")
