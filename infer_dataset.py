@@ -75,7 +75,7 @@ def parse_args(argv=None) -> EvalConfig:
 
     g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
     add_backend_args(g, cpu_threads=False)  # --threads sets the backend's threads too
-    g.add_argument("--reward", default="tanh", choices=("tanh", "toneless"),
+    g.add_argument("--reward", default="tanh", choices=("tanh", "tanh_reference", "toneless"),
                    help="reward variant reported per utterance (default %(default)s)")
     g.add_argument("--no-length-guard", action="store_true", help="report rewards without the length guard")
     a = p.parse_args(argv)

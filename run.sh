@@ -47,6 +47,11 @@ banner() {  # banner STAGE "what it does" "where its output goes"
 }
 done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
 need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
+# presets with user-provided files (gpu8) check them all up front, with one message
+if [[ -n ${CHECK_INPUTS_ARGS:-} ]] && (( STOP >= -1 )); then
+  # shellcheck disable=SC2086
+  python3 scripts/check_inputs.py $CHECK_INPUTS_ARGS || exit 1
+fi
 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
 start_server() {

@@ -32,7 +32,8 @@ def parse_args(argv=None) -> ServerConfig:
     p.add_argument("--port", type=int, default=d.port, help="port (default %(default)s; 0 = any free port)")
     p.add_argument("--model-name", default=d.model_name, help="model name in the URL (default %(default)s)")
     p.add_argument("--reward", default=d.reward, choices=sorted(REWARDS),
-                   help="reward variant: tanh (reference), toneless, cer_nll (default %(default)s)")
+                   help="reward variant: tanh (reference formula, ttsrl normalisation), tanh_reference (also the "
+                        "reference's WeTextProcessing normalisation), toneless, cer_nll (default %(default)s)")
     p.add_argument("--no-length-guard", action="store_true",
                    help="do not lower rewards of speech much longer/shorter than the text needs")
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="most requests in one backend batch")

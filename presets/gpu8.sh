@@ -1,13 +1,31 @@
 # 8-GPU preset: CosyVoice2-0.5B, vLLM rollouts, CosyVoice2 token2wav + ASR reward.
-# Put the released model at $COSYVOICE2_DIR (llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/)
-# and a CosyVoice checkout at $COSYVOICE_ROOT (see README, "GPU recipe").
+# Files the user provides once (README, "GPU recipe"; run.sh checks them all up front via
+# scripts/check_inputs.py and names what is missing):
+#   $COSYVOICE2_DIR   released CosyVoice2-0.5B: llm.pt cosyvoice2.yaml flow.pt hift.pt campplus.onnx
+#                     speech_tokenizer_v2.onnx CosyVoice-BlankEN/
+#   $PROMPT_DIR       reward speaker prompts *.wav (>= 16 kHz, <= 30 s; one chosen per text)
+#   $ASR_MODEL_DIR    sherpa-onnx Paraformer (model[.int8].onnx + tokens.txt)
+#   $TRAIN_FILE       training texts (JSONL, "text")     $TEST_FILE  held-out texts (JSONL)
+#   $SEEDTTS_ZH_DIR   Seed-TTS test_zh (meta.lst + prompt wavs) and its prompt_speech_tokens.jsonl,
+#                     made once with scripts/prompt_tokens.py
+# CosyVoice's code comes from the pinned cosyvoice-minicpmo package (requirements.txt); set
+# COSYVOICE_ROOT only to use your own CosyVoice checkout instead.
+#
+# Reward vs the reference recipe (CosyVoice examples/grpo/cosyvoice2/token2wav_asr_server.py):
+# same formula (1 - tanh(3 x pinyin WER), TONE3 + sandhi + neutral 5), but by default
+#   - the length guard is ON (rewards of implausibly long/short speech are scaled down), and
+#   - numbers/text are normalised by ttsrl.text (cn2an rules, both sides) instead of
+#     WeTextProcessing, the speaker is fixed per text (not random), and ASR is Paraformer
+#     (the reference used SenseVoice-Small).
+# Reference-exact reward text path: REWARD_EXTRA="--no-length-guard --reward tanh_reference"
+# (the reference's WeTextProcessing normaliser; speaker/ASR choices above stay ours).
 PRESET_NAME=gpu8
 DEVICE=cuda
 EXP_DIR=${EXP_DIR:-exp/gpu8}
 
 BUILD_BASE_MODEL=0
 COSYVOICE2_DIR=${COSYVOICE2_DIR:-pretrained_models/CosyVoice2-0.5B}
-COSYVOICE_ROOT=${COSYVOICE_ROOT:-third_party/CosyVoice}
+COSYVOICE_ROOT=${COSYVOICE_ROOT:-}
 HF_MODEL_DIR=$EXP_DIR/hf_model
 
 TRAIN_FILE=${TRAIN_FILE:-data/emilia_zh_train.jsonl}
@@ -18,9 +36,9 @@ MAX_PROMPT_LENGTH=1024
 REWARD_BACKEND=cosyvoice2
 REWARD_PORT=${REWARD_PORT:-8000}
 ASR_MODEL_DIR=${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}
-PROMPT_DIR=${PROMPT_DIR:-data/speaker_prompts}   # *.wav + .txt transcripts; one is chosen per text
-SPEECH_ARGS="--cosyvoice-checkout $COSYVOICE_ROOT --cosyvoice-model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --asr sherpa --sherpa-model-dir $ASR_MODEL_DIR --sherpa-kind paraformer"
-REWARD_ARGS="$SPEECH_ARGS"
+PROMPT_DIR=${PROMPT_DIR:-data/speaker_prompts}   # *.wav; one is chosen per text
+SPEECH_ARGS="${COSYVOICE_ROOT:+--cosyvoice-checkout $COSYVOICE_ROOT }--cosyvoice-model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --asr sherpa --sherpa-model-dir $ASR_MODEL_DIR --sherpa-kind paraformer"
+REWARD_ARGS="$SPEECH_ARGS ${REWARD_EXTRA:-}"
 
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
@@ -30,3 +48,5 @@ EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=8
 EVAL_ARGS="--backend cosyvoice2 $SPEECH_ARGS --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
 EXPORT_PATH=$EXP_DIR/llm-new.pt
+
+CHECK_INPUTS_ARGS="--model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --sherpa-model-dir $ASR_MODEL_DIR --train-file $TRAIN_FILE --test-file $TEST_FILE --seedtts-dir ${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}${COSYVOICE_ROOT:+ --cosyvoice-checkout $COSYVOICE_ROOT}"

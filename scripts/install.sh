@@ -39,6 +39,12 @@ else
   # PyTorch's CPU wheel index on machines whose pip does not already find a CPU wheel.
   "${PIP[@]}" install -q "torch==2.13.0" ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
   "${PIP[@]}" install -q -r requirements-cpu.txt -c constraints-cpu.txt
+  # CosyVoice's own runtime for the token2wav tests, without its pins (see the file's header).
+  "${PIP[@]}" install -q --no-deps -r requirements-cosyvoice-cpu.txt
+  # torchaudio 2.11's compiled ops are built for torch 2.11 and fail to load beside torch 2.13;
+  # CosyVoice uses only its pure-Python parts (kaldi fbank, Resample), so drop the ops libraries.
+  "$VENV/bin/python" -c "import torchaudio" 2>/dev/null || rm -f "$VENV"/lib/python3*/site-packages/torchaudio/lib/*.so
+  "$VENV/bin/python" -c "import torchaudio.compliance.kaldi"
 fi
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
 echo "$want" > "$STAMP"

@@ -182,7 +182,8 @@ def test_seedtts_layout_with_and_without_prompt_tokens(tmp_path):
     (d / "prompt_speech_tokens.jsonl").write_text('{"id": "u1", "prompt_speech_tokens": [1, 2]}\n'
                                                   '{"id": "u2", "prompt_speech_tokens": [3]}\n')
     ts = read_test_set("seed", d)
-    assert ts.utterances[0] == Utterance("u1", "你好", "今天天气很好", (1, 2)) and not ts.notes
+    assert ts.utterances[0] == Utterance("u1", "你好", "今天天气很好", (1, 2),
+                                         str((d / "prompt-wavs/u1.wav").resolve())) and not ts.notes
 
 
 def test_cv3_layout(tmp_path):
@@ -195,7 +196,7 @@ def test_cv3_layout(tmp_path):
                                                   '{"id": "uttid_2", "prompt_speech_tokens": [8]}\n')
     ts = read_test_set("cv3", d)
     assert ts.layout == "cv3"
-    assert ts.utterances[1] == Utterance("uttid_2", "重庆", "银行", (8,))
+    assert ts.utterances[1] == Utterance("uttid_2", "重庆", "银行", (8,), str((d / "w/2.wav").resolve()))
 
 
 def test_missing_outputs_count_as_full_errors():

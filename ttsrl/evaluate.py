@@ -69,7 +69,8 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
     for start in range(0, len(live), chunk):  # bounded audio in memory at a time
         part = live[start:start + chunk]
         results = score_codes(pipeline, [gens[i].codes for i in part], [utts[i].text for i in part],
-                              reward=reward, length_guard=length_guard)
+                              reward=reward, length_guard=length_guard,
+                              prompt_wavs=[utts[i].prompt_wav for i in part])  # zero-shot: own speaker
         for i, r in zip(part, results):
             scored[i] = r
             if wav_dir is not None and r.audio is not None and r.audio.waveform is not None:

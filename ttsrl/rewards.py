@@ -10,9 +10,16 @@ Everything here is a pure function of its arguments.
 from __future__ import annotations
 
 import math
+import os
 import re
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable
+
+import jiwer
+from pypinyin import Style, lazy_pinyin
 
 from .text import cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
 from .vocab import TOKEN_RATE_HZ
@@ -82,6 +89,47 @@ def _tanh_variant(ref: str, hyp: str, asr_logprob: float | None):
     return tanh_reward(c), c, None
 
 
+_REF_TN_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _reference_normalizer():
+    """The reference recipe's text normaliser (CosyVoice examples/grpo/cosyvoice2/
+    token2wav_asr_server.py at a224be61): WeTextProcessing's ZhNormalizer with
+    remove_erhua=False, remove_interjections=False, remove_puncts=True. Its grammar is
+    compiled once with these options into TTSRL_CACHE_DIR (the wheel's prebuilt one keeps
+    punctuation), which takes minutes the first time."""
+    try:
+        from tn.chinese.normalizer import Normalizer
+    except ImportError as e:
+        raise ImportError("reward 'tanh_reference' needs WeTextProcessing (pip install wetextprocessing==1.2.0)") from e
+    cache = Path(os.environ.get("TTSRL_CACHE_DIR") or Path.home() / ".cache" / "ttsrl") / "wetext-reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    return Normalizer(cache_dir=str(cache), remove_erhua=False, remove_interjections=False,
+                      remove_puncts=True, overwrite_cache=False)
+
+
+def reference_pinyin_wer(ref: str, hyp: str) -> float:
+    """The reference recipe's c: jiwer WER over lazy_pinyin(TONE3, sandhi, neutral 5) of
+    WeTextProcessing-normalised, lower-cased text (an empty reference, on which the
+    reference crashes, gives 0.0 for an empty hypothesis, else 1.0)."""
+    with _REF_TN_LOCK:
+        tn = _reference_normalizer()
+        g, h = tn.normalize(ref).lower(), tn.normalize(hyp).lower()
+    gp = " ".join(lazy_pinyin(g, style=Style.TONE3, tone_sandhi=True, neutral_tone_with_five=True)).strip()
+    hp = " ".join(lazy_pinyin(h, style=Style.TONE3, tone_sandhi=True, neutral_tone_with_five=True)).strip()
+    if not gp:
+        return 0.0 if not hp else 1.0
+    if not hp:
+        return 1.0
+    return float(jiwer.wer(gp, hp))
+
+
+def _tanh_reference_variant(ref: str, hyp: str, asr_logprob: float | None):
+    c = reference_pinyin_wer(ref, hyp)
+    return tanh_reward(c), c, None
+
+
 def _toneless_variant(ref: str, hyp: str, asr_logprob: float | None):
     c = pinyin_error_rate(ref, hyp, tones=False)
     return tanh_reward(c), c, None
@@ -120,6 +168,7 @@ RewardFn = Callable[[str, str, "float | None"], "tuple[float, float, float | Non
 REWARDS: dict[str, RewardFn] = {
     "tanh": _tanh_variant,
     "toneless": _toneless_variant,
+    "tanh_reference": _tanh_reference_variant,  # the reference's own normalisation (WeTextProcessing)
     "cer_nll": _cer_nll_variant,
 }
 

@@ -33,9 +33,12 @@ class Scored:
 
 
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
-                reward: str = "tanh", length_guard: bool = True) -> list[Scored]:
-    """Transcribe a batch of code sequences and score each against its text."""
-    transcripts = pipeline.transcribe_tokens(codes, texts)
+                reward: str = "tanh", length_guard: bool = True,
+                prompt_wavs: Sequence[str | None] | None = None) -> list[Scored]:
+    """Transcribe a batch of code sequences and score each against its text.
+    ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets)."""
+    wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
+    transcripts = pipeline.transcribe_tokens(codes, texts, wavs)
     out = []
     for c, text, tr in zip(codes, texts, transcripts):
         if len(c) == 0:  # nothing was said: reward 0 by definition

@@ -9,9 +9,11 @@ Test-set layouts (``--test-set NAME=PATH``):
 * CosyVoice3 CV3-Eval (``zero_shot/zh``): a directory with Kaldi-style ``text``
   (``utt text``), ``prompt_text`` (``utt prompt text``) and ``prompt_wav.scp``.
 
-Prompt speech tokens cannot be made from the prompt wavs here (that needs CosyVoice's
-speech tokenizer, ``speech_tokenizer_v2.onnx``); give them in
-``DIR/prompt_speech_tokens.jsonl``, lines ``{"id": UTT, "prompt_speech_tokens": [...]}``.
+Prompt speech tokens come from ``DIR/prompt_speech_tokens.jsonl``, lines
+``{"id": UTT, "prompt_speech_tokens": [...]}``, which ``scripts/prompt_tokens.py`` writes
+from the prompt wavs with CosyVoice's speech tokenizer (``speech_tokenizer_v2.onnx``).
+With it (zero-shot), each utterance's own prompt wav (resolved against DIR) is also the
+speaker token2wav voices (``Utterance.prompt_wav``), as in Seed-TTS's protocol.
 Without that file the directory layouts run without prompt text or speech (plain
 TTS) and the log says so: CosyVoice2 must not get a prompt text without its speech.
 """
@@ -41,6 +43,7 @@ class Utterance:
     text: str
     prompt_text: str = ""
     prompt_speech: tuple[int, ...] | None = None
+    prompt_wav: str | None = None  # speaker wav for token2wav (zero-shot directory layouts)
 
 
 @dataclass
@@ -55,7 +58,8 @@ class TestSet:
     def fingerprint(self) -> str:
         h = hashlib.sha256()
         for u in self.utterances:
-            h.update(json.dumps([u.id, u.text, u.prompt_text, u.prompt_speech], ensure_ascii=False).encode())
+            h.update(json.dumps([u.id, u.text, u.prompt_text, u.prompt_speech]
+                                + ([u.prompt_wav] if u.prompt_wav else []), ensure_ascii=False).encode())
         return h.hexdigest()[:16]
 
 
@@ -108,8 +112,10 @@ def _read_prompt_tokens(d: Path) -> dict[str, tuple[int, ...]] | None:
     return out
 
 
-def _with_prompts(name: str, d: Path, layout: str, rows: list[tuple[str, str, str]]) -> TestSet:
-    """rows: (utt, prompt_text, text). Attach prompt speech tokens when the file exists."""
+def _with_prompts(name: str, d: Path, layout: str, rows: list[tuple[str, str, str]],
+                  wavs: dict[str, str] | None = None) -> TestSet:
+    """rows: (utt, prompt_text, text). Attach prompt speech tokens when the file exists,
+    and then each utterance's prompt wav (``wavs``: utt -> path relative to ``d``)."""
     tokens = _read_prompt_tokens(d)
     notes = []
     if tokens is None:
@@ -122,12 +128,13 @@ def _with_prompts(name: str, d: Path, layout: str, rows: list[tuple[str, str, st
         if missing:
             raise TestSetError(f"{d / PROMPT_TOKENS_FILE}: no tokens for {len(missing)} utterance(s), "
                                f"e.g. {missing[:3]}")
-        utts = [Utterance(u, t, p, tokens[u]) for u, p, t in rows]
+        wav_of = {u: str((d / w).resolve()) for u, w in (wavs or {}).items() if w}  # read by token2wav
+        utts = [Utterance(u, t, p, tokens[u], wav_of.get(u)) for u, p, t in rows]
     return _finish(TestSet(name, str(d), utts, layout, notes))
 
 
 def read_seedtts_test_set(name: str, meta: Path) -> TestSet:
-    rows = []
+    rows, wavs = [], {}
     with open(meta, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
@@ -138,7 +145,8 @@ def read_seedtts_test_set(name: str, meta: Path) -> TestSet:
                 raise TestSetError(f"{meta}:{lineno}: expected 'utt|prompt_text|prompt_wav|text' "
                                    f"(Seed-TTS meta.lst), got {len(parts)} field(s)")
             rows.append((parts[0], parts[1].strip(), parts[3].strip()))
-    return _with_prompts(name, meta.parent, "seedtts", rows)
+            wavs[parts[0]] = parts[2].strip()
+    return _with_prompts(name, meta.parent, "seedtts", rows, wavs)
 
 
 def _read_kaldi(path: Path) -> list[tuple[str, str]]:
@@ -158,7 +166,8 @@ def _read_kaldi(path: Path) -> list[tuple[str, str]]:
 def read_cv3_test_set(name: str, d: Path) -> TestSet:
     texts = _read_kaldi(d / "text")
     prompts = dict(_read_kaldi(d / "prompt_text")) if (d / "prompt_text").is_file() else {}
-    return _with_prompts(name, d, "cv3", [(u, prompts.get(u, ""), t) for u, t in texts])
+    wavs = dict(_read_kaldi(d / "prompt_wav.scp")) if (d / "prompt_wav.scp").is_file() else None
+    return _with_prompts(name, d, "cv3", [(u, prompts.get(u, ""), t) for u, t in texts], wavs)
 
 
 def read_test_set(name: str, path: str | Path) -> TestSet:

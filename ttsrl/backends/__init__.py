@@ -44,10 +44,9 @@ class BackendConfig:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {BACKENDS}")
         if self.asr not in ASRS:
             raise ValueError(f"unknown ASR {self.asr!r}; choose from {ASRS}")
-        if self.backend == "cosyvoice2" and not (self.cosyvoice_checkout and self.cosyvoice_model_dir
-                                                 and self.prompt_dir):
-            raise ValueError("backend cosyvoice2 needs --cosyvoice-checkout, --cosyvoice-model-dir "
-                             "and --prompt-dir")
+        if self.backend == "cosyvoice2" and not self.cosyvoice_model_dir:
+            raise ValueError("backend cosyvoice2 needs --cosyvoice-model-dir (and --prompt-dir for "
+                             "texts without their own prompt wav, e.g. the reward)")
         if self.asr == "sherpa" and not self.sherpa_model_dir:
             raise ValueError("ASR sherpa needs --sherpa-model-dir")
 
@@ -96,9 +95,9 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
     else:
         from .cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
 
-        t2w = CosyVoice2Token2Wav(CosyVoice2Config(checkout=cfg.cosyvoice_checkout or "",
-                                                   model_dir=cfg.cosyvoice_model_dir or "",
-                                                   prompt_dir=cfg.prompt_dir or "", device=device))
+        t2w = CosyVoice2Token2Wav(CosyVoice2Config(model_dir=cfg.cosyvoice_model_dir or "",
+                                                   prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
+                                                   device=device))
         asr_name = "whisper"
     if cfg.asr != "default":
         asr_name = cfg.asr

@@ -97,6 +97,11 @@ class Token2Wav(ABC):
         """The speakers this backend can voice (at least one)."""
         return (SpeakerPrompt("default"),)
 
+    def prompt_from_wav(self, path: str) -> SpeakerPrompt | None:
+        """The speaker of this prompt wav (zero-shot evaluation), or None for a backend
+        that cannot clone a voice (sim, espeak): it then uses its own speakers."""
+        return None
+
     @abstractmethod
     def synthesize(self, batch: Sequence[Sequence[int]],
                    prompts: Sequence[SpeakerPrompt | None]) -> list[Audio]:
@@ -174,17 +179,20 @@ class SpeechPipeline:
         prompts = list(self.token2wav.prompts)
         return prompts[stable_index(normalize(text), len(prompts))]
 
-    def transcribe_tokens(self, batch_codes: Sequence[Sequence[int]],
-                          texts: Sequence[str]) -> list[Transcript]:
-        if len(batch_codes) != len(texts):
-            raise ValueError(f"{len(batch_codes)} code sequences but {len(texts)} texts")
+    def transcribe_tokens(self, batch_codes: Sequence[Sequence[int]], texts: Sequence[str],
+                          prompt_wavs: Sequence[str | None] | None = None) -> list[Transcript]:
+        """``prompt_wavs[i]``: the speaker of item i (zero-shot evaluation); None = by text."""
+        if len(batch_codes) != len(texts) or (prompt_wavs is not None and len(prompt_wavs) != len(texts)):
+            raise ValueError(f"{len(batch_codes)} code sequences but {len(texts)} texts"
+                             + (f" and {len(prompt_wavs)} prompt wavs" if prompt_wavs is not None else ""))
         out: list[Transcript | None] = [None] * len(batch_codes)
         live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
         for i, c in enumerate(batch_codes):
             if len(c) == 0:  # nothing to voice: an empty transcript by definition
                 out[i] = Transcript(text="", n_tokens=0, duration_s=0.0)
         if live:
-            prompts = [self.prompt_for(texts[i]) for i in live]
+            prompts = [(prompt_wavs and prompt_wavs[i] and self.token2wav.prompt_from_wav(prompt_wavs[i]))
+                       or self.prompt_for(texts[i]) for i in live]
             audios = self.token2wav.synthesize([list(batch_codes[i]) for i in live], prompts)
             hyps = self.asr.transcribe(audios)
             scores = (self.asr.score(audios, [texts[i] for i in live])

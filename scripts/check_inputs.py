@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Check, before any stage runs, every file the GPU recipe needs from the user.
+
+run.sh calls it for presets that set CHECK_INPUTS_ARGS (presets/gpu8.sh). It prints ONE
+message listing everything missing or unusable and exits 1, or prints nothing and exits 0.
+Standard library only (runs before the venv exists). See README "GPU recipe".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import wave
+from pathlib import Path
+
+# keep in sync with ttsrl.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
+MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
+                     "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
+PROMPT_MIN_RATE, PROMPT_MAX_S = 16000, 30.0
+
+
+def _wav_problem(p: Path) -> str | None:
+    try:
+        with wave.open(str(p), "rb") as w:
+            rate, frames = w.getframerate(), w.getnframes()
+    except (wave.Error, EOFError, OSError) as e:
+        return f"{p}: not a readable PCM wav ({e})"
+    if rate < PROMPT_MIN_RATE:
+        return f"{p}: {rate} Hz (CosyVoice2 needs >= {PROMPT_MIN_RATE} Hz)"
+    if frames / rate > PROMPT_MAX_S:
+        return f"{p}: {frames / rate:.1f} s (CosyVoice2 takes <= {PROMPT_MAX_S:.0f} s)"
+    return None
+
+
+def problems(a) -> list[str]:
+    out: list[str] = []
+    if a.model_dir:
+        d = Path(a.model_dir)
+        miss = [e for e in MODEL_DIR_ENTRIES if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
+        if miss:
+            out.append(f"CosyVoice2 model folder {d} (COSYVOICE2_DIR): missing {', '.join(miss)}")
+    if a.prompt_dir:
+        d = Path(a.prompt_dir)
+        wavs = sorted(d.glob("*.wav")) if d.is_dir() else []
+        if not wavs:
+            out.append(f"speaker prompts (PROMPT_DIR): no *.wav in {d}")
+        out += [f"speaker prompt {m}" for m in filter(None, map(_wav_problem, wavs))]
+    if a.sherpa_model_dir:
+        d = Path(a.sherpa_model_dir)
+        if not ((d / "model.onnx").is_file() or (d / "model.int8.onnx").is_file()) or not (d / "tokens.txt").is_file():
+            out.append(f"sherpa-onnx ASR folder {d} (ASR_MODEL_DIR): needs model.onnx or model.int8.onnx, and tokens.txt")
+    for name, f in (("training texts (TRAIN_FILE)", a.train_file), ("held-out texts (TEST_FILE)", a.test_file)):
+        if f and not Path(f).is_file():
+            out.append(f"{name}: {f} not found")
+    if a.seedtts_dir:
+        d = Path(a.seedtts_dir)
+        meta = d / "meta.lst"
+        if not meta.is_file():
+            out.append(f"Seed-TTS test set (SEEDTTS_ZH_DIR): {meta} not found")
+        else:
+            if not (d / "prompt_speech_tokens.jsonl").is_file():
+                out.append(f"Seed-TTS prompt tokens: {d / 'prompt_speech_tokens.jsonl'} not found "
+                           f"(make it once: .venv/bin/python scripts/prompt_tokens.py {d} --model-dir "
+                           f"{a.model_dir or 'CosyVoice2-0.5B'})")
+            bad = []
+            for line in meta.read_text(encoding="utf-8").splitlines():
+                parts = line.split("|")
+                if len(parts) >= 4 and not (d / parts[2].strip()).is_file():
+                    bad.append(parts[2].strip())
+            if bad:
+                out.append(f"Seed-TTS prompt wavs: {len(bad)} listed in {meta} not found, e.g. {bad[:3]}")
+    if a.cosyvoice_checkout and not (Path(a.cosyvoice_checkout) / "cosyvoice" / "cli" / "model.py").is_file():
+        out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {a.cosyvoice_checkout} has no cosyvoice/cli/model.py")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag in ("--model-dir", "--prompt-dir", "--sherpa-model-dir", "--train-file", "--test-file",
+                 "--seedtts-dir", "--cosyvoice-checkout"):
+        ap.add_argument(flag, default=None)
+    a = ap.parse_args(argv)
+    found = problems(a)
+    if found:
+        print("The GPU recipe needs files that are missing or unusable (README, 'GPU recipe', lists them):\n  - "
+              + "\n  - ".join(found), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Prompt wavs -> prompt_speech_tokens.jsonl, the file zero-shot evaluation (stage 4) reads.
+
+    python scripts/prompt_tokens.py --model-dir pretrained_models/CosyVoice2-0.5B \\
+        data/seedtts_testset/zh                 # writes data/seedtts_testset/zh/prompt_speech_tokens.jsonl
+
+INPUT is a Seed-TTS folder (meta.lst: utt|prompt_text|prompt_wav|text), a meta.lst file, a
+CV3-Eval folder (prompt_wav.scp: utt path), or any wav list: a text file with one
+"ID PATH" or one PATH per line (id = the file's stem); relative paths are read against the
+list's folder. Each line written is {"id": ID, "prompt_speech_tokens": [...]}: the speech
+tokens CosyVoice2's own zero-shot frontend (``frontend_zero_shot``, speech_tokenizer_v2.onnx
+at 25 Hz) gives its LLM for that wav. Prompt wavs must be >= 16 kHz and <= 30 s.
+The output is written atomically; a wav that cannot be used stops the run with its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+try:
+    import ttsrl  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ttsrl.testsets import PROMPT_TOKENS_FILE  # noqa: E402
+
+
+def read_wav_list(path: Path) -> tuple[list[tuple[str, Path]], Path]:
+    """(id, wav) pairs and the default output folder."""
+    if path.is_dir():
+        if (path / "meta.lst").is_file():
+            return read_wav_list(path / "meta.lst")
+        if (path / "prompt_wav.scp").is_file():
+            return read_wav_list(path / "prompt_wav.scp")
+        raise SystemExit(f"{path}: no meta.lst (Seed-TTS) or prompt_wav.scp (CV3-Eval) in this folder")
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file or folder")
+    base, out = path.parent, []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if "|" in line:  # Seed-TTS meta.lst
+                parts = line.split("|")
+                if len(parts) < 4:
+                    raise SystemExit(f"{path}:{lineno}: expected 'utt|prompt_text|prompt_wav|text'")
+                uid, wav = parts[0], parts[2].strip()
+            else:
+                fields = line.split(maxsplit=1)
+                uid, wav = (fields if len(fields) == 2 else (Path(fields[0]).stem, fields[0]))
+            p = Path(wav) if Path(wav).is_absolute() else base / wav
+            out.append((uid, p))
+    if not out:
+        raise SystemExit(f"{path}: no wavs listed")
+    return out, base
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("input", help="Seed-TTS folder, meta.lst, CV3-Eval folder or a wav list")
+    ap.add_argument("--model-dir", required=True, help="CosyVoice2 model folder (speech_tokenizer_v2.onnx, ...)")
+    ap.add_argument("--output", default=None, help=f"JSONL to write (default: INPUT's folder/{PROMPT_TOKENS_FILE})")
+    ap.add_argument("--cosyvoice-checkout", default=None,
+                    help="CosyVoice source checkout (default: the installed cosyvoice package)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the ONNX tokenizer runs there)")
+    a = ap.parse_args(argv)
+
+    from tqdm import tqdm
+
+    from ttsrl.atomic import atomic_write_text
+    from ttsrl.backends.cosyvoice2 import PromptTokenizer
+
+    items, base = read_wav_list(Path(a.input))
+    missing = [str(p) for _, p in items if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{len(missing)} prompt wav(s) not found, e.g. {missing[:3]}")
+    seen: set[str] = set()
+    for uid, _ in items:
+        if uid in seen:
+            raise SystemExit(f"{a.input}: id {uid!r} listed twice")
+        seen.add(uid)
+    tok = PromptTokenizer(a.model_dir, checkout=a.cosyvoice_checkout, device=a.device)
+    lines = []
+    for uid, wav in tqdm(items, desc="prompt tokens", unit="wav"):
+        try:
+            codes = tok(wav)
+        except ValueError as e:
+            raise SystemExit(f"{uid}: {e}") from None
+        lines.append(json.dumps({"id": uid, "prompt_speech_tokens": codes}, ensure_ascii=False))
+    out = Path(a.output) if a.output else base / PROMPT_TOKENS_FILE
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    print(f"wrote {len(lines)} prompts to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""A small random-weight CosyVoice2 model folder built with CosyVoice's own classes.
+
+CosyVoice2-0.5B's weights cannot be had here; this folder has the released layout
+(cosyvoice2.yaml, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v2.onnx) with the
+yaml of the real model shrunk (same classes, same sample rate, token rate and mel
+hop; fewer blocks, heads and decoder/vocoder channels: the encoder's
+lookahead and upsampling layers fix its width at 512), random weights, and ONNX stand-ins with the real input/output
+signatures: campplus (1, T, 80) fbank -> (1, 192) embedding; speech tokenizer
+(1, 128, T) log-mel + (1,) int32 length -> (1, T/4) token ids in 0..6560.
+It also keeps the yaml's `llm:` entry (Qwen2LM over an empty CosyVoice-BlankEN/) and a
+training-data processor entry: building either would fail, so a backend that loads this
+folder proves it never constructs the LLM nor imports the data processors.
+Used by tests/test_cosyvoice2.py and benchmarks/bench_token2wav.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+YAML = """\
+__set_seed1: !apply:torch.manual_seed [1986]
+sample_rate: 24000
+llm_input_size: 896
+llm_output_size: 896
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+chunk_size: 25
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: 6561
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: 512
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: 6561
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: 512
+        attention_heads: 2
+        linear_units: 256
+        num_blocks: 1
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: 512
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: 320
+            out_channels: 80
+            channels: [32]
+            dropout: 0.0
+            attention_head_dim: 16
+            n_blocks: 1
+            num_mid_blocks: 1
+            num_heads: 2
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: 80
+    base_channels: 32
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3, 7, 11]
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: 32
+
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: 8000
+    center: False
+
+parquet_opener: !name:cosyvoice.dataset.processor.parquet_opener
+data_pipeline: [ !ref <parquet_opener> ]
+"""
+
+
+def _campplus(path: Path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
+    g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["input"], ["m"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["m", "w"], ["output"])],
+        "campplus_standin",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _speech_tokenizer(path: Path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((128, 6561)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([0], np.int64), "start"),
+             numpy_helper.from_array(np.array([2 ** 62], np.int64), "end"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis"),
+             numpy_helper.from_array(np.array([4], np.int64), "step")]
+    g = helper.make_graph(
+        [helper.make_node("Slice", ["feats", "start", "end", "axis", "step"], ["s"]),  # 100 Hz -> 25 Hz
+         helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["t", "w"], ["logits"]),
+         helper.make_node("ArgMax", ["logits"], ["tokens"], axis=2, keepdims=0)],
+        "speech_tokenizer_v2_standin",
+        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, [1, "N"])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def build_tiny_cosyvoice2(d: Path, seed: int = 0) -> Path:
+    """Write the folder (idempotent per call site: always rewrites) and return it."""
+    import torch
+
+    from ttsrl.backends.cosyvoice2 import load_yaml_without_llm
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cosyvoice2.yaml").write_text(YAML, encoding="utf-8")
+    (d / "CosyVoice-BlankEN").mkdir(exist_ok=True)
+    torch.manual_seed(seed)
+    conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
+    torch.save(conf["flow"].state_dict(), d / "flow.pt")
+    # released hift.pt keys carry the training wrapper's "generator." prefix; CosyVoice strips it
+    torch.save({f"generator.{k}": v for k, v in conf["hift"].state_dict().items()}, d / "hift.pt")
+    _campplus(d / "campplus.onnx")
+    _speech_tokenizer(d / "speech_tokenizer_v2.onnx")
+    return d
+
+
+def write_tone_wav(path: Path, seconds: float = 1.5, rate: int = 16000, freq: float = 180.0) -> Path:
+    """A voiced-like test prompt (harmonics + noise)."""
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(int(freq))
+    x = sum(np.sin(2 * np.pi * freq * k * t) / k for k in range(1, 6)) * 0.2 + 0.01 * rng.standard_normal(len(t))
+    sf.write(str(path), x.astype(np.float32), rate)
+    return path
