@@ -42,10 +42,11 @@ def main() -> None:
     model = a.model
     if model is None:
         from ttsrl.convert import cosyvoice_to_hf
-        from ttsrl.tiny_model import make_tiny_cosyvoice2
+        from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
 
         tmp = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
-        make_tiny_cosyvoice2(tmp / "cv", TEXTS * 8)
+        make_tiny_cosyvoice2(tmp / "cv", TEXTS * 8, TinyConfig(hidden_size=128, num_attention_heads=2,
+                                                                    num_key_value_heads=1))
         cosyvoice_to_hf(tmp / "cv", tmp / "hf", log=lambda _: None)
         model = tmp / "hf"
     lm = load_speech_lm(model, device=a.device)

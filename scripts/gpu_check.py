@@ -52,7 +52,7 @@ def setup(ws: Path, n_train: int) -> None:
     texts = [json.loads(x)["text"] for x in lines]
     t0 = time.time()
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice",
-                     PretrainConfig(model=TinyConfig(tokenizer_vocab=4096), steps=120, span_prob=0.0, random_prob=0.0,
+                     PretrainConfig(model=TinyConfig(tokenizer_vocab=4096, hidden_size=128, num_attention_heads=2, num_key_value_heads=1), steps=120, span_prob=0.0, random_prob=0.0,
                                     tone_noise=0.3, initial_noise=0.0), log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
     pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")

@@ -43,7 +43,7 @@ if ! TTSRL_TEST_DEVICE=$DEVICE timeout 300 "$PY" -m pytest -q -s -p no:cacheprov
     tests/gpu_stack/test_vllm_engine.py > "$WORK/parity.log" 2>&1; then
   tail -60 "$WORK/parity.log"; echo "[gpu_check] parity FAILED"; exit 1
 fi
-grep -E "^\[(start|merged)\]| passed" "$WORK/parity.log"
+grep -oE "\[(start|merged)\] [^(]*| [0-9]+ passed.*" "$WORK/parity.log"
 
 say "2/3 stage-4 engine throughput"
 timeout 300 "$PY" benchmarks/bench_vllm_engine.py --device "$DEVICE" | grep -vE "^(INFO|WARNING|DEBUG)"

@@ -20,6 +20,18 @@ import torch
 DEVICE = os.environ.get("TTSRL_TEST_DEVICE", "cpu")
 TEXTS = ["今天天气很好", "银行的行长在行走", "Hello world", "二零二四年三月五日", "重庆的重量很重要", "你好"]
 LOGP_TOL = 1e-4  # fp32 on both sides; measured max |diff| is printed
+# head_dim 64 as in CosyVoice2-0.5B (896 / 14): vLLM's CPU attention has no kernel for the
+# shared fixture's head_dim 16 ("Unsupported CPU attention configuration: head_dim=16")
+TINY = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny64(tmp_path_factory):
+    """(dir, Qwen2LM): a random tiny CosyVoice2 of the released layout, head_dim 64."""
+    from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+
+    d = tmp_path_factory.mktemp("cosyvoice2_hd64")
+    return d, make_tiny_cosyvoice2(d, TEXTS * 8, TinyConfig(**TINY)).eval()
 
 
 def _merged_like(src, out, seed=1):
@@ -34,7 +46,7 @@ def _merged_like(src, out, seed=1):
     g = torch.Generator().manual_seed(seed)
     state = {}
     for k, v in lm.model.state_dict().items():
-        state[k] = (v + 0.02 * torch.randn(v.shape, generator=g) * v.std().clamp(min=1e-3)).bfloat16().contiguous()
+        state[k] = (v + 0.2 * torch.randn(v.shape, generator=g) * v.std().clamp(min=1e-3)).bfloat16().contiguous()
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / EXTRA_FILE).parent.mkdir(exist_ok=True)
@@ -43,12 +55,12 @@ def _merged_like(src, out, seed=1):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tiny_cosyvoice2, tmp_path_factory):
+def checkpoints(tiny64, tmp_path_factory):
     from ttsrl.convert import EXTRA_FILE, cosyvoice_to_hf
 
     d = tmp_path_factory.mktemp("vllm_ckpt")
     start = d / "hf_model"
-    cosyvoice_to_hf(tiny_cosyvoice2[0], start, shard_bytes=1 << 20, log=lambda _: None)  # sharded, as 0.5B is
+    cosyvoice_to_hf(tiny64[0], start, shard_bytes=1 << 20, log=lambda _: None)  # sharded, as 0.5B is
     assert (start / "model.safetensors.index.json").is_file() and (start / EXTRA_FILE).is_file()
     merged = _merged_like(start, d / "step_5")
     assert not (merged / "model.safetensors.index.json").exists()
@@ -63,7 +75,7 @@ def _requests(tokenizer):
 
 
 @pytest.fixture(scope="module", params=["start", "merged"])
-def engines(request, checkpoints, tiny_cosyvoice2):
+def engines(request, checkpoints):
     """(name, dir, VLLMGenerator, SpeechLM) for one checkpoint; one vLLM engine at a time."""
     from ttsrl.generate import VLLMGenerator
     from ttsrl.hf_model import load_speech_lm
@@ -86,7 +98,7 @@ def test_plugin_class_is_served(engines):
     assert "CosyVoice2Qwen2ForCausalLM" in ModelRegistry.get_supported_archs()
 
 
-def test_greedy_equals_transformers_and_qwen2lm(engines, tiny_cosyvoice2):
+def test_greedy_equals_transformers_and_qwen2lm(engines, tiny64):
     from ttsrl.cosyvoice_lm import SamplingConfig
     from ttsrl.generate import GenerationConfig, HFGenerator
 
@@ -95,18 +107,18 @@ def test_greedy_equals_transformers_and_qwen2lm(engines, tiny_cosyvoice2):
     cfg = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=8.0))
     v = gen.generate(reqs, cfg)
     h = HFGenerator(lm.model, lm.vocab).generate(reqs, cfg)
-    assert all(x.error is None for x in v + h)
+    assert all(x.error is None for x in v + h), [x.error for x in v + h]
     assert sum(len(x.codes) for x in v) > 50
     mism = [(r.key, a.codes, b.codes) for r, a, b in zip(reqs, v, h) if a.codes != b.codes]
     print(f"[{name}] greedy: {sum(len(x.codes) for x in v)} codes, {len(mism)}/{len(reqs)} items differ")
     assert not mism, mism[:2]
     if name == "start":  # Qwen2LM is the start model's own reference implementation
-        ref = tiny_cosyvoice2[1]
+        ref = tiny64[1]
         for r, a in zip(reqs, v):
             assert list(ref.inference(list(r.text_ids), sampling=cfg.sampling, greedy=True)) == a.codes
 
 
-def test_logprobs_agree(engines):
+def test_logprobs_agree(engines, checkpoints):
     """Per-token log-probs of vLLM's greedy path equal the transformers class's."""
     from vllm import SamplingParams
 
@@ -115,9 +127,14 @@ def test_logprobs_agree(engines):
 
     reqs = _requests(lm.tokenizer)
     prompts = [build_input_ids(lm.vocab, r) for r in reqs]
-    sp = SamplingParams(temperature=0.0, max_tokens=40, logprobs=0, ignore_eos=True, detokenize=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=100, logprobs=0, ignore_eos=True, detokenize=False)
     outs = gen.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-    worst, n = 0.0, 0
+    other = None
+    if name == "merged":  # vLLM serves the merged weights, not the start model's
+        from ttsrl.hf_model import load_speech_lm
+
+        other = load_speech_lm(checkpoints["start"], device=DEVICE)
+    worst, n, apart = 0.0, 0, 0.0
     for p, o in zip(prompts, outs):
         toks = list(o.outputs[0].token_ids)
         vlp = torch.tensor([lp[t].logprob for t, lp in zip(toks, o.outputs[0].logprobs)])
@@ -126,8 +143,15 @@ def test_logprobs_agree(engines):
             logits = lm.model(ids).logits[0, len(p) - 1:-1].float().cpu()
         hlp = logits.log_softmax(-1).gather(1, torch.tensor(toks)[:, None])[:, 0]
         worst, n = max(worst, (vlp - hlp).abs().max().item()), n + len(toks)
-    print(f"[{name}] log-probs: {n} tokens, max |vLLM - transformers| = {worst:.2e}")
+        if other is not None:
+            with torch.no_grad():
+                olp = other.model(ids).logits[0, len(p) - 1:-1].float().cpu().log_softmax(-1)
+            apart = max(apart, (vlp - olp.gather(1, torch.tensor(toks)[:, None])[:, 0]).abs().max().item())
+    print(f"[{name}] log-probs: {n} tokens, max |vLLM - transformers| = {worst:.2e}"
+          + (f", vs the start model {apart:.2e}" if other is not None else ""))
     assert worst <= LOGP_TOL
+    if other is not None:
+        assert apart > 100 * LOGP_TOL
 
 
 def test_samples_stay_in_speech_range(engines):
@@ -139,12 +163,12 @@ def test_samples_stay_in_speech_range(engines):
 
     lo, hi = lm.vocab.output_range
     prompts = [{"prompt_token_ids": build_input_ids(lm.vocab, r)} for r in _requests(lm.tokenizer)] * 4
-    sp = SamplingParams(temperature=1.5, max_tokens=200, ignore_eos=True, seed=3, detokenize=False)
+    sp = SamplingParams(temperature=1.5, max_tokens=200, ignore_eos=True, detokenize=False)
     toks = [t for o in gen.llm.generate(prompts, sp, use_tqdm=False) for t in o.outputs[0].token_ids]
     assert len(toks) >= 4000
     bad = [t for t in toks if not lo <= t < hi]
     assert not bad, bad[:10]
-    assert len(set(toks)) > 500  # really sampled
+    assert len(set(toks)) > 200  # really sampled (a random tiny model is peaked: ~300 seen)
 
 
 def test_sampling_refused(engines):

@@ -59,7 +59,7 @@ def run(tmp_path_factory, sim_server_url):
     lines = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
     (ws / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     texts = [json.loads(x)["text"] for x in lines]
-    pcfg = PretrainConfig(model=TinyConfig(tokenizer_vocab=4096), steps=120, span_prob=0.0, random_prob=0.0,
+    pcfg = PretrainConfig(model=TinyConfig(tokenizer_vocab=4096, hidden_size=128, num_attention_heads=2, num_key_value_heads=1), steps=120, span_prob=0.0, random_prob=0.0,
                           tone_noise=0.3, initial_noise=0.0)
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", pcfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
