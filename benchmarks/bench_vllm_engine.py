@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TEXTS = ["今天天气很好，我们去公园散步吧。", "银行的行长在行走。", "二零二四年三月五日，百分之五十。",
-         "你好，一个不是很长的句子。", "重庆的重量很重要，还要还钱。", "我用iPhone拍照，Hello world!"]
+TEXTS = ["今天天气很好，我们去公园散步吧。", "银行的行长在行走。",
+         "二零二四年三月五日，百分之五十。", "你好，一个不是很长的句子。",
+         "重庆的重量很重要，还要还钱。", "我用iPhone拍照，Hello world!"]
 
 
 def main() -> None:
@@ -45,8 +46,7 @@ def main() -> None:
         from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
 
         tmp = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
-        make_tiny_cosyvoice2(tmp / "cv", TEXTS * 8, TinyConfig(hidden_size=128, num_attention_heads=2,
-                                                                    num_key_value_heads=1))
+        make_tiny_cosyvoice2(tmp / "cv", TEXTS * 8, TinyConfig(num_attention_heads=1, num_key_value_heads=1))
         cosyvoice_to_hf(tmp / "cv", tmp / "hf", log=lambda _: None)
         model = tmp / "hf"
     lm = load_speech_lm(model, device=a.device)

@@ -51,9 +51,10 @@ def setup(ws: Path, n_train: int) -> None:
     (ws / "test.jsonl").write_text("\n".join(test) + "\n", encoding="utf-8")
     texts = [json.loads(x)["text"] for x in lines]
     t0 = time.time()
+    tiny = TinyConfig(tokenizer_vocab=4096, num_attention_heads=1, num_key_value_heads=1)  # head_dim 64
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice",
-                     PretrainConfig(model=TinyConfig(tokenizer_vocab=4096, hidden_size=128, num_attention_heads=2, num_key_value_heads=1), steps=120, span_prob=0.0, random_prob=0.0,
-                                    tone_noise=0.3, initial_noise=0.0), log=lambda s: None)
+                     PretrainConfig(model=tiny, steps=120, span_prob=0.0, random_prob=0.0, tone_noise=0.3,
+                                    initial_noise=0.0), log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
     pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")
     pq.write_table(pa.Table.from_pylist(_rows(texts[:8], "test")), ws / "test.parquet")
@@ -140,11 +141,13 @@ def main() -> None:
         steps = parse_steps(log)
         for s in sorted(k for k in steps if k > 0):
             m = steps[s]
-            mem = m.get("perf/max_memory_allocated_gb", float("nan"))
-            print(f"[gpu_check] GRPO step {s}: {m.get('timing_s/step', float('nan')):.1f}s, "
-                  f"gen {m.get('timing_s/gen', float('nan')):.1f}s, throughput {m.get('perf/throughput', float('nan')):.0f} "
-                  f"tok/s, rollout/actor prob pearson {m.get('training/rollout_actor_probs_pearson_corr', float('nan')):.4f}, "
-                  f"actor peak mem {mem:.2f} GB, score {m.get('critic/score/mean', float('nan')):.3f}")
+            def g(key, m=m):
+                return m.get(key, float("nan"))
+
+            print(f"[gpu_check] GRPO step {s}: {g('timing_s/step'):.1f}s, gen {g('timing_s/gen'):.1f}s, "
+                  f"throughput {g('perf/throughput'):.0f} tok/s, rollout/actor prob pearson "
+                  f"{g('training/rollout_actor_probs_pearson_corr'):.4f}, actor peak mem "
+                  f"{g('perf/max_memory_allocated_gb'):.2f} GB, score {g('critic/score/mean'):.3f}")
         bad = [s for s in steps if s > 0 and steps[s].get("training/rollout_actor_probs_pearson_corr", 0) < 0.99]
         if len([s for s in steps if s > 0]) != a.steps or bad:
             raise SystemExit(f"[gpu_check] FAILED: steps {sorted(steps)}, low rollout/actor correlation at {bad}")

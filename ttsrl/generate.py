@@ -199,6 +199,14 @@ class VLLMGenerator:
                       gpu_memory_utilization=gpu_memory_utilization, trust_remote_code=False,
                       tensor_parallel_size=1, enable_prefix_caching=False, enforce_eager=enforce_eager)
         if max_model_len:
+            # vLLM refuses a max_model_len above the checkpoint's max_position_embeddings
+            import json
+
+            cfg_file = os.path.join(str(model_dir), "config.json")
+            if os.path.isfile(cfg_file):
+                limit = json.load(open(cfg_file, encoding="utf-8")).get("max_position_embeddings")
+                if limit:
+                    max_model_len = min(max_model_len, int(limit))
             kwargs["max_model_len"] = max_model_len
         self.max_model_len = max_model_len
         with _single_process_env():  # the engine core must not see torchrun's world
