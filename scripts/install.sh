@@ -68,7 +68,8 @@ if [[ $MODE == gpu ]]; then
   if "$VENV/bin/python" -c "import flash_attn, sys; sys.exit(flash_attn.__version__ != '$fa')" 2>/dev/null; then
     echo "[install] flash-attn $fa already installed"
   elif [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" == 1 ]]; then
-    echo "[install] TTSRL_SKIP_FLASH_ATTN=1: flash-attn not installed (verl then needs attn_implementation=sdpa)"
+    echo "[install] TTSRL_SKIP_FLASH_ATTN=1: flash-attn not installed; verl's default attention (flash_attention_2)"
+    echo "  is then unavailable: pass -- +actor_rollout_ref.model.override_config.attn_implementation=sdpa to train_grpo.py"
   elif ! command -v nvcc >/dev/null 2>&1 && [[ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
     echo "[install] error: flash-attn==$(pin flash-attn) has no wheel on PyPI and builds from source with" >&2
     echo "  nvcc: install the CUDA toolkit matching torch $(pin torch)'s CUDA ($("$VENV/bin/python" -c 'import torch; print(torch.version.cuda)' 2>/dev/null)), set CUDA_HOME," >&2
