@@ -126,7 +126,7 @@ def main() -> None:
     a = ap.parse_args()
     ws = Path(a.workdir)
     ws.mkdir(parents=True, exist_ok=True)
-    setup(ws, max(16, a.batch))
+    setup(ws, a.batch * a.steps)  # one epoch = --steps steps
     server, url = reward_server()
     try:
         cfg = grpo_config(ws, a.device, a.steps, a.batch)

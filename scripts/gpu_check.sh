@@ -46,7 +46,7 @@ fi
 grep -oE "\[(start|merged)\] [^(]*| [0-9]+ passed.*" "$WORK/parity.log"
 
 say "2/3 stage-4 engine throughput"
-timeout 300 "$PY" benchmarks/bench_vllm_engine.py --device "$DEVICE" | grep -vE "^(INFO|WARNING|DEBUG)"
+timeout 300 "$PY" benchmarks/bench_vllm_engine.py --device "$DEVICE" 2>&1 | tee "$WORK/bench.log" | grep -E "tokens/s|engine start|identical|peak"
 
 say "3/3 GRPO (GPU preset, 1 GPU, tiny model) + merge + stage 4"
 timeout 600 "$PY" scripts/gpu_check.py --device "$DEVICE" --workdir "$WORK/run"
