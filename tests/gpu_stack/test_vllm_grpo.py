@@ -60,7 +60,7 @@ def run(tmp_path_factory, sim_server_url):
     texts = [json.loads(x)["text"] for x in lines]
     # head_dim 64 (one head of 64): vLLM's CPU attention has no kernel for head_dim 16
     tiny = TinyConfig(tokenizer_vocab=4096, num_attention_heads=1, num_key_value_heads=1)
-    pcfg = PretrainConfig(model=tiny, steps=200, span_prob=0.0, random_prob=0.0,
+    pcfg = PretrainConfig(model=tiny, steps=120, span_prob=0.0, random_prob=0.0,
                           tone_noise=0.3, initial_noise=0.0)
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", pcfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
