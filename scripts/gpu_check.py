@@ -124,6 +124,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="prompts per step (x n=4 samples, the preset's n)")
     a = ap.parse_args()
+    if a.device == "cpu":  # vLLM's CPU KV cache in GiB (its default takes far more than a tiny model needs)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     ws = Path(a.workdir)
     ws.mkdir(parents=True, exist_ok=True)
     setup(ws, a.batch * a.steps)  # one epoch = --steps steps
