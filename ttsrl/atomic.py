@@ -45,7 +45,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 @contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
     """Yield a temp folder next to ``target``; on success it replaces ``target`` (an
-    existing one is moved aside, then deleted), on error it is removed."""
+    existing one, folder or file, is moved aside, then deleted), on error it is
+    removed. Callers decide whether ``target`` may be replaced at all."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -61,4 +62,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
         os.replace(target, old)
     os.replace(tmp, target)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:  # a file or a link: rmtree would leave it behind as .NAME.old-PID
+            old.unlink(missing_ok=True)
