@@ -19,7 +19,7 @@ from ttsrl.evaluate import (EvalConfig, TestSetError, Utterance, read_test_set, 
                             summarize)
 from ttsrl.generate import GenerationConfig, Generated, HFGenerator, Request, build_input_ids
 from ttsrl.hf_model import load_speech_lm
-from ttsrl.merge import MARKER
+from ttsrl.merge import write_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
@@ -264,7 +264,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     write_jsonl(test, TEXTS[:3])
     merged = tmp_path / "merged"
     shutil.copytree(tiny_hf, merged / "step_2")
-    (merged / "step_2" / MARKER).write_text("{}")  # as stage 3 leaves a finished step
+    write_marker(merged / "step_2", {"step": 2})  # as stage 3 leaves a finished step
     (merged / "step_4").mkdir()  # no marker: an unfinished merge, not a model
     out = tmp_path / "eval"
     cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out),
