@@ -33,7 +33,7 @@ import argparse
 import sys
 
 from ttsrl.backends.options import add_backend_args, backend_config
-from ttsrl.cosyvoice_lm import SamplingConfig
+from ttsrl.cosyvoice_lm import SAMPLING_RULES, SamplingConfig
 from ttsrl.evaluate import EvalConfig, run_sweep
 from ttsrl.generate import GenerationConfig
 from ttsrl.testsets import TestSetError, parse_test_set_arg
@@ -63,6 +63,10 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--batch-size", type=int, default=8, help="utterances per batch (transformers engine)")
     g.add_argument("--greedy", action="store_true", help="argmax decoding instead of CosyVoice2 sampling")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (per utterance: seed + id)")
+    g.add_argument("--sampling-rule", choices=SAMPLING_RULES, default=s.rule,
+                   help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
+                        "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
+                        "cosyvoice2-2024 = the earlier rule (for comparison with older numbers)")
     g.add_argument("--top-p", type=float, default=s.top_p)
     g.add_argument("--top-k", type=int, default=s.top_k)
     g.add_argument("--win-size", type=int, default=s.win_size, help="repetition-aware sampling window")
@@ -95,7 +99,7 @@ def parse_args(argv=None) -> EvalConfig:
         p.error(str(e))
     sampling = SamplingConfig(top_p=a.top_p, top_k=a.top_k, win_size=a.win_size, tau_r=a.tau_r,
                               min_token_text_ratio=a.min_token_text_ratio,
-                              max_token_text_ratio=a.max_token_text_ratio)
+                              max_token_text_ratio=a.max_token_text_ratio, rule=a.sampling_rule)
     return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, merged_dir=a.merged_dir,
                       steps=steps, backend=backend,
                       generation=GenerationConfig(greedy=a.greedy, sampling=sampling, seed=a.seed,

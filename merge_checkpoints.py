@@ -5,8 +5,21 @@ checkpoint OUT/step_N with verl's model merger.
 The output loads exactly like the converted base model
 (AutoModelForCausalLM.from_pretrained(OUT/step_N, trust_remote_code=True)): the
 modeling file that keeps the lm_head bias, tokenizer and generation_config are
-included. Re-running skips steps already merged (OUT/step_N/MERGED.json) and redoes
-an interrupted one. Note: verl's merger writes bfloat16 weights.
+included.
+
+Precision: by default the weights are written in the checkpoint's own precision
+(the fp32 master weights), bit for bit. verl's own merger casts to bfloat16, which at
+lr 1e-6 rounds away most of a run's update; --dtype bf16 does that on request.
+
+Re-running skips a step only when OUT/step_N/MERGED.json is there and every file it
+lists is present with its recorded size (weights open as safetensors) at the same
+--dtype; a damaged, interrupted or differently merged step is merged again.
+
+Security: the model class is built from the project's own modeling file
+(ttsrl/modeling_cosyvoice2.py), never from .py files in the checkpoint folder unless
+--use-checkpoint-code is given. verl's merger unpickles the FSDP shards
+(torch.load(weights_only=False)): merging a checkpoint folder you did not produce can
+run its code. Merge only your own checkpoints.
 
     python merge_checkpoints.py --ckpt-dir exp/checkpoints --out-dir exp/merged \\
         --base-model exp/hf_model
@@ -18,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ttsrl.merge import MergeConfig, MergeError, merge_all
+from ttsrl.merge import DTYPES, MergeConfig, MergeError, merge_all
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +42,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="the converted HF model trained from: source of the modeling file and side files "
                         "(default: the modeling file shipped in ttsrl)")
     p.add_argument("--steps", type=int, nargs="*", default=None, help="merge only these steps (default: all)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="auto",
+                   help="weights dtype: auto = the checkpoint's own (fp32 master weights, exact; default), "
+                        "fp32, or bf16 (what verl's merger writes: half the size, loses small updates)")
+    p.add_argument("--use-checkpoint-code", action="store_true",
+                   help="build the model with the modeling_*.py found in the checkpoint folder instead of the "
+                        "project's own (runs that code: only for checkpoints you trust)")
     args = p.parse_args(argv)
     try:
         results = merge_all(MergeConfig(ckpt_dir=args.ckpt_dir, out_dir=args.out_dir,
-                                        base_model=args.base_model, steps=args.steps))
+                                        base_model=args.base_model, steps=args.steps, dtype=args.dtype,
+                                        use_checkpoint_code=args.use_checkpoint_code))
     except MergeError as e:
         print(f"merge_checkpoints: error: {e}", file=sys.stderr)
         return 1

@@ -21,7 +21,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pretrained-cosyvoice2-path", required=True, metavar="DIR",
                    help="folder with llm.pt and CosyVoice-BlankEN/")
-    p.add_argument("--save-path", required=True, metavar="OUT", help="output HF checkpoint folder (replaced atomically)")
+    p.add_argument("--save-path", required=True, metavar="OUT",
+                   help="output HF checkpoint folder, written atomically. It must not overlap the input; an existing "
+                        "non-empty folder is replaced only when it is an earlier output of this tool (else --force)")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT even when it is a file or a non-empty folder this tool did not write "
+                        "(never when it overlaps the input)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="dtype of the written weights (default float32: exact)")
     p.add_argument("--stock-qwen2", action="store_true",
@@ -31,7 +36,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         sv = convert.cosyvoice_to_hf(a.pretrained_cosyvoice2_path, a.save_path, dtype=getattr(torch, a.dtype),
-                                     stock=a.stock_qwen2)
+                                     stock=a.stock_qwen2, force=a.force)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

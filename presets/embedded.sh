@@ -34,6 +34,7 @@ GRPO_ARGS="--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-m
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=2
 # the simulated codec emits ~2 codes per text token, fewer than CosyVoice2's 25 Hz
-# codec, so CosyVoice2's minimum length (2x the text tokens) is switched off
-EVAL_ARGS="--backend sim --test-set embedded_test=$TEST_FILE --min-token-text-ratio 0"
+# codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
+# is CosyVoice's current rule (cosyvoice2-2024 reproduces sweeps made before 2026-02)
+EVAL_ARGS="--backend sim --test-set embedded_test=$TEST_FILE --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026"
 EXPORT_PATH=$EXP_DIR/llm-new.pt

@@ -46,7 +46,8 @@ GRPO_ARGS="--preset gpu --n-gpus 8"
 
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=8
-EVAL_ARGS="--backend cosyvoice2 $SPEECH_ARGS --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+# CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens)
+EVAL_ARGS="--backend cosyvoice2 $SPEECH_ARGS --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh} --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20"
 EXPORT_PATH=$EXP_DIR/llm-new.pt
 
 CHECK_INPUTS_ARGS="--model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --sherpa-model-dir $ASR_MODEL_DIR --train-file $TRAIN_FILE --test-file $TEST_FILE --seedtts-dir ${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}${COSYVOICE_ROOT:+ --cosyvoice-checkout $COSYVOICE_ROOT}"

@@ -220,3 +220,96 @@ def test_cli_round_trip(tiny_cosyvoice2, tmp_path):
     r = subprocess.run([sys.executable, "pretrained_to_huggingface.py", "--pretrained-cosyvoice2-path",
                         str(tmp_path / "nowhere"), "--save-path", str(hf)], capture_output=True, text=True)
     assert r.returncode == 2 and "CosyVoice-BlankEN" in r.stderr
+
+
+# ---- issue 11: the converter never deletes what it did not create; clear messages ----
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "pretrained_to_huggingface.py", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def _tree(d):
+    return sorted((p.relative_to(d).as_posix(), p.read_bytes() if p.is_file() else b"")
+                  for p in d.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["same", "blank_en", "parent"])
+def test_save_path_overlapping_input_is_refused(tiny_cosyvoice2, tmp_path, where):
+    d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "parent" / "cv")
+    before = _tree(tmp_path)
+    save = {"same": d, "blank_en": d / convert.BLANK_EN, "parent": tmp_path / "parent"}[where]
+    for extra in ([], ["--force"]):  # not even with --force
+        r = _cli("--pretrained-cosyvoice2-path", d, "--save-path", save, *extra)
+        assert r.returncode == 2 and "overlaps the input folder" in r.stderr, r.stderr
+    assert _tree(tmp_path) == before  # llm.pt and CosyVoice-BlankEN/ still there, nothing added
+
+
+def test_save_path_foreign_folder_or_file_needs_force(tiny_cosyvoice2, tmp_path):
+    d, _ = tiny_cosyvoice2
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    r = _cli("--pretrained-cosyvoice2-path", d, "--save-path", foreign)
+    assert r.returncode == 2 and "not an output of this converter" in r.stderr and "thesis.tex" in r.stderr
+    assert (foreign / "thesis.tex").read_text() == "years of work"
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    r = _cli("--pretrained-cosyvoice2-path", d, "--save-path", a_file)
+    assert r.returncode == 2 and "is an existing file" in r.stderr and a_file.read_text() == "keep me"
+
+    # an earlier output of the converter is replaced without --force; so is an empty folder
+    out = tmp_path / "hf"
+    (out).mkdir()
+    assert _cli("--pretrained-cosyvoice2-path", d, "--save-path", out).returncode == 0
+    assert (out / convert.CONVERTED_MARKER).is_file()
+    assert _cli("--pretrained-cosyvoice2-path", d, "--save-path", out).returncode == 0
+
+    # --force replaces a file and leaves no stale .NAME.old-PID behind
+    r = _cli("--pretrained-cosyvoice2-path", d, "--save-path", a_file, "--force")
+    assert r.returncode == 0, r.stderr
+    assert a_file.is_dir() and (a_file / "config.json").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if ".old-" in p.name or ".tmp-" in p.name]
+
+
+def test_blank_en_config_not_json(tiny_cosyvoice2, tmp_path):
+    d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "cv")
+    (d / convert.BLANK_EN / "config.json").write_text('{"hidden_size": 64,')
+    r = _cli("--pretrained-cosyvoice2-path", d, "--save-path", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{convert.BLANK_EN}/config.json: not valid JSON (line 1" in r.stderr, r.stderr
+
+
+def _export(hf, out):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "huggingface_to_pretrained.py", "--hf-cosyvoice2-llm-path", str(hf),
+                           "--output-path", str(out)], capture_output=True, text=True)
+
+
+def test_export_messages_name_the_file(tiny_cosyvoice2, tiny_hf, tmp_path):
+    hf = _copy_checkpoint(tiny_hf, tmp_path / "hf")
+    # --output-path that is a folder
+    (tmp_path / "outdir").mkdir()
+    r = _export(hf, tmp_path / "outdir")
+    assert r.returncode == 2 and "is a folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # a truncated shard
+    w = hf / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:4000])
+    r = _export(hf, tmp_path / "llm.pt")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{w}: cannot be read as safetensors" in r.stderr, r.stderr
+    # a shard index that is not JSON
+    sharded = tmp_path / "sharded"
+    convert.cosyvoice_to_hf(tiny_cosyvoice2[0], sharded, shard_bytes=1 << 16, log=lambda _: None)
+    index = sharded / "model.safetensors.index.json"
+    index.write_text("weight_map: oops")
+    r = _export(sharded, tmp_path / "llm.pt")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{index}: not valid JSON" in r.stderr, r.stderr
+    assert not (tmp_path / "llm.pt").exists()

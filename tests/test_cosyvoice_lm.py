@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from ttsrl import vocab as V
-from ttsrl.cosyvoice_lm import SamplingConfig, nucleus_sampling, ras_sampling
+from ttsrl.cosyvoice_lm import (
+    RULE_2024,
+    RULE_2026,
+    SamplingConfig,
+    SamplingError,
+    nucleus_sampling,
+    pick_token,
+    ras_sampling,
+)
 
 
 def _force_head(model, favourite: int, stop_bias: float):
@@ -21,13 +29,16 @@ def _force_head(model, favourite: int, stop_bias: float):
     return m
 
 
-def test_min_length_then_stop(tiny_cosyvoice2):
+@pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
+def test_min_length_then_stop(tiny_cosyvoice2, rule):
     _, model = tiny_cosyvoice2
     text = [3, 4, 5]
-    cfg = SamplingConfig()
+    cfg = SamplingConfig(rule=rule, tau_r=2.0)  # RAS off (threshold 20 > window 10): length rules only
     min_len = int(len(text) * cfg.min_token_text_ratio)
-    greedy = _force_head(model, favourite=42, stop_bias=10.0)  # a stop token is the argmax
-    assert list(greedy.inference(text, greedy=True)) == [42] * min_len
+    greedy = _force_head(model, favourite=42, stop_bias=-50.0)
+    with torch.no_grad():
+        greedy.llm_decoder.bias[V.EOS_INDEX] = 10.0  # eos is the argmax
+    assert list(greedy.inference(text, greedy=True, sampling=cfg)) == [42] * min_len
     m = _force_head(model, favourite=42, stop_bias=-50.0)
     with torch.no_grad():
         m.llm_decoder.bias[V.EOS_INDEX] = 1.0  # eos p=0.73: inside the nucleus with token 42
@@ -40,6 +51,16 @@ def test_min_length_then_stop(tiny_cosyvoice2):
     assert max(lengths) > min_len
 
 
+def test_today_only_eos_row_is_held_before_min_length(tiny_cosyvoice2):
+    """CosyVoice's sampling_ids (commit 0e62489) sets only row speech_token_size (6561)
+    to -inf before the minimum length: the fill token 6563 can still be drawn, and
+    Qwen2LM.inference then stops. The 2024 rule rejected every stop index."""
+    _, model = tiny_cosyvoice2
+    m = _force_head(model, favourite=42, stop_bias=-50.0)
+    with torch.no_grad():
+        m.llm_decoder.bias[V.STOP_INDICES[2]] = 10.0
+    assert list(m.inference([3, 4], greedy=True, sampling=SamplingConfig(rule=RULE_2026))) == []
+    assert list(m.inference([3, 4], greedy=True, sampling=SamplingConfig(rule=RULE_2024))) == [42] * 4
 def test_max_length_cap(tiny_cosyvoice2):
     _, model = tiny_cosyvoice2
     m = _force_head(model, favourite=7, stop_bias=-50.0)  # never stops by itself
@@ -49,23 +70,37 @@ def test_max_length_cap(tiny_cosyvoice2):
     assert len(out) == 10 and set(out) == {7}
 
 
+@pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
 @pytest.mark.parametrize("stop", V.STOP_INDICES)
-def test_every_stop_token_ends(tiny_cosyvoice2, stop):
+def test_every_stop_token_ends(tiny_cosyvoice2, stop, rule):
     _, model = tiny_cosyvoice2
     m = _force_head(model, favourite=9, stop_bias=-50.0)
     with torch.no_grad():
         m.llm_decoder.bias[stop] = 30.0
-    cfg = SamplingConfig(min_token_text_ratio=1)
-    assert list(m.inference([3], sampling=cfg, greedy=True)) == [9]
+    cfg = SamplingConfig(min_token_text_ratio=1, rule=rule)
+    # today's rule holds back only eos (6561) before min_len; eos2/eos3 end at once
+    want = [] if rule == RULE_2026 and stop != V.EOS_INDEX else [9]
+    assert list(m.inference([3], sampling=cfg, greedy=True)) == want
 
 
-def test_only_stop_tokens_raise(tiny_cosyvoice2):
+def test_only_stop_tokens(tiny_cosyvoice2):
     _, model = tiny_cosyvoice2
-    m = _force_head(model, favourite=9, stop_bias=60.0)
+    m = _force_head(model, favourite=9, stop_bias=-60.0)
     with torch.no_grad():
         m.llm_decoder.bias[9] = -60.0
-    with pytest.raises(RuntimeError, match="only stop tokens"):
-        list(m.inference([3], sampling=SamplingConfig(max_trials=5), generator=torch.Generator().manual_seed(0)))
+        m.llm_decoder.bias[V.EOS_INDEX] = 60.0  # eos takes all the mass
+    g = torch.Generator().manual_seed(0)
+    # 2024: redraws max_trials times, then gives up
+    with pytest.raises(SamplingError, match="only stop tokens"):
+        list(m.inference([3], sampling=SamplingConfig(max_trials=5, rule=RULE_2024), generator=g))
+    # today: eos row at -inf, one draw from what is left, no error
+    out = list(m.inference([3], sampling=SamplingConfig(rule=RULE_2026), generator=g))
+    assert len(out) == 2 and all(0 <= c < V.SPEECH_TOKEN_SIZE for c in out)
+
+
+def test_unknown_rule_refused():
+    with pytest.raises(ValueError, match="unknown sampling rule"):
+        SamplingConfig(rule="cosyvoice2")
 
 
 def test_nucleus_rule():
@@ -77,14 +112,77 @@ def test_nucleus_rule():
     assert {nucleus_sampling(logp, 1.0, 1, g) for _ in range(50)} == {0}
 
 
-def test_repetition_aware_resampling():
+@pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
+def test_repetition_aware_resampling(rule):
     logp = torch.tensor([0.9, 0.1] + [1e-9] * 8).log()
-    cfg = SamplingConfig(top_k=1)  # nucleus always says 0
+    cfg = SamplingConfig(top_k=1, rule=rule)  # nucleus always says 0
     g = torch.Generator().manual_seed(1)
-    assert {ras_sampling(logp, [1] * 10, cfg, g) for _ in range(50)} == {0}  # 0 not repeated: kept
-    # 0 already in the window once (>= 10 * 0.1): redrawn from the full distribution, so 1 appears
-    draws = [ras_sampling(logp, [0] + [1] * 9, cfg, g) for _ in range(300)]
-    assert 1 in draws and 0 in draws
+    assert {ras_sampling(logp.clone(), [1] * 10, cfg, g) for _ in range(50)} == {0}  # 0 not repeated: kept
+    # 0 already in the window once (>= 10 * 0.1): redrawn from the full distribution;
+    # today's rule (commit f2ddcbe) blocks 0 in that redraw, the 2024 rule does not
+    draws = [ras_sampling(logp.clone(), [0] + [1] * 9, cfg, g) for _ in range(300)]
+    assert 1 in draws
+    assert (0 in draws) == (rule == RULE_2024)
+
+
+def _logp(probs: dict[int, float]) -> torch.Tensor:
+    """Log-probs over the 6564 outputs with the given mass on a few rows (the rest ~0)."""
+    p = torch.full((V.NUM_OUTPUTS,), 1e-12, dtype=torch.float64)
+    for k, v in probs.items():
+        p[k] = v
+    return (p / p.sum()).log().float()
+
+
+def _expected_2026(probs: dict[int, float], window: list[int], cfg: SamplingConfig, allow_stop: bool):
+    """Exact next-token distribution of CosyVoice's current rule (sampling_ids +
+    ras_sampling at commits 0e62489 / f2ddcbe) over the few rows with mass."""
+    p = dict(probs)
+    if not allow_stop:
+        p.pop(V.EOS_INDEX, None)
+    total = sum(p.values())
+    p = {k: v / total for k, v in p.items()}
+    order = sorted(p, key=lambda k: -p[k])
+    nucleus, before = [], 0.0
+    for k in order:
+        if before < cfg.top_p and len(nucleus) < cfg.top_k:
+            nucleus.append(k)
+            before += p[k]
+    in_nucleus = sum(p[k] for k in nucleus)
+    want = {k: 0.0 for k in p}
+    for t in nucleus:
+        q = p[t] / in_nucleus
+        if window[-cfg.win_size:].count(t) >= cfg.win_size * cfg.tau_r:
+            for j in p:  # redraw with t blocked, and eos still blocked
+                if j != t:
+                    want[j] += q * p[j] / (1 - p[t])
+        else:
+            want[t] += q
+    return want
+
+
+@pytest.mark.parametrize("allow_stop", [False, True])
+def test_pick_token_matches_cosyvoice_today_exactly(allow_stop):
+    """Draw frequencies of pick_token against the exact distribution of CosyVoice's
+    current rule, including both -inf writes acting on the same step's scores: before
+    the minimum length the eos row stays blocked in the repetition redraw too."""
+    probs = {5: 0.35, 7: 0.2, V.EOS_INDEX: 0.3, 11: 0.1, V.STOP_INDICES[1]: 0.05}
+    cfg = SamplingConfig(top_k=3)
+    window = [5, 1, 2, 3, 4, 6, 8, 9, 10, 12]  # 5 is in the window: repeated (>= 1)
+    logp = _logp(probs)
+    before = logp.clone()
+    g = torch.Generator().manual_seed(3)
+    n = 6000
+    got: dict[int, int] = {}
+    for _ in range(n):
+        k = pick_token(logp, window, allow_stop, cfg, generator=g)
+        got[k] = got.get(k, 0) + 1
+    assert torch.equal(logp, before)  # the caller's scores are untouched
+    want = _expected_2026(probs, window, cfg, allow_stop)
+    assert set(got) <= {k for k, v in want.items() if v > 0}, (got, want)
+    for k, v in want.items():
+        assert abs(got.get(k, 0) / n - v) < 0.025, (k, got, want)
+    if not allow_stop:
+        assert V.EOS_INDEX not in got and 5 not in got
 
 
 def test_loss_targets_speech_and_eos(tiny_cosyvoice2):

@@ -14,12 +14,12 @@ import torch
 from ttsrl import sim
 from ttsrl import vocab as V
 from ttsrl.backends import BackendConfig, build_pipeline
-from ttsrl.cosyvoice_lm import SamplingConfig
+from ttsrl.cosyvoice_lm import RULE_2026, SAMPLING_RULES, SamplingConfig
 from ttsrl.dist import shard
 from ttsrl.evaluate import EvalConfig, run_sweep, score
 from ttsrl.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
 from ttsrl.hf_model import load_speech_lm
-from ttsrl.merge import MARKER
+from ttsrl.merge import write_marker
 from ttsrl.report import summarize
 from ttsrl.testsets import TestSetError, Utterance, read_test_set
 
@@ -113,25 +113,30 @@ def biased_model(tiny_hf, hf_id: int, value: float, others: dict[int, float] | N
     return m
 
 
+@pytest.mark.parametrize("rule", SAMPLING_RULES)
 @pytest.mark.parametrize("stop_index", V.STOP_INDICES)
 @pytest.mark.parametrize("greedy", [True, False])
-def test_stops_on_every_stop_id(tiny_hf, lm, stop_index, greedy):
+def test_stops_on_every_stop_id(tiny_hf, lm, stop_index, greedy, rule):
     """A model that always wants to stop: stops at once when allowed; the stop token
-    itself is never part of the output. Greedy refuses it until min_len."""
+    itself is never part of the output. Before min_len: today's rule holds back the
+    eos row (6561) only, so eos2/eos3 still end the item (as CosyVoice's
+    Qwen2LM.inference does); the 2024 rule refuses every stop index (greedy) or gives
+    up after max_trials stop draws (sampling)."""
     m = biased_model(tiny_hf, lm.vocab.to_hf(stop_index), 50.0)
     reqs = requests_for(m, TEXTS[:3])
-    none = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=0), batch_size=3)
+    none = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=0, rule=rule), batch_size=3)
     assert all(g.codes == [] and g.stopped and g.error is None for g in none)
-    if greedy:
-        got = generate(m, reqs, greedy=True, sampling=SamplingConfig(min_token_text_ratio=1.0), batch_size=3)
+    got = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=1.0, rule=rule), batch_size=3)
+    if rule == RULE_2026 and stop_index != V.EOS_INDEX:
+        assert all(g.codes == [] and g.stopped and g.error is None for g in got)
+    elif greedy or rule == RULE_2026:
         for r, g in zip(reqs, got):
             assert g.stopped and g.error is None
             assert len(g.codes) == len(r.text_ids)  # min_len = 1 x text tokens
             assert all(0 <= c < V.SPEECH_TOKEN_SIZE for c in g.codes)
     else:
-        # CosyVoice2 gives up after max_trials stop draws before min_len: that item
+        # the 2024 rule gives up after max_trials stop draws before min_len: that item
         # is reported as failed, the batch goes on
-        got = generate(m, reqs, greedy=False, sampling=SamplingConfig(min_token_text_ratio=1.0), batch_size=3)
         assert all("only stop tokens" in g.error for g in got)
 
 
@@ -263,7 +268,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     write_jsonl(test, TEXTS[:3])
     merged = tmp_path / "merged"
     shutil.copytree(tiny_hf, merged / "step_2")
-    (merged / "step_2" / MARKER).write_text("{}")  # as stage 3 leaves a finished step
+    write_marker(merged / "step_2", {"step": 2})  # as stage 3 leaves a finished step
     (merged / "step_4").mkdir()  # no marker: an unfinished merge, not a model
     out = tmp_path / "eval"
     cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out),
@@ -278,10 +283,13 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     for r in summary:
         assert set(r) >= {"step", "test_set", "cer", "pinyin_error", "reward", "n", "failures"}
         assert r["n"] == 3 and isinstance(r["failures"], int) and 0 <= r["reward"] <= 1
+        # which rule and length ratios produced the row
+        assert (r["rule"], r["min_ratio"], r["max_ratio"]) == (RULE_2026, 2.0, 3)
     # step_2 is a copy of the start model and sampling is seeded per utterance: same scores
     assert summary[0]["cer"] == summary[2]["cer"]
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 1 + 4 and "| 2 | b |" in report  # header + 4 rows
+    assert report.count(f"| {RULE_2026} | 2.0/3 |") == 4
     assert (out / "cer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     per = out / "step_2" / "a"
     assert (per / "results.jsonl").is_file() and json.loads((per / "summary.json").read_text())["step"] == 2

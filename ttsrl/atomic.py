@@ -97,8 +97,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 @contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
     """Yield a temp folder next to ``target``; on success its files are synced and it
-    replaces ``target`` (an existing one is moved aside, then deleted), on error it is
-    removed."""
+    replaces ``target`` (an existing one, folder or file, is moved aside, then deleted),
+    on error it is removed. Callers decide whether ``target`` may be replaced at all."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
@@ -119,4 +119,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     os.replace(tmp, target)
     fsync_path(target.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:  # a file or a link: rmtree would leave it behind as .NAME.old-PID
+            old.unlink(missing_ok=True)

