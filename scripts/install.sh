@@ -7,7 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=cpu
-[[ "${1:-}" == "--gpu" ]] && MODE=gpu
+usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+case $# in
+  0) ;;
+  1) case $1 in
+       --gpu) MODE=gpu ;;
+       -h|--help) usage; exit 0 ;;
+       *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+     esac ;;
+  *) echo "install.sh: one argument at most, got: $*" >&2; usage >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
 STAMP=$VENV/.ttsrl-install-$MODE
@@ -27,6 +36,13 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   else
     echo "[install] note: espeak-ng not found (sudo apt-get install espeak-ng) — only the Whisper-on-CPU path needs it"
   fi
+fi
+
+# Optional: shellcheck lints the shell scripts in the test suite (tests/test_run_sh.py skips without it).
+if ! command -v shellcheck >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  echo "[install] apt-get install shellcheck"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null) \
+    || echo "[install] warning: shellcheck could not be installed; the shell lint test will skip"
 fi
 
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
