@@ -29,6 +29,9 @@ def test_parse_verl_console_line():
     assert step == 3 and m["critic/score/mean"] == 0.25 and m["timing_s/step"] == 5.0
     assert "note" not in m
     assert parse_metrics("(WorkerDict pid=12) step:3 is not a metric line") is None
+    # verl's trainer runs in a Ray actor: its lines reach the driver coloured and prefixed
+    for prefix in ("\x1b[36m(TaskRunnerV1 pid=4987)\x1b[0m ", "(TaskRunnerV1 pid=4987, ip=10.0.0.2) "):
+        assert parse_metrics(prefix + line) == (step, m)
 
 
 def test_one_compact_line_per_step_with_eta():
@@ -38,8 +41,7 @@ def test_one_compact_line_per_step_with_eta():
     val0 = console.feed(concat_dict_to_str({"val-core/embedded/reward/mean@1": 0.2}, step=0))
     assert val0.startswith("step  0/80") and "val reward 0.200" in val0 and "(validation)" in val0
     assert console.feed("(WorkerDict pid=7) some worker chatter") is None
-    full = concat_dict_to_str(_metrics(10, 0.4), step=10)
-    line = console.feed(full)
+    line = console.feed("\x1b[36m(TaskRunnerV1 pid=9)\x1b[0m " + concat_dict_to_str(_metrics(10, 0.4), step=10))
     assert line == "step 10/80  reward 0.400  len  50.0    5.0 s/step  ETA 5m50s", line
     last = console.feed(concat_dict_to_str(_metrics(80, 0.5, {"val-core/embedded/reward/mean@1": 0.45}), step=80))
     assert "val reward 0.450" in last and "ETA" not in last

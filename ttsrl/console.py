@@ -34,11 +34,20 @@ LENGTH_KEY = "response_length/mean"
 STEP_TIME_KEY = "timing_s/step"
 VAL_REWARD_RE = re.compile(r"^val-core/.*/reward/mean@\d+$")
 _NP_RE = re.compile(r"^np\.\w+\((.*)\)$")  # np.float64(0.5) -> 0.5
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# Ray's prefix on output forwarded from an actor: "(TaskRunnerV1 pid=42)", "(pid=7, ip=10.0.0.2)"
+_RAY_PREFIX_RE = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=[\w.:]+)?\)\s?")
+
+
+def strip_ray_prefix(line: str) -> str:
+    """The line as its process printed it: without Ray's colours and ``(Actor pid=N)`` prefix.
+    (verl's trainer runs in a Ray actor, so its metric lines reach the driver prefixed.)"""
+    return _RAY_PREFIX_RE.sub("", _ANSI_RE.sub("", line))
 
 
 def parse_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
     """One line of verl's console logger -> (step, numeric metrics); None for other lines."""
-    m = STEP_RE.match(line.strip())
+    m = STEP_RE.match(strip_ray_prefix(line).strip())
     if not m:
         return None
     metrics: dict[str, float] = {}
