@@ -55,7 +55,8 @@ SERVER_PID_FILE=$EXP_DIR/reward_server.pid
 REWARD_URL=http://127.0.0.1:$REWARD_PORT
 export TTSRL_REWARD_URL=$REWARD_URL
 export PYTHONUNBUFFERED=1
-export TENSORBOARD_DIR=${TENSORBOARD_DIR:-$ROOT/$EXP_DIR/tensorboard}  # used when LOGGERS has tensorboard
+[[ $EXP_DIR == /* ]] && EXP_ABS=$EXP_DIR || EXP_ABS=$ROOT/$EXP_DIR
+export TENSORBOARD_DIR=${TENSORBOARD_DIR:-$EXP_ABS/tensorboard}  # used when LOGGERS has tensorboard
 STARTED_SERVER=0
 
 stage() { (( $1 >= START && $1 <= STOP )); }

@@ -54,3 +54,37 @@ def test_cpu_preset_ray_listens_on_loopback_only():
     assert len(listening) >= 5 and "gcs_server" in names and "raylet" in names, listening  # Ray's own servers seen
     exposed = [x for x in listening if x[0] not in LOOPBACK]
     assert not exposed, exposed
+
+
+GROUP_SCRIPT = r"""
+import json, os, psutil, torch, torch.distributed as dist
+if os.environ["PATCHED"] == "1":
+    from ttsrl.verl_cpu.patches import _patch_init_process_group
+    _patch_init_process_group()
+# as verl.utils.distributed.initialize_global_process_group_ray calls it on CPU
+dist.init_process_group(backend="cpu:gloo,cpu:gloo" if os.environ["PATCHED"] == "1" else "cpu:gloo",
+                        rank=0, world_size=1, init_method=None)
+t = torch.ones(3)
+dist.all_reduce(t)
+listening = [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN]
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"sum": t.tolist(), "listening": listening}))
+"""
+
+
+def test_one_process_group_listens_on_no_interface():
+    """verl's FSDP workers form a torch.distributed group of one on the CPU preset; the env://
+    rendezvous would start a TCPStore on every interface (seen as '*:PORT ray::WorkerDict')."""
+    def run(patched: str) -> dict:
+        env = {**os.environ, "PATCHED": patched, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+               "RANK": "0", "WORLD_SIZE": "1", "VERL_PLATFORM": "cpu"}
+        r = subprocess.run([sys.executable, "-c", GROUP_SCRIPT], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return json.loads(r.stdout.split("RESULT ", 1)[1])
+
+    before, after = run("0"), run("1")
+    assert any(ip not in LOOPBACK for ip, _ in before["listening"]), before  # the store torch starts
+    assert after["sum"] == [1.0, 1.0, 1.0]
+    assert not [x for x in after["listening"] if x[0] not in LOOPBACK], after
