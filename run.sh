@@ -72,7 +72,9 @@ need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
 start_server() {
   if server_ready; then
-    if [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null; then
+    if (( STARTED_SERVER )); then
+      echo "     reward server of stage 1 answering at $REWARD_URL"
+    elif [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null; then
       # one a crashed run.sh started (its pid file is still here) is adopted and stopped at the end
       STARTED_SERVER=1
       echo "     reward server already answering at $REWARD_URL (pid $(cat "$SERVER_PID_FILE"), started by an earlier run; stopped at the end)"
