@@ -14,28 +14,49 @@ shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD
 
+STAGES=(-2 -1 0 1 2 3 4 5)   # a new stage: add its number here and an `if stage N` block below
+usage() {
+  echo "usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...]   (stages ${STAGES[*]}; bash run.sh --help)" >&2
+  exit 2
+}
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
   exit 0
 fi
-START=${1:--2}
-STOP=${2:-5}
-shift $(( $# < 2 ? $# : 2 ))
+is_stage() { local s; for s in "${STAGES[@]}"; do [[ $1 == "$s" ]] && return 0; done; return 1; }
+POSITIONAL=()
+while (( $# )) && [[ $1 != -- ]]; do POSITIONAL+=("$1"); shift; done
 EXTRA_OVERRIDES=()
-if [[ ${1:-} == "--" ]]; then shift; EXTRA_OVERRIDES=("$@"); fi
-[[ $START =~ ^-?[0-9]+$ && $STOP =~ ^-?[0-9]+$ ]] || { echo "usage: bash run.sh [START [STOP]] [-- overrides]" >&2; exit 2; }
-(( START >= -2 && STOP <= 5 && START <= STOP )) || { echo "stages run from -2 to 5 and START <= STOP (got $START $STOP)" >&2; exit 2; }
+if (( $# )); then shift; EXTRA_OVERRIDES=("$@"); fi
+if (( ${#POSITIONAL[@]} > 2 )); then
+  echo "run.sh: unexpected argument '${POSITIONAL[2]}' (Hydra overrides for stage 2 go after '--')" >&2; usage
+fi
+START=${POSITIONAL[0]:-${STAGES[0]}}
+STOP=${POSITIONAL[1]:-${STAGES[-1]}}
+for s in "$START" "$STOP"; do
+  is_stage "$s" || { echo "run.sh: stage '$s' is not one of: ${STAGES[*]}" >&2; usage; }
+done
+(( START <= STOP )) || { echo "run.sh: START ($START) is after STOP ($STOP)" >&2; usage; }
+if (( ${#EXTRA_OVERRIDES[@]} )) && ! (( START <= 2 && 2 <= STOP )); then
+  echo "run.sh: overrides after '--' are for stage 2, which is not in $START..$STOP" >&2; usage
+fi
 
 PRESET=${PRESET:-presets/embedded.sh}
 [[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
 # shellcheck source=presets/embedded.sh
 source "$PRESET"
+for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS; do  # arrays, so that a path with a space stays one argument
+  [[ $(declare -p "$v" 2>/dev/null) == "declare -a"* ]] \
+    || { echo "$PRESET: $v must be a bash array, e.g. $v=(--flag \"a value\")" >&2; exit 2; }
+done
 PY=$ROOT/.venv/bin/python
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
 REWARD_URL=http://127.0.0.1:$REWARD_PORT
 export TTSRL_REWARD_URL=$REWARD_URL
 export PYTHONUNBUFFERED=1
+[[ $EXP_DIR == /* ]] && EXP_ABS=$EXP_DIR || EXP_ABS=$ROOT/$EXP_DIR
+export TENSORBOARD_DIR=${TENSORBOARD_DIR:-$EXP_ABS/tensorboard}  # used when LOGGERS has tensorboard
 STARTED_SERVER=0
 
 stage() { (( $1 >= START && $1 <= STOP )); }
@@ -48,22 +69,28 @@ banner() {  # banner STAGE "what it does" "where its output goes"
 done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
 need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
 # presets with user-provided files (gpu8) check them all up front, with one message
-if [[ -n ${CHECK_INPUTS_ARGS:-} ]] && (( STOP >= -1 )); then
-  # shellcheck disable=SC2086
-  python3 scripts/check_inputs.py $CHECK_INPUTS_ARGS || exit 1
+if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
+  python3 scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
 start_server() {
   if server_ready; then
-    echo "     reward server already answering at $REWARD_URL"
-    # one a crashed run.sh started (its pid file is still here) is adopted and stopped at the end
-    [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null && STARTED_SERVER=1
-    return
+    if (( STARTED_SERVER )); then
+      echo "     reward server of stage 1 answering at $REWARD_URL"
+    elif [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null; then
+      # one a crashed run.sh started (its pid file is still here) is adopted and stopped at the end
+      STARTED_SERVER=1
+      echo "     reward server already answering at $REWARD_URL (pid $(cat "$SERVER_PID_FILE"), started by an earlier run; stopped at the end)"
+    else
+      rm -f "$SERVER_PID_FILE"  # stale: its process is gone, the pid may be someone else's by now
+      echo "     reward server already answering at $REWARD_URL (not started by run.sh: used, and left running)"
+    fi
+    return 0
   fi
+  rm -f "$SERVER_PID_FILE"
   mkdir -p "$LOG_DIR"
-  # shellcheck disable=SC2086
-  setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" $REWARD_ARGS \
+  setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" "${REWARD_ARGS[@]}" \
     > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
   echo $! > "$SERVER_PID_FILE"
   STARTED_SERVER=1
@@ -85,7 +112,9 @@ trap on_exit EXIT
 
 if stage -2; then
   banner -2 "install Python packages" "$ROOT/.venv"
-  bash scripts/install.sh $([[ $DEVICE == cuda ]] && echo --gpu)
+  INSTALL_ARGS=()
+  [[ $DEVICE == cuda ]] && INSTALL_ARGS=(--gpu)
+  bash scripts/install.sh "${INSTALL_ARGS[@]}"
   done_stage -2
 fi
 
@@ -119,10 +148,16 @@ if stage 2; then
   need_venv
   banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
   start_server  # reuses one that answers already
-  # shellcheck disable=SC2086
-  "$PY" train_grpo.py $GRPO_ARGS --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
-    --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
-    -- "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG_DIR/train_grpo.log"
+  mkdir -p "$LOG_DIR"
+  # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
+  # the console gets the exact verl command and one line per step (ttsrl/console.py)
+  if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+      --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
+      -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
+    echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
+    tail -40 "$LOG_DIR/train_grpo.log" >&2
+    exit 1
+  fi
   done_stage 2
 fi
 
@@ -136,9 +171,8 @@ fi
 if stage 4; then
   need_venv
   banner 4 "synthesise the test set with every model and score CER" "$EVAL_DIR/{report.md,summary.json,cer.png}"
-  # shellcheck disable=SC2086
   "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
-    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" $EVAL_ARGS
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${EVAL_ARGS[@]}"
   done_stage 4
 fi
 

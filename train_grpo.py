@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         print(" \\\n  ".join(shlex.quote(c) for c in command))
         return
     print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode})", flush=True)
+    print("[train_grpo] verl command: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
+          + shlex.join(command), flush=True)
     os.execvpe(command[0], command, {**os.environ, **env})
 
 

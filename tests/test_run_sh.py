@@ -1,28 +1,69 @@
-"""run.sh honours its stage range and rejects bad arguments (the reference's
-run.sh ignored its stage arguments)."""
+"""run.sh honours its stage range, rejects bad arguments with usage (the reference's
+run.sh ignored its stage arguments), passes preset argument lists as arrays, and
+never stops silently: an already-running reward server is used, stage 2 logs to a
+folder it creates and appends to it on resume.
 
+Stage 2 runs here through ``train_grpo.py --dry-run`` (a real run of train_grpo.py
+that prints the verl command instead of training): what is tested is run.sh's
+plumbing around it; real training is tests/test_grpo_cpu.py's job.
+"""
+
+import os
+import shlex
+import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from conftest import start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
+SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/test.sh", "presets/embedded.sh", "presets/gpu8.sh"]
 
 
-def run_sh(*args, env=None):
+def run_sh(*args, env=None, timeout=300):
     return subprocess.run(["bash", str(ROOT / "run.sh"), *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=env, timeout=timeout)
 
 
-def test_help_and_bad_ranges():
+def test_help_and_bad_arguments():
     r = run_sh("--help")
     assert r.returncode == 0 and "bash run.sh START STOP" in r.stdout
-    for bad in (["3", "1"], ["-3", "0"], ["0", "6"], ["x", "1"]):
+    for bad, message in [(["3", "1"], "START (3) is after STOP (1)"), (["-3", "0"], "stage '-3'"),
+                         (["0", "6"], "stage '6'"), (["x", "1"], "stage 'x'"),
+                         (["08", "1"], "stage '08' is not one of"),  # was a raw bash "value too great" error
+                         (["3", "3", "trainer.x=5"], "unexpected argument 'trainer.x=5'"),  # was ignored
+                         (["3", "3", "--", "trainer.x=5"], "for stage 2, which is not in 3..3")]:
         r = run_sh(*bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert message in r.stderr and "usage: bash run.sh" in r.stderr, (bad, r.stderr)
+        assert "==== stage" not in r.stdout  # nothing ran
+
+
+def test_install_help_does_not_install(tmp_path):
+    # a copy of the script in a tree without requirement files: running the install would fail
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "install.sh", tmp_path / "scripts" / "install.sh")
+    for args, rc in ((["--help"], 0), (["-h"], 0), (["--bogus"], 2), (["--gpu", "extra"], 2)):
+        r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == rc, (args, r.stdout, r.stderr)
+        assert "bash scripts/install.sh" in (r.stdout if rc == 0 else r.stderr), (args, r.stdout, r.stderr)
+        assert not (tmp_path / ".venv").exists()
+
+
+def test_shell_scripts_parse_and_pass_shellcheck():
+    for script in SHELL_SCRIPTS:
+        r = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True)
+        assert r.returncode == 0, (script, r.stderr)
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (scripts/install.sh installs it with apt-get as root)")
+    r = subprocess.run(["shellcheck", "-x", *SHELL_SCRIPTS], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_only_the_requested_stage_runs(tiny_cosyvoice2, tmp_path):
-    import os
-
     exp = tmp_path / "exp"
     preset = tmp_path / "preset.sh"
     base = (ROOT / "presets" / "embedded.sh").read_text()
@@ -33,3 +74,97 @@ def test_only_the_requested_stage_runs(tiny_cosyvoice2, tmp_path):
     assert "==== stage -1" in r.stdout and "==== stage 0" not in r.stdout
     assert (exp / "hf_model" / "config.json").is_file()
     assert not (exp / "data").exists()  # stage 0 was not in the range
+
+
+# ---------------------------------------------------------------------------- reward server + stage 2
+@pytest.fixture()
+def hand_started_server():
+    """A reward server started by hand (not by run.sh) on a free loopback port."""
+    proc, url = start_reward_server("--backend", "sim", "--log-level", "WARNING")
+    yield proc, urlparse(url).port
+    stop_process(proc)
+
+
+def _dry_run_preset(tmp_path: Path, port: int, grpo_args: str = '(--preset cpu --dry-run)',
+                    unset: bool = False) -> tuple[Path, dict]:
+    """The embedded preset in a folder whose name has a space, stage 2 as a dry run."""
+    exp = tmp_path / "my exp"
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="$EXP_DIR/hf_model"\nDATA_DIR="$EXP_DIR/data"\n'
+                      f'CKPT_DIR="$EXP_DIR/checkpoints"\n{"unset GRPO_ARGS; " if unset else ""}GRPO_ARGS={grpo_args}\n')
+    return exp, {**os.environ, "PRESET": str(preset), "REWARD_PORT": str(port)}
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    return proc.poll() is None
+
+
+def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_path):
+    proc, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    # stage 1 alone: ended with exit 1 and no message before
+    r = run_sh("1", "1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not started by run.sh" in r.stdout and "stage 1 done" in r.stdout
+    assert not (exp / "reward_server.pid").exists() and _alive(proc)
+
+    # stage 2: the log folder is created although run.sh did not start the server; the console
+    # shows the exact verl command, the log file gets everything, "stage 2 done" is printed
+    r = run_sh("2", "2", "--", "trainer.x=5", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stage 2 done" in r.stdout and _alive(proc)
+    log = exp / "logs" / "train_grpo.log"
+    text = log.read_text()
+    assert "verl.trainer.main_ppo" in text
+    # the path with a space reaches verl as one quoted override, and so does the extra override
+    assert shlex.quote(f"data.train_files='{exp}/data/train.parquet'") in text and "trainer.x=5" in text, text
+    assert "export VERL_USE_EXTERNAL_MODULES" in text and "export VERL_USE_EXTERNAL_MODULES" not in r.stdout
+
+    # a second run (a resume) appends to the log instead of overwriting it
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    again = log.read_text()
+    assert again.startswith(text) and again.count("stage 2 output follows") == 2
+
+
+def test_server_of_a_crashed_run_is_adopted_and_stopped(hand_started_server, tmp_path):
+    proc, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    exp.mkdir(parents=True)
+    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "started by an earlier run" in r.stdout and "reward server stopped" in r.stdout
+    proc.wait(timeout=30)
+    assert not (exp / "reward_server.pid").exists()
+
+
+def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
+    proc, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    exp.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (exp / "reward_server.pid").write_text(f"{dead.pid}\n")  # its process is gone
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not started by run.sh" in r.stdout and "reward server stopped" not in r.stdout
+    assert _alive(proc) and not (exp / "reward_server.pid").exists()
+
+
+def test_failed_training_says_so(hand_started_server, tmp_path):
+    _, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port, grpo_args="(--preset cpu --no-such-option)")
+    r = run_sh("2", "3", env=env)
+    assert r.returncode == 1
+    assert "stage 2 failed" in r.stderr and "--no-such-option" in r.stderr  # the log's end is shown
+    assert "==== stage 3" not in r.stdout
+
+
+def test_preset_lists_must_be_arrays(hand_started_server, tmp_path):
+    _, port = hand_started_server
+    _, env = _dry_run_preset(tmp_path, port, grpo_args='"--preset cpu --dry-run"',
+                                 unset=True)
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 2 and "GRPO_ARGS must be a bash array" in r.stderr, r.stderr

@@ -26,12 +26,37 @@ VERL_VERSION = "0.9.1"
 PLUGIN_MODULE = f"{__name__}.plugin"  # what verl imports; importing it installs the plugin
 
 
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
 def cpu_env() -> dict[str, str]:
-    """Environment variables that select this plugin's CPU path."""
+    """Environment variables that select this plugin's CPU path.
+
+    Besides the plugin's three, two quiet and contain the single-node CPU run:
+
+    * ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray 2.60's switch for multi-node clusters
+      (``ray._private.ray_constants.ENABLE_RAY_CLUSTER``, on by default on Linux). Off, the
+      node's address is 127.0.0.1 (``services.get_node_ip_address``), so the GCS, raylets,
+      workers, dashboard agent, runtime-env agent and TransferQueue's sockets (bound to
+      ``ray.util.get_node_ip_address()``) listen on loopback only, not on every interface.
+    * ``TQ_NUM_THREADS``: TransferQueue (verl's data plane) sets torch's thread count to
+      ``TQ_NUM_THREADS`` (default 8) around every put/get and warns "target_num_threads 8
+      should not exceed total physical CPU cores" each time when the machine has fewer:
+      hundreds of lines a step on a laptop. Capped at the physical core count, as it would
+      cap it itself. A value set in the environment wins.
+    """
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_PLATFORM": "cpu",
         "VERL_ENGINE_DEVICE": "cuda",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
+        "TQ_NUM_THREADS": os.environ.get("TQ_NUM_THREADS", str(min(8, _physical_cores()))),
     }
 
 

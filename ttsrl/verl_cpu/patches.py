@@ -1,12 +1,14 @@
 """Process-wide fixes verl 0.9.1 needs on a machine without an accelerator.
 
-All three are applied only when the CPU platform is selected (see ``install_cpu_patches``)
+They are applied only when the CPU platform is selected (see ``install_cpu_patches``)
 and are idempotent.
 
 1. ``verl.utils.distributed`` builds the backend string
    ``f"cpu:gloo,{device}:{backend}"``, which on CPU is ``"cpu:gloo,cpu:gloo"``;
    torch rejects a device listed twice. We wrap ``torch.distributed.init_process_group``
-   (verl calls it through the module attribute) and drop repeated device entries.
+   (verl calls it through the module attribute) and drop repeated device entries. The
+   same wrapper gives a one-process group an in-process store (``single_process_store``):
+   the ``env://`` rendezvous would start a TCPStore listening on every interface.
 2. FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` (verl forces it on the reference
    model) pins host memory, which raises when no accelerator exists. We make the
    policy's ``pin_memory`` False when CUDA is unavailable.
@@ -18,6 +20,7 @@ and are idempotent.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.distributed
@@ -41,6 +44,23 @@ def dedup_backend(backend: str | None) -> str | None:
     return ",".join(f"{d}:{b}" for d, b in seen.items())
 
 
+def single_process_store(kwargs: dict) -> dict:
+    """A one-process group gets an in-process ``HashStore`` instead of the ``env://``
+    rendezvous, whose ``TCPStore`` server listens on every interface (not just
+    ``MASTER_ADDR``); the CPU preset's actor and reference run as one process each.
+    Other groups are left as they are."""
+    if kwargs.get("store") is not None or kwargs.get("init_method") not in (None, "env://"):
+        return kwargs
+    world = kwargs.get("world_size", -1)
+    if world in (None, -1):
+        world = int(os.environ.get("WORLD_SIZE", "-1") or -1)
+    if world != 1 or kwargs.get("rank", 0) not in (None, -1, 0):
+        return kwargs
+    out = {k: v for k, v in kwargs.items() if k != "init_method"}
+    out.update(store=torch.distributed.HashStore(), rank=0, world_size=1)
+    return out
+
+
 def _patch_init_process_group() -> None:
     original = torch.distributed.init_process_group
     if getattr(original, _MARK, False):
@@ -52,7 +72,7 @@ def _patch_init_process_group() -> None:
             kwargs["backend"] = dedup_backend(kwargs["backend"])
         elif args:
             args = (dedup_backend(args[0]), *args[1:])
-        return original(*args, **kwargs)
+        return original(*args, **single_process_store(kwargs))
 
     setattr(init_process_group, _MARK, True)
     torch.distributed.init_process_group = init_process_group

@@ -1,0 +1,68 @@
+"""Stage 2's console filter (ttsrl/console.py) on lines in verl's own format.
+
+The metric lines are made by verl 0.9.1's console logger itself
+(``concat_dict_to_str``), so a change of verl's format fails here.
+"""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+from ttsrl.console import StepConsole, parse_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _metrics(step: int, reward: float, extra: dict | None = None) -> dict:
+    m = {"actor/entropy": 1.2, "critic/score/mean": reward, "critic/score/max": 1.0,
+         "response_length/mean": 40.0 + step, "timing_s/step": 5.0, "perf/throughput": 123.4}
+    return {**m, **(extra or {})}
+
+
+def test_parse_verl_console_line():
+    line = concat_dict_to_str(_metrics(3, 0.25, {"note": "text is skipped"}), step=3)
+    step, m = parse_metrics(line)
+    assert step == 3 and m["critic/score/mean"] == 0.25 and m["timing_s/step"] == 5.0
+    assert "note" not in m
+    assert parse_metrics("(WorkerDict pid=12) step:3 is not a metric line") is None
+    # verl's trainer runs in a Ray actor: its lines reach the driver coloured and prefixed
+    for prefix in ("\x1b[36m(TaskRunnerV1 pid=4987)\x1b[0m ", "(TaskRunnerV1 pid=4987, ip=10.0.0.2) "):
+        assert parse_metrics(prefix + line) == (step, m)
+
+
+def test_one_compact_line_per_step_with_eta():
+    console = StepConsole()
+    assert console.feed("[train_grpo] verl command: python -m verl.trainer.main_ppo trainer.total_training_steps=80 x=1")
+    assert console.total == 80
+    val0 = console.feed(concat_dict_to_str({"val-core/embedded/reward/mean@1": 0.2}, step=0))
+    assert val0.startswith("step  0/80") and "val reward 0.200" in val0 and "(validation)" in val0
+    assert console.feed("(WorkerDict pid=7) some worker chatter") is None
+    line = console.feed("\x1b[36m(TaskRunnerV1 pid=9)\x1b[0m " + concat_dict_to_str(_metrics(10, 0.4), step=10))
+    assert line == "step 10/80  reward 0.400  len  50.0    5.0 s/step  ETA 5m50s", line
+    last = console.feed(concat_dict_to_str(_metrics(80, 0.5, {"val-core/embedded/reward/mean@1": 0.45}), step=80))
+    assert "val reward 0.450" in last and "ETA" not in last
+    assert console.summary() == ("train reward 0.400 (step 10) -> 0.500 (step 80); "
+                                 "val reward 0.200 (step 0) -> 0.450 (step 80)")
+
+
+def test_cli_logs_everything_and_survives_ctrl_c(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("the killed run's log\n")
+    proc = subprocess.Popen([sys.executable, "-m", "ttsrl.console", "--log", str(log)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(concat_dict_to_str(_metrics(1, 0.3), step=1) + "\n")
+    proc.stdin.flush()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: verl is still printing while it shuts down
+    proc.stdin.write("Training Progress:  1%|   | 1/80 [00:05<06:35]\rafter ctrl-c\n")
+    proc.stdin.close()
+    out = proc.stdout.read()
+    assert proc.wait(timeout=30) == 0
+    assert "step   1  reward 0.300" in out and "after ctrl-c" not in out, out
+    text = log.read_text()
+    assert text.startswith("the killed run's log\n")  # appended, not overwritten
+    assert "critic/score/mean:0.3" in text and "after ctrl-c" in text

@@ -1,0 +1,90 @@
+"""The CPU preset's Ray listens on loopback only (issue 11, item 7).
+
+A real Ray 2.60 local cluster is started the way verl's main_ppo starts it (``ray.init``
+in a process whose environment is ``GRPOConfig.env()`` of the CPU preset), with an
+actor, and every listening TCP socket of that process tree is inspected. Without
+``cpu_env()``'s ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` the GCS, raylet and workers
+listen on all interfaces and the agents on the machine's network address.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from ttsrl.grpo import GRPOConfig
+
+SCRIPT = r"""
+import json, os, psutil, ray
+ray.init(num_cpus=1, num_gpus=0)
+
+@ray.remote
+class Probe:
+    def node_ip(self):
+        return ray.util.get_node_ip_address()
+
+probe = Probe.remote()
+node_ip = ray.get(probe.node_ip.remote())
+listening = []
+for p in [psutil.Process()] + psutil.Process().children(recursive=True):
+    try:
+        conns = p.net_connections(kind="inet")
+        name = p.name()
+    except psutil.Error:
+        continue
+    listening += [(c.laddr.ip, c.laddr.port, name) for c in conns if c.status == psutil.CONN_LISTEN]
+ray.shutdown()
+print("RESULT " + json.dumps({"node_ip": node_ip, "listening": listening}))
+"""
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_cpu_preset_ray_listens_on_loopback_only():
+    env = GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v").env()
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env={**clean, **env},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert result["node_ip"] == "127.0.0.1"
+    listening = result["listening"]
+    names = " ".join(n for _, _, n in listening)
+    assert len(listening) >= 5 and "gcs_server" in names and "raylet" in names, listening  # Ray's own servers seen
+    exposed = [x for x in listening if x[0] not in LOOPBACK]
+    assert not exposed, exposed
+
+
+GROUP_SCRIPT = r"""
+import json, os, psutil, torch, torch.distributed as dist
+if os.environ["PATCHED"] == "1":
+    from ttsrl.verl_cpu.patches import _patch_init_process_group
+    _patch_init_process_group()
+# as verl.utils.distributed.initialize_global_process_group_ray calls it on CPU
+dist.init_process_group(backend="cpu:gloo,cpu:gloo" if os.environ["PATCHED"] == "1" else "cpu:gloo",
+                        rank=0, world_size=1, init_method=None)
+t = torch.ones(3)
+dist.all_reduce(t)
+listening = [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN]
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"sum": t.tolist(), "listening": listening}))
+"""
+
+
+def test_one_process_group_listens_on_no_interface():
+    """verl's FSDP workers form a torch.distributed group of one on the CPU preset; the env://
+    rendezvous would start a TCPStore on every interface (seen as '*:PORT ray::WorkerDict')."""
+    def run(patched: str) -> dict:
+        env = {**os.environ, "PATCHED": patched, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+               "RANK": "0", "WORLD_SIZE": "1", "VERL_PLATFORM": "cpu"}
+        r = subprocess.run([sys.executable, "-c", GROUP_SCRIPT], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return json.loads(r.stdout.split("RESULT ", 1)[1])
+
+    before, after = run("0"), run("1")
+    assert any(ip not in LOOPBACK for ip, _ in before["listening"]), before  # the store torch starts
+    assert after["sum"] == [1.0, 1.0, 1.0]
+    assert not [x for x in after["listening"] if x[0] not in LOOPBACK], after

@@ -1,0 +1,155 @@
+"""Stage 2's console: verl's full output to a log file, one compact line per step on screen.
+
+verl's ``console`` logger prints every metric of a step on one line
+(``step:12 - actor/entropy:... - critic/score/mean:... - ...``, about 3 KB), and
+Ray forwards every worker's output to the driver. ``run.sh`` pipes all of it
+through this filter::
+
+    python train_grpo.py ... 2>&1 | python -m ttsrl.console --log exp/logs/train_grpo.log
+
+Every byte goes to ``--log`` (appended, so a resumed run keeps the killed run's
+log). The terminal gets ``[train_grpo]`` lines (the exact verl command) and, per
+step, one line: step/total, mean reward (``critic/score/mean``, the reward
+function's score), mean response length, step time, ETA, and the validation
+reward at the steps that validate. SIGINT is ignored here so that after Ctrl-C
+verl's shutdown output still reaches the log; the filter ends at end of input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+import time
+from collections import deque
+from typing import IO, Optional
+
+STEP_RE = re.compile(r"^step:(\d+) - (.*)$")
+TOTAL_RES = (re.compile(r"trainer\.total_training_steps=(\d+)"),
+             re.compile(r"Training Progress:.*?\|\s*\d+/(\d+)\s*\["))  # verl's tqdm bar
+PASS_PREFIXES = ("[train_grpo]",)  # train_grpo.py's own lines (the exact verl command)
+REWARD_KEY = "critic/score/mean"
+LENGTH_KEY = "response_length/mean"
+STEP_TIME_KEY = "timing_s/step"
+VAL_REWARD_RE = re.compile(r"^val-core/.*/reward/mean@\d+$")
+_NP_RE = re.compile(r"^np\.\w+\((.*)\)$")  # np.float64(0.5) -> 0.5
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# Ray's prefix on output forwarded from an actor: "(TaskRunnerV1 pid=42)", "(pid=7, ip=10.0.0.2)"
+_RAY_PREFIX_RE = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=[\w.:]+)?\)\s?")
+
+
+def strip_ray_prefix(line: str) -> str:
+    """The line as its process printed it: without Ray's colours and ``(Actor pid=N)`` prefix.
+    (verl's trainer runs in a Ray actor, so its metric lines reach the driver prefixed.)"""
+    return _RAY_PREFIX_RE.sub("", _ANSI_RE.sub("", line))
+
+
+def parse_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
+    """One line of verl's console logger -> (step, numeric metrics); None for other lines."""
+    m = STEP_RE.match(strip_ray_prefix(line).strip())
+    if not m:
+        return None
+    metrics: dict[str, float] = {}
+    for item in m.group(2).split(" - "):
+        key, _, value = item.partition(":")
+        value = _NP_RE.sub(r"\1", value.strip())
+        try:
+            metrics[key.strip()] = float(value)
+        except ValueError:
+            continue
+    return int(m.group(1)), metrics
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class StepConsole:
+    """Turns verl's output lines into the compact console lines (``feed`` one line at a time)."""
+
+    def __init__(self, total_steps: Optional[int] = None, window: int = 10) -> None:
+        self.total = total_steps
+        self.step_times: deque[float] = deque(maxlen=window)
+        self.rewards: list[tuple[int, float]] = []
+        self.val_rewards: list[tuple[int, float]] = []
+
+    def feed(self, line: str) -> Optional[str]:
+        """Returns the console line for ``line``, or None when it only belongs in the log."""
+        for pattern in TOTAL_RES:
+            t = pattern.search(line)
+            if t:
+                self.total = int(t.group(1))
+        if line.startswith(PASS_PREFIXES):
+            return line
+        parsed = parse_metrics(line)
+        return self.format(*parsed) if parsed else None
+
+    def format(self, step: int, metrics: dict[str, float]) -> str:
+        total = f"/{self.total}" if self.total else ""
+        width = len(str(self.total)) if self.total else 3
+        parts = [f"step {step:>{width}}{total}"]
+        if REWARD_KEY in metrics:
+            self.rewards.append((step, metrics[REWARD_KEY]))
+            parts.append(f"reward {metrics[REWARD_KEY]:.3f}")
+        if LENGTH_KEY in metrics:
+            parts.append(f"len {metrics[LENGTH_KEY]:5.1f}")
+        val = [v for k, v in metrics.items() if VAL_REWARD_RE.match(k)]
+        if val:
+            self.val_rewards.append((step, sum(val) / len(val)))
+            parts.append(f"val reward {self.val_rewards[-1][1]:.3f}")
+        if STEP_TIME_KEY in metrics:
+            self.step_times.append(metrics[STEP_TIME_KEY])
+            parts.append(f"{metrics[STEP_TIME_KEY]:5.1f} s/step")
+            if self.total and step < self.total:
+                mean = sum(self.step_times) / len(self.step_times)
+                parts.append(f"ETA {_duration(mean * (self.total - step))}")
+        if step == 0 or REWARD_KEY not in metrics and val:
+            parts.append("(validation)")
+        return "  ".join(parts)
+
+    def summary(self) -> Optional[str]:
+        if not self.rewards:
+            return None
+        (s0, r0), (s1, r1) = self.rewards[0], self.rewards[-1]
+        text = f"train reward {r0:.3f} (step {s0}) -> {r1:.3f} (step {s1})"
+        if len(self.val_rewards) > 1:
+            (v0s, v0), (v1s, v1) = self.val_rewards[0], self.val_rewards[-1]
+            text += f"; val reward {v0:.3f} (step {v0s}) -> {v1:.3f} (step {v1s})"
+        return text
+
+
+def run(stream: IO[bytes], log: IO[bytes], out: IO[str], total_steps: Optional[int] = None) -> StepConsole:
+    console = StepConsole(total_steps)
+    for raw in stream:
+        log.write(raw)
+        log.flush()
+        # tqdm redraws with \r: each redraw is a line of its own here
+        for piece in raw.decode("utf-8", errors="replace").replace("\r", "\n").splitlines():
+            shown = console.feed(piece)
+            if shown is not None:
+                print(shown, file=out, flush=True)
+    summary = console.summary()
+    if summary:
+        print(summary, file=out, flush=True)
+    return console
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log", required=True, help="file that receives every line (appended)")
+    p.add_argument("--total-steps", type=int, default=None,
+                   help="for the ETA; otherwise read from the verl command or verl's progress bar")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(args.log, "ab") as log:
+        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} stage 2 output follows\n".encode())
+        print(f"[console] one line per step here; verl's full metrics and worker logs: {args.log}", flush=True)
+        run(sys.stdin.buffer, log, sys.stdout, args.total_steps)
+
+
+if __name__ == "__main__":
+    main()
