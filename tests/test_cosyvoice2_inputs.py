@@ -70,7 +70,7 @@ def test_complete_inputs_pass(tmp_path):
 
 def test_gpu8_preset_wires_the_check(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "COSYVOICE2_DIR": str(tmp_path / "nope")}
-    r = subprocess.run(["bash", "-c", "source presets/gpu8.sh && echo \"$CHECK_INPUTS_ARGS\" && echo \"$REWARD_ARGS\""],
+    r = subprocess.run(["bash", "-c", "source presets/gpu8.sh && echo \"${CHECK_INPUTS_ARGS[*]}\" && echo \"${REWARD_ARGS[*]}\""],
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
     args, reward = r.stdout.splitlines()[:2]
     assert f"--model-dir {tmp_path / 'nope'}" in args and "--seedtts-dir" in args and "--prompt-dir" in args
