@@ -264,14 +264,15 @@ def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
 # a 2-step DPO run, scored by stage 4
 
 
-@pytest.mark.parametrize("loss_type,extra", [("sigmoid", ["--sft-weight", "0.5"])])
+@pytest.mark.parametrize("loss_type,extra", [("sigmoid", ["--sft-weight", "0.5"]),
+                                             ("kto", ["--trainer", "kto"])])
 def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm, loss_type, extra):
     pairs, _ = _rows(lm, 4)
     path = write_pairs(pairs, tmp_path / "pairs.parquet")
     merged = tmp_path / "merged"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(path),
-           "--out-dir", str(merged), "--loss-type", loss_type, "--beta", "0.1", "--lr", "1e-3",
+           "--out-dir", str(merged), *(["--loss-type", loss_type] if loss_type != "kto" else []), "--beta", "0.1", "--lr", "1e-3",
            "--batch-size", "2", "--max-steps", "2", "--save-steps", "1", "--threads", "1", *extra]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -280,7 +281,8 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     steps = merged_steps(merged)
     assert sorted(steps) == [1, 2]
     marker = json.loads((steps[2] / "MERGED.json").read_text())
-    assert marker["trainer"] == "dpo" and marker["loss_type"] == loss_type
+    assert marker["trainer"] == ("kto" if loss_type == "kto" else "dpo")
+    assert loss_type == "kto" or marker["loss_type"] == loss_type
     # the saved model is the class with the biased, masked head, and it moved
     trained = load_speech_lm(steps[2]).model
     assert trained.lm_head.bias is not None and trained.lm_head.output_range == lm.model.lm_head.output_range

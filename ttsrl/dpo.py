@@ -233,11 +233,12 @@ class DPOSettings:
 
 
 @contextlib.contextmanager
-def _speech_head_in_trl():
-    """Make ``DPOTrainer.__init__`` install :func:`add_speech_lm_head` (policy and
-    reference) instead of TRL's mask-less fused head."""
-    import trl.trainer.dpo_trainer as mod
+def _speech_head_in_trl(module: str = "trl.trainer.dpo_trainer"):
+    """Make ``DPOTrainer.__init__`` (or ``KTOTrainer``'s) install :func:`add_speech_lm_head`
+    (policy and reference) instead of TRL's mask-less fused head."""
+    import importlib
 
+    mod = importlib.import_module(module)
     saved = mod.add_fused_lm_head
     mod.add_fused_lm_head = add_speech_lm_head
     try:
@@ -311,6 +312,42 @@ def make_trainer_class():
             return (loss, out) if return_outputs else loss
 
     return SpeechDPOTrainer
+
+
+def pairs_to_kto_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
+    """Pairs -> KTO's unpaired rows: chosen is desirable (label True), rejected
+    undesirable (False), interleaved so every batch holds both kinds."""
+    rows = []
+    for r in pairs_to_rows(pairs, vocab):
+        rows.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["chosen_ids"], "label": True})
+        rows.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["rejected_ids"], "label": False})
+    return rows
+
+
+def make_kto_trainer_class():
+    """TRL's ``KTOTrainer`` with its own KTO loss (sequence log-prob sums, KL estimate
+    from mismatched pairs) on pre-tokenised speech rows, through the speech head."""
+    from trl import KTOTrainer
+
+    class SpeechKTOTrainer(KTOTrainer):
+        def __init__(self, *args, **kwargs):
+            with _speech_head_in_trl("trl.trainer.kto_trainer"):
+                super().__init__(*args, **kwargs)
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            need = {"prompt_ids", "completion_ids", "label"}
+            missing = need - set(dataset.column_names)
+            if missing:
+                raise ValueError(f"{dataset_name} dataset lacks {sorted(missing)}")
+            if self.calculate_KL:  # TRL's rule: completions rotated by one within each batch
+                def add_kl(batch):
+                    batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+                    return batch
+
+                dataset = dataset.map(add_kl, batched=True, batch_size=args.per_device_train_batch_size)
+            return dataset
+
+    return SpeechKTOTrainer
 
 
 # ---------------------------------------------------------------------------
