@@ -96,12 +96,20 @@ def main(argv=None) -> int:
     sampling = dataclasses.replace(s, top_p=a.top_p, top_k=a.top_k, min_token_text_ratio=a.min_token_text_ratio,
                                    max_token_text_ratio=a.max_token_text_ratio)
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
-    lm = load_speech_lm(a.model, device=a.device)
-    gen = VLLMGenerator(a.model, lm.vocab, seed=a.seed) if a.engine == "vllm" else HFGenerator(lm.model, lm.vocab)
+    if a.engine == "vllm":  # vLLM loads the weights itself (the ttsrl plugin registers the class)
+        from transformers import AutoTokenizer
+
+        from ttsrl.vocab import vocab_of
+
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        gen = VLLMGenerator(a.model, vocab_of(tokenizer), seed=a.seed)
+    else:
+        lm = load_speech_lm(a.model, device=a.device)
+        tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
           f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
     with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:
-        pairs, rep = mine_pairs(gen, lm.tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,
+        pairs, rep = mine_pairs(gen, tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,
                                 reward_cfg=rcfg, progress=bar.update)
     if rep.failed_candidates > 0.5 * rep.candidates:
         print(f"error: {rep.failed_candidates} of {rep.candidates} candidates failed (generation or reward); "

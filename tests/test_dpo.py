@@ -312,3 +312,9 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     summary = json.loads((out / "summary.json").read_text())
     assert sorted({r["step"] for r in summary}) == [0, 2]
     assert all(r["n"] == 2 for r in summary)
+
+
+def test_run_sh_rejects_an_unknown_trainer():
+    p = subprocess.run(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, TRAINER="ppo"), timeout=60)
+    assert p.returncode == 2 and "TRAINER must be grpo, dpo or kto (got ppo)" in p.stderr
