@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttsrl.dpo import (add_speech_lm_head, pairs_to_rows, preference_loss, sequence_logps, sequences_logps,
+from ttsrl.dpo import (add_speech_lm_head, batch_logps, pairs_to_rows, preference_loss, sequence_logps, sequences_logps,
                        sft_loss, split_chosen_rejected)
 from ttsrl.hf_model import load_speech_lm
 from ttsrl.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pairs, write_pairs
@@ -108,11 +108,10 @@ def _rows(lm, n=3):
 
 
 def _fused_logps(model, batch, average):
-    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    """What the trainer computes (ttsrl.dpo.batch_logps)."""
     with torch.no_grad():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels,
-                    fused_lm_head=True)
-    return out, sequence_logps(out.log_probs, batch["completion_mask"][:, 1:], average)
+        out, _, _, logps = batch_logps(model, batch, average)
+    return out, logps
 
 
 @pytest.fixture(scope="module")

@@ -205,6 +205,22 @@ def pairs_to_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
     return rows
 
 
+def batch_logps(model, inputs: dict, average: str = "sum"):
+    """Forward a collated pair batch (TRL's ``DataCollatorForPreference``) through a model
+    with :func:`add_speech_lm_head`. Returns ``(output, per-token log-probs, loss mask,
+    sequence log-probs)``; the loss mask marks the positions whose TARGET is a
+    completion token (speech or end of speech), never the prompt or the padding."""
+    completion_mask = inputs["completion_mask"]
+    labels = inputs["input_ids"].masked_fill(completion_mask == 0, IGNORE)
+    model_kwargs = {k: v for k, v in inputs.items()
+                    if k not in ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")}
+    model_kwargs["use_cache"] = False
+    out = model(**model_kwargs, labels=labels, fused_lm_head=True)
+    loss_mask = completion_mask[:, 1:]  # position t predicts token t+1
+    per_token = out.log_probs[:, -loss_mask.shape[1]:]
+    return out, per_token, loss_mask, sequence_logps(per_token, loss_mask, average)
+
+
 # ---------------------------------------------------------------------------
 # trainer
 
@@ -270,22 +286,13 @@ def make_trainer_class():
         def _compute_loss(self, model, inputs, return_outputs):
             mode = "train" if self.model.training else "eval"
             s = self.settings
-            completion_mask = inputs["completion_mask"]
-            labels = inputs["input_ids"].masked_fill(completion_mask == 0, IGNORE)
-            model_kwargs = {k: v for k, v in inputs.items()
-                            if k not in ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")}
-            model_kwargs["use_cache"] = False
-            out = model(**model_kwargs, labels=labels, fused_lm_head=True)
-            loss_mask = completion_mask[:, 1:]  # position t predicts token t+1
-            per_token = out.log_probs[:, -loss_mask.shape[1]:]
-            logps = sequence_logps(per_token, loss_mask, s.average)
+            out, per_token, loss_mask, logps = batch_logps(model, inputs, s.average)
             chosen, rejected = split_chosen_rejected(logps)
             if self.precompute_ref_logps:  # TRL caches token SUMS
                 ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
             else:
                 with torch.no_grad():
-                    ref_out = self.ref_model(**model_kwargs, labels=labels, fused_lm_head=True)
-                ref_sum = sequence_logps(ref_out.log_probs[:, -loss_mask.shape[1]:], loss_mask, "sum")
+                    ref_sum = batch_logps(self.ref_model, inputs, "sum")[3]
                 ref_c, ref_r = split_chosen_rejected(ref_sum)
             if s.average == "mean":
                 n_c, n_r = split_chosen_rejected(loss_mask.sum(-1).clamp(min=1).to(ref_c.dtype))
@@ -438,6 +445,6 @@ def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]
     return torch.stack(out)
 
 
-__all__ = ["preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
+__all__ = ["batch_logps", "preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
            "pairs_to_rows", "DPOSettings", "make_trainer_class", "finish_step_dir", "make_save_callback",
            "sequences_logps"]
