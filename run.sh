@@ -5,6 +5,8 @@
 #   bash run.sh START STOP           a contiguous range of stages, e.g. `bash run.sh 1 3`
 #   bash run.sh 2 2 -- KEY=VALUE...  extra Hydra overrides for verl's main_ppo (stage 2)
 #   PRESET=presets/gpu8.sh bash run.sh -1 5     the 8-GPU recipe
+#   TRAINER=dpo bash run.sh          offline DPO (or TRAINER=kto) instead of GRPO: stage 2 mines
+#                                    pairs and trains on TRL; outputs under EXP_DIR/dpo/ (see below)
 #
 # Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL -> Parquet
 #          1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
@@ -49,6 +51,29 @@ for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS; do  # arrays, so that a path with a sp
   [[ $(declare -p "$v" 2>/dev/null) == "declare -a"* ]] \
     || { echo "$PRESET: $v must be a bash array, e.g. $v=(--flag \"a value\")" >&2; exit 2; }
 done
+# ---- offline preference optimisation (TRAINER=dpo|kto) ---------------------------------------
+# Stage 2 becomes "mine pairs (mine_pairs.py) + train (train_dpo.py)"; the trainer writes
+# HF checkpoints in the merged layout, so stage 3 has nothing to merge and stages 4/5 read
+# MERGED_DIR unchanged. Its own MERGED_DIR/EVAL_DIR/EXPORT_PATH keep GRPO's results intact.
+TRAINER=${TRAINER:-grpo}
+case $TRAINER in
+  grpo) ;;
+  dpo|kto)
+    PREF_DIR=$EXP_DIR/$TRAINER
+    MERGED_DIR=$PREF_DIR/merged EVAL_DIR=$PREF_DIR/eval EXPORT_PATH=$EXP_DIR/llm-$TRAINER.pt
+    PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/pairs.parquet}  # shared by dpo and kto
+    USER_PAIRS=${USER_PAIRS:-}                  # a JSONL of your own pairs instead of mining
+    # presets give these as arrays; the defaults are the preset-less ones
+    [[ -n ${MINE_ARGS+set} ]] || MINE_ARGS=(--k 4 --min-margin 0.1)
+    [[ -n ${PREF_ARGS+set} ]] || PREF_ARGS=(--lr 1e-5 --batch-size 8 --epochs 1)
+    [[ -n ${PREF_LAUNCH+set} ]] || PREF_LAUNCH=()  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
+    for v in MINE_ARGS PREF_ARGS PREF_LAUNCH; do
+      [[ $(declare -p "$v" 2>/dev/null) == "declare -a"* ]] \
+        || { echo "$PRESET: $v must be a bash array, e.g. $v=(--flag \"a value\")" >&2; exit 2; }
+    done
+    [[ $TRAINER == kto ]] && PREF_ARGS=(--trainer kto "${PREF_ARGS[@]}") ;;
+  *) echo "TRAINER must be grpo, dpo or kto (got $TRAINER)" >&2; exit 2 ;;
+esac
 PY=$ROOT/.venv/bin/python
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
@@ -144,7 +169,27 @@ if stage 1; then
   done_stage 1
 fi
 
-if stage 2; then
+if stage 2 && [[ $TRAINER != grpo ]]; then
+  need_venv
+  banner 2 "pair mining + ${TRAINER^^} (TRL)" "$PAIRS_FILE, $MERGED_DIR/step_N"
+  mkdir -p "$LOG_DIR" "$(dirname "$PAIRS_FILE")"
+  if [[ -n $USER_PAIRS ]]; then
+    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --user-pairs "$USER_PAIRS" --out "$PAIRS_FILE"
+  elif [[ -f $PAIRS_FILE ]]; then
+    echo "     reusing pairs $PAIRS_FILE (delete it to mine again)"
+  else
+    start_server  # reuses one that answers already
+    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_FILE" --out "$PAIRS_FILE" \
+      --reward-url "$REWARD_URL" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
+      || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
+  fi
+  "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \
+    "${PREF_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/train_$TRAINER.log" \
+    || { echo "stage 2 failed: ${TRAINER^^} training (log $LOG_DIR/train_$TRAINER.log)" >&2; exit 1; }
+  done_stage 2
+fi
+
+if stage 2 && [[ $TRAINER == grpo ]]; then
   need_venv
   banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
   start_server  # reuses one that answers already
@@ -161,7 +206,11 @@ if stage 2; then
   done_stage 2
 fi
 
-if stage 3; then
+if stage 3 && [[ $TRAINER != grpo ]]; then
+  banner 3 "nothing to merge: ${TRAINER^^} writes merged checkpoints" "$MERGED_DIR/step_N"
+fi
+
+if stage 3 && [[ $TRAINER == grpo ]]; then
   need_venv
   banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
   "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"

@@ -33,6 +33,10 @@ GRPO_ARGS=(--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-m
   --micro-batch-size-per-gpu 32 --n 8 --lr 3e-4 --max-response-length 64 --total-epochs 4
   --total-training-steps 80 --save-freq 20 --test-freq 20 --loggers "$LOGGERS")
 
+# stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
+MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)
+PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
+
 # stage 4/5
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=2

@@ -51,6 +51,13 @@ MERGED_DIR=$EXP_DIR/merged
 LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
 GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
 
+# stage 2 with TRAINER=dpo|kto: vLLM pair mining, TRL on 8 GPUs through accelerate FSDP (never run yet)
+MINE_ARGS=(--engine vllm --device cuda --k 8 --min-margin 0.1)
+PREF_ARGS=(--dtype bfloat16 --lr 1e-6 --beta 0.01 --batch-size 4 --epochs 1 --save-steps 200 --gradient-checkpointing)
+PREF_LAUNCH=(-m accelerate.commands.launch --num_processes 8 --use_fsdp --fsdp_sharding_strategy FULL_SHARD
+  --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer
+  --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16)
+
 EVAL_DIR=$EXP_DIR/eval
 EVAL_NPROC=8
 # CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens)

@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""Preference pairs for DPO/KTO (stage 2 with TRAINER=dpo|kto, first half).
+
+Mine pairs from the current model:
+
+    python mine_pairs.py --model exp/hf_model --texts data/corpus/train.jsonl \\
+        --out exp/dpo/pairs.parquet --k 4 --min-margin 0.1 --reward-url http://127.0.0.1:8000
+
+samples K candidates per training text with CosyVoice2's sampling rule (transformers
+on CPU, vLLM on GPU with --engine vllm), scores every candidate through the running
+reward server (the same client verl's GRPO uses), and keeps the best and the worst
+candidate of a text as (chosen, rejected) when their reward margin is at least
+--min-margin. It prints how many texts yielded a pair and the pairs mined per second.
+
+Or convert user-supplied pairs (e.g. a real recording's speech tokens as chosen and
+the model's own output as rejected, CosyVoice2's setup):
+
+    python mine_pairs.py --model exp/hf_model --user-pairs my_pairs.jsonl --out pairs.parquet
+
+one JSON object a line: {"id"?: str, "text": str, "chosen": [codes 0..6560],
+"rejected": [codes], "chosen_reward"?: float, "rejected_reward"?: float}. Errors name
+FILE:LINE. Both write the same Parquet schema (ttsrl/pairs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    from ttsrl.cosyvoice_lm import SamplingConfig
+
+    s = SamplingConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="converted (or merged) HF checkpoint to sample from")
+    p.add_argument("--out", required=True, help="pairs Parquet to write")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--texts", help="JSONL of training texts ({\"text\": ..., \"id\"?: ...})")
+    src.add_argument("--user-pairs", help="JSONL of user-supplied pairs (see above)")
+    p.add_argument("--k", type=int, default=4, help="candidates per text (default 4)")
+    p.add_argument("--min-margin", type=float, default=0.1,
+                   help="keep a pair only when best - worst reward >= this (default 0.1)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N texts")
+    p.add_argument("--reward-url", default=None, help="reward server (default $TTSRL_REWARD_URL)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="hf: transformers (CPU/GPU); vllm: GPU")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (transformers engine)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=s.top_p)
+    p.add_argument("--top-k", type=int, default=s.top_k)
+    p.add_argument("--min-token-text-ratio", type=float, default=s.min_token_text_ratio)
+    p.add_argument("--max-token-text-ratio", type=float, default=s.max_token_text_ratio)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    a = p.parse_args(argv)
+
+    import dataclasses
+    import os
+
+    import torch
+    from tqdm import tqdm
+
+    from ttsrl.pairs import PairsError, mine_pairs, read_user_pairs, write_pairs
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.user_pairs:
+        from transformers import AutoTokenizer
+
+        try:
+            pairs = read_user_pairs(a.user_pairs, AutoTokenizer.from_pretrained(a.model))
+        except PairsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        write_pairs(pairs, a.out)
+        print(f"[pairs] {len(pairs)} user-supplied pairs -> {a.out}")
+        return 0
+
+    from ttsrl.testsets import TestSetError, read_test_set
+    from ttsrl.generate import GenerationConfig, HFGenerator, VLLMGenerator
+    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.reward_client import RewardClientConfig
+
+    if a.k < 2:
+        p.error("--k must be at least 2")
+    try:
+        utts = read_test_set("train", a.texts).utterances
+    except TestSetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.limit:
+        utts = utts[:a.limit]
+    if a.reward_url:
+        os.environ["TTSRL_REWARD_URL"] = a.reward_url
+    rcfg = RewardClientConfig.from_env()
+    sampling = dataclasses.replace(s, top_p=a.top_p, top_k=a.top_k, min_token_text_ratio=a.min_token_text_ratio,
+                                   max_token_text_ratio=a.max_token_text_ratio)
+    gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
+    if a.engine == "vllm":  # vLLM loads the weights itself (the ttsrl plugin registers the class)
+        from transformers import AutoTokenizer
+
+        from ttsrl.vocab import vocab_of
+
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        gen = VLLMGenerator(a.model, vocab_of(tokenizer), seed=a.seed)
+    else:
+        lm = load_speech_lm(a.model, device=a.device)
+        tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
+    print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
+          f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
+    with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:
+        pairs, rep = mine_pairs(gen, tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,
+                                reward_cfg=rcfg, progress=bar.update)
+    if rep.failed_candidates > 0.5 * rep.candidates:
+        print(f"error: {rep.failed_candidates} of {rep.candidates} candidates failed (generation or reward); "
+              f"is the reward server at {rcfg.url} up?", file=sys.stderr)
+        return 1
+    if not pairs:
+        print(f"error: no text yielded a pair with margin >= {a.min_margin}: {rep.summary()}", file=sys.stderr)
+        return 1
+    write_pairs(pairs, a.out)
+    print(f"[pairs] {rep.summary()}")
+    print(f"[pairs] wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

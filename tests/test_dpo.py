@@ -1,0 +1,325 @@
+"""Offline preference optimisation: losses, masks, the pair batch split, pair mining
+against the real sim reward server, and a 2-step DPO run whose checkpoint stage 4 scores.
+
+The model is the tiny FAKE CosyVoice2 of conftest (random weights; real layout and
+speech vocabulary): CosyVoice2 weights cannot exist on CI."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import ROOT
+
+from ttsrl.dpo import (
+    add_speech_lm_head,
+    batch_logps,
+    pairs_to_rows,
+    preference_loss,
+    sequence_logps,
+    sequences_logps,
+    sft_loss,
+    split_chosen_rejected,
+)
+from ttsrl.hf_model import load_speech_lm
+from ttsrl.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pairs, write_pairs
+
+TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_hf):
+    return load_speech_lm(tiny_hf)
+
+
+def t(*v):
+    return torch.tensor(v, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------
+# losses at hand-computed points
+
+
+def test_sigmoid_loss_at_hand_computed_points():
+    # d = (-10 - -12) - (-20 - -19) = 2 - (-1) = 3; beta 0.5 -> -log sigmoid(1.5) = log(1 + e^-1.5)
+    got = preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), beta=0.5, loss_type="sigmoid")
+    assert got.item() == pytest.approx(math.log(1 + math.exp(-1.5)), abs=1e-12)
+    assert got.item() == pytest.approx(0.20141327798275246, abs=1e-12)
+    # d = 0: log 2 whatever beta
+    assert preference_loss(t(-3.0), t(-4.0), t(-3.0), t(-4.0), 0.01).item() == pytest.approx(math.log(2))
+
+
+def test_cdpo_loss_at_hand_computed_points():
+    # d = 3, beta 0.5, eps 0.1: 0.9 * log(1+e^-1.5) + 0.1 * log(1+e^1.5)
+    got = preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), beta=0.5, loss_type="cdpo", label_smoothing=0.1)
+    want = 0.9 * math.log(1 + math.exp(-1.5)) + 0.1 * math.log(1 + math.exp(1.5))
+    assert got.item() == pytest.approx(want, abs=1e-12)
+    # = sigmoid loss + eps * beta * d = 0.2014133 + 0.1 * 1.5
+    assert got.item() == pytest.approx(0.20141327798275246 + 0.15, abs=1e-12)
+    # eps 0 is plain DPO
+    assert preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "cdpo", 0.0).item() == pytest.approx(
+        preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "sigmoid").item())
+    with pytest.raises(ValueError):
+        preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "cdpo", 0.5)
+
+
+def test_ipo_loss_at_hand_computed_points():
+    # d = 3, beta 0.25 -> (3 - 2)^2 = 1; beta 0.01 -> (3 - 50)^2 = 2209
+    assert preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), 0.25, "ipo").item() == pytest.approx(1.0)
+    assert preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), 0.01, "ipo").item() == pytest.approx(2209.0)
+    with pytest.raises(ValueError):
+        preference_loss(t(0.0), t(0.0), t(0.0), t(0.0), 0.1, "hinge")
+
+
+def test_sft_term_and_sequence_logps_by_hand():
+    lp = t(-1.0, -2.0, -3.0, -4.0).reshape(1, 4)
+    m = torch.tensor([[0, 1, 1, 0]])
+    assert sequence_logps(lp, m, "sum").item() == pytest.approx(-5.0)
+    assert sequence_logps(lp, m, "mean").item() == pytest.approx(-2.5)
+    assert sft_loss(lp, m).item() == pytest.approx(2.5)
+
+
+# ---------------------------------------------------------------------------
+# masks and the pair batch, through TRL's collator and the model
+
+
+def _batch(lm, rows):
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    return DataCollatorForPreference(pad_token_id=lm.tokenizer.pad_token_id)(rows)
+
+
+def _rows(lm, n=3):
+    sv = lm.vocab
+    g = torch.Generator().manual_seed(0)
+    pairs = []
+    for i, text in enumerate(TEXTS[:n]):
+        ids = lm.tokenizer.encode(text, add_special_tokens=False)
+        c = torch.randint(0, 6561, (3 + 2 * i,), generator=g).tolist()  # lengths differ: padding
+        r = torch.randint(0, 6561, (6 - i,), generator=g).tolist()
+        pairs.append(Pair(f"p{i}", text, [sv.sos_id] + ids + [sv.task_id], c, r))
+    return pairs, pairs_to_rows(pairs, sv)
+
+
+def _fused_logps(model, batch, average):
+    """What the trainer computes (ttsrl.dpo.batch_logps)."""
+    with torch.no_grad():
+        out, _, _, logps = batch_logps(model, batch, average)
+    return out, logps
+
+
+@pytest.fixture(scope="module")
+def fused_model(tiny_hf):
+    m = load_speech_lm(tiny_hf).model
+    add_speech_lm_head(m)
+    return m
+
+
+@pytest.mark.parametrize("average", ["sum", "mean"])
+def test_pair_split_and_masks_match_separate_unpadded_forwards(lm, fused_model, average):
+    """One concatenated, right-padded forward of [chosen...; rejected...] gives, per
+    pair, the log-prob of exactly the speech tokens + eos of that pair, as one
+    unpadded forward per sequence through the model's own masked head does."""
+    pairs, rows = _rows(lm)
+    batch = _batch(lm, rows)
+    assert batch["input_ids"].shape[0] == 2 * len(rows)
+    _, logps = _fused_logps(fused_model, batch, average)
+    chosen, rejected = split_chosen_rejected(logps)
+    prompts = [r["prompt_ids"] for r in rows]
+    want_c = sequences_logps(lm.model, lm.vocab, prompts, [r["chosen_ids"] for r in rows], average)
+    want_r = sequences_logps(lm.model, lm.vocab, prompts, [r["rejected_ids"] for r in rows], average)
+    torch.testing.assert_close(chosen, want_c, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(rejected, want_r, rtol=1e-5, atol=1e-4)
+    assert not torch.allclose(chosen, rejected)
+    # CosyVoice2's fault: average over the positions whose target is IGNORE (prompt +
+    # padding) instead of the speech tokens. That mask gives other numbers.
+    out, _ = _fused_logps(fused_model, batch, average)
+    inverted = 1 - batch["completion_mask"][:, 1:]
+    wrong = split_chosen_rejected(sequence_logps(out.log_probs, inverted, average))[0]
+    assert not torch.allclose(wrong, want_c, rtol=1e-3, atol=1e-3)
+
+
+def test_inverted_mask_implementation_would_fail(lm, fused_model):
+    """The per-token log-probs themselves: nonzero exactly at completion targets, and
+    an inverted mask selects none of them."""
+    _, rows = _rows(lm)
+    batch = _batch(lm, rows)
+    out, _ = _fused_logps(fused_model, batch, "sum")
+    m = batch["completion_mask"][:, 1:].bool()
+    assert (out.log_probs[~m] == 0).all() and (out.log_probs[m] < 0).all()
+    assert m.sum().item() == sum(len(r["chosen_ids"]) + len(r["rejected_ids"]) for r in rows)
+
+
+def test_speech_head_keeps_the_mask_that_trl_fused_head_drops(lm, tiny_hf):
+    """TRL's own fused head normalises over every id (text included); ours equals the
+    model's masked distribution. The two differ, so the replacement matters."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    _, rows = _rows(lm, 2)
+    batch = _batch(lm, rows)
+    trl_model = load_speech_lm(tiny_hf).model
+    add_fused_lm_head(trl_model)
+    ours = load_speech_lm(tiny_hf).model
+    add_speech_lm_head(ours)
+    _, a = _fused_logps(trl_model, batch, "sum")
+    _, b = _fused_logps(ours, batch, "sum")
+    assert not torch.allclose(a, b, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# pairs: mining against the real sim reward server, user pairs
+
+
+def test_choose_pair():
+    assert choose_pair([0.2, 0.9, None, 0.1], 0.5) == (1, 3)
+    assert choose_pair([0.2, 0.3], 0.5) is None
+    assert choose_pair([0.5, 0.5, 0.5], 0.0) is None  # equal rewards say nothing
+    assert choose_pair([None, 0.7], 0.0) is None
+
+
+def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_path, sim_server_url, tiny_hf):
+    from ttsrl import sim
+    from ttsrl.cosyvoice_lm import SamplingConfig
+    from ttsrl.testsets import Utterance
+    from ttsrl.generate import GenerationConfig, HFGenerator
+    from ttsrl.pairs import mine_pairs
+    from ttsrl.reward_client import RewardClientConfig, request_reward
+
+    # A random tiny model says nothing the sim codec can read (every reward ~0). Raise
+    # the head bias of the 4 sim codes of 你好 (n, i3, h, ao3) and of the end of speech:
+    # samples then mix right and wrong syllables and a text's candidates differ in reward.
+    lm = load_speech_lm(tiny_hf)
+    with torch.no_grad():
+        for c in set(sim.encode("你好")):
+            lm.model.lm_head.bias[lm.vocab.to_hf(c)] += 12.0
+        lm.model.lm_head.bias[lm.vocab.eos_id] += 10.0
+    texts = ["你好", "你好你好", "好你", "你", "好"]
+    utts = [Utterance(f"u{i}", text) for i, text in enumerate(texts)]
+    gcfg = GenerationConfig(sampling=SamplingConfig(min_token_text_ratio=0, max_token_text_ratio=8), seed=1,
+                            batch_size=8)
+    rcfg = RewardClientConfig(url=sim_server_url)
+    pairs, rep = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts, k=4, min_margin=0.0,
+                            gen_cfg=gcfg, reward_cfg=rcfg)
+    assert rep.candidates == 20 and rep.texts == 5
+    assert 1 <= len(pairs) == rep.texts_with_pairs <= 5
+    import asyncio
+    for p in pairs:
+        assert p.chosen_reward > p.rejected_reward and p.chosen != p.rejected
+        assert p.prompt_ids[0] == lm.vocab.sos_id and p.prompt_ids[-1] == lm.vocab.task_id
+        # the stored rewards are the server's rewards for the stored tokens
+        rc, _, _ = asyncio.run(request_reward(p.chosen, p.text, rcfg))
+        rr, _, _ = asyncio.run(request_reward(p.rejected, p.text, rcfg))
+        assert (rc, rr) == pytest.approx((p.chosen_reward, p.rejected_reward))
+    path = write_pairs(pairs, tmp_path / "pairs.parquet")
+    assert pq.read_schema(path).names == ["key", "text", "prompt_ids", "chosen", "rejected", "chosen_reward",
+                                          "rejected_reward"]
+    back = read_pairs(path, lm.vocab)
+    assert [(b.key, b.chosen, b.rejected) for b in back] == [(p.key, p.chosen, p.rejected) for p in pairs]
+    # a margin no pair reaches keeps none
+    none, rep2 = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts[:2], k=2, min_margin=2.0,
+                            gen_cfg=gcfg, reward_cfg=rcfg)
+    assert none == [] and rep2.texts_with_pairs == 0
+
+
+def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
+    good = {"id": "a", "text": "你好", "chosen": [1, 2, 3], "rejected": [4, 5]}
+    f = tmp_path / "u.jsonl"
+
+    def expect(lines, msg):
+        f.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" if not isinstance(x, str) else x + "\n"
+                             for x in lines), encoding="utf-8")
+        with pytest.raises(PairsError, match=msg):
+            read_user_pairs(f, lm.tokenizer)
+
+    expect([good, "{oops"], rf"{f}:2: not JSON")
+    expect([good, {**good, "id": "b", "chosen": [1, 6561]}], rf"{f}:2: 'chosen' holds speech code 6561")
+    expect([{**good, "rejected": []}], rf"{f}:1: 'rejected' is empty")
+    expect([{**good, "text": ""}], rf"{f}:1: expected a non-empty string 'text'")
+    expect([good, good], rf"{f}:2: id 'a' already used at {f}:1")
+    expect([{"text": "x", "chosen": [1]}], rf"{f}:1: missing 'rejected'")
+    expect([{**good, "chosen_reward": 0.1, "rejected_reward": 0.5}], "below rejected_reward")
+    f.write_text(json.dumps(good, ensure_ascii=False) + "\n", encoding="utf-8")
+    (p,) = read_user_pairs(f, lm.tokenizer)
+    assert p.prompt_ids == [lm.vocab.sos_id] + lm.tokenizer.encode("你好", add_special_tokens=False) + [lm.vocab.task_id]
+    assert math.isnan(p.chosen_reward)
+    # the CLI writes the same schema and exits 2 with the message on bad input
+    out = tmp_path / "pairs.parquet"
+    cli = [sys.executable, str(ROOT / "mine_pairs.py"), "--model", str(lm.model.config._name_or_path)]
+    r = subprocess.run(cli + ["--user-pairs", str(f), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_pairs(out, lm.vocab)[0].chosen == [1, 2, 3]
+    f.write_text(json.dumps({**good, "chosen": "1 2"}) + "\n")
+    r = subprocess.run(cli + ["--user-pairs", str(f), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and f"{f}:1: 'chosen' must be a list" in r.stderr
+
+
+# ---------------------------------------------------------------------------
+# a 2-step DPO run, scored by stage 4
+
+
+@pytest.mark.parametrize("loss_type,extra", [("sigmoid", ["--sft-weight", "0.5"]),
+                                             ("kto", ["--trainer", "kto"])])
+def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm, loss_type, extra):
+    pairs, _ = _rows(lm, 4)
+    path = write_pairs(pairs, tmp_path / "pairs.parquet")
+    merged = tmp_path / "merged"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+    cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(path),
+           "--out-dir", str(merged), *(["--loss-type", loss_type] if loss_type != "kto" else []), "--beta", "0.1", "--lr", "1e-3",
+           "--batch-size", "2", "--max-steps", "2", "--save-steps", "1", "--threads", "1", *extra]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    from ttsrl.steps import merged_steps
+
+    steps = merged_steps(merged)
+    assert sorted(steps) == [1, 2]
+    marker = json.loads((steps[2] / "MERGED.json").read_text())
+    assert marker["trainer"] == ("kto" if loss_type == "kto" else "dpo")
+    assert loss_type == "kto" or marker["loss_type"] == loss_type
+    # the saved model is the class with the biased, masked head, and it moved
+    trained = load_speech_lm(steps[2]).model
+    assert trained.lm_head.bias is not None and trained.lm_head.output_range == lm.model.lm_head.output_range
+    cfg = json.loads((steps[2] / "config.json").read_text())
+    assert cfg["auto_map"] and (steps[2] / "modeling_cosyvoice2.py").is_file()
+    diff = sum((a - b).abs().sum().item() for a, b in zip(trained.parameters(), lm.model.parameters()))
+    assert diff > 0
+    # training raised the chosen-vs-rejected margin on its own pairs
+    rows = pairs_to_rows(pairs, lm.vocab)
+    prompts = [r["prompt_ids"] for r in rows]
+
+    def margin(m):
+        return (sequences_logps(m, lm.vocab, prompts, [r["chosen_ids"] for r in rows])
+                - sequences_logps(m, lm.vocab, prompts, [r["rejected_ids"] for r in rows])).mean().item()
+
+    assert margin(trained) > margin(lm.model)
+    # stage 4 scores it
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps({"text": x, "id": f"t{i}"}, ensure_ascii=False) + "\n"
+                            for i, x in enumerate(TEXTS[:2])), encoding="utf-8")
+    out = tmp_path / "eval"
+    p = subprocess.run([sys.executable, str(ROOT / "infer_dataset.py"), "--start-model", str(tiny_hf),
+                        "--merged-dir", str(merged), "--steps", "0,2", "--out-dir", str(out),
+                        "--test-set", f"small={test}", "--max-token-text-ratio", "3", "--threads", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted({r["step"] for r in summary}) == [0, 2]
+    assert all(r["n"] == 2 for r in summary)
+
+
+def test_run_sh_rejects_an_unknown_trainer():
+    p = subprocess.run(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, TRAINER="ppo"), timeout=60)
+    assert p.returncode == 2 and "TRAINER must be grpo, dpo or kto (got ppo)" in p.stderr

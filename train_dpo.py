@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""Offline preference optimisation (stage 2 with TRAINER=dpo|kto, second half) on TRL's DPOTrainer / KTOTrainer.
+
+    python train_dpo.py --model exp/hf_model --pairs exp/dpo/pairs.parquet \\
+        --out-dir exp/dpo/merged --loss-type sigmoid --beta 0.01 --max-steps 40 --save-steps 10
+
+Loss types (CosyVoice2's DPOLoss family, see ttsrl/dpo.py):
+  sigmoid   DPO                -log σ(β d)
+  cdpo      conservative DPO   -(1-ε) log σ(β d) - ε log σ(-β d)   (--label-smoothing ε)
+  ipo       IPO                (d - 1/(2β))²
+with d = (log π(chosen) - log π_ref(chosen)) - (log π(rejected) - log π_ref(rejected)),
+sequence log-probs over the speech tokens (+ end of speech) only, summed (default) or
+averaged per token (--average mean, CosyVoice2's choice); --sft-weight adds the chosen
+sequence's NLL (RPO / CosyVoice2's CE term). beta defaults to CosyVoice2's 0.01. The
+reference log-probs are computed once, before training, by the start model.
+
+--trainer kto runs TRL's KTOTrainer and its own KTO loss (summed log-probs, KL
+estimate from mismatched prompt/completion pairs) with chosen as desirable and
+rejected as undesirable samples; --loss-type/--average/--sft-weight are DPO-only.
+
+Every --save-steps steps (and at the end) the policy is written to OUT_DIR/step_N in
+the merged layout of stage 3 (HF weights + the biased-head class + MERGED.json), so
+stage 4 (sweep) and stage 5 (export) read it unchanged. One process on CPU; on GPUs
+launch through accelerate, e.g. FSDP on 8 GPUs:
+
+    accelerate launch --num_processes 8 --use_fsdp --fsdp_sharding_strategy FULL_SHARD \\
+        --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer \\
+        --fsdp_state_dict_type FULL_STATE_DICT train_dpo.py --dtype bfloat16 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from ttsrl.dpo import AVERAGES, LOSS_TYPES
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="converted start model (HF dir); also the reference")
+    p.add_argument("--pairs", required=True, help="pairs Parquet (mine_pairs.py)")
+    p.add_argument("--out-dir", required=True, help="OUT_DIR/step_N checkpoints (merged layout)")
+    p.add_argument("--trainer", choices=("dpo", "kto"), default="dpo",
+                   help="dpo: paired losses below; kto: TRL's KTO on chosen=desirable, rejected=undesirable")
+    p.add_argument("--loss-type", choices=LOSS_TYPES, default="sigmoid", help="(dpo)")
+    p.add_argument("--desirable-weight", type=float, default=1.0, help="(kto)")
+    p.add_argument("--undesirable-weight", type=float, default=1.0, help="(kto)")
+    p.add_argument("--beta", type=float, default=0.01, help="DPO beta (CosyVoice2: 0.01)")
+    p.add_argument("--label-smoothing", type=float, default=0.0, help="cdpo's ε in (0, 0.5)")
+    p.add_argument("--sft-weight", type=float, default=0.0, help="weight of the chosen NLL term (RPO)")
+    p.add_argument("--average", choices=AVERAGES, default="sum",
+                   help="sequence log-prob: sum over speech tokens, or per-token mean (CosyVoice2)")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--batch-size", type=int, default=8, help="pairs per device per step")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (-1: --epochs)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--save-steps", type=int, default=0, help="save every N steps (0: only at the end)")
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    a = p.parse_args(argv)
+
+    import torch
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    from ttsrl.dpo import DPOSettings, make_save_callback, make_trainer_class, pairs_to_rows
+    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.pairs import PairsError, read_pairs
+
+    settings = DPOSettings(loss_type=a.loss_type, beta=a.beta, label_smoothing=a.label_smoothing,
+                           sft_weight=a.sft_weight, average=a.average)
+    try:
+        settings.check()
+    except ValueError as e:
+        p.error(str(e))
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
+    lm = load_speech_lm(a.model, dtype=dtype)
+    try:
+        pairs = read_pairs(a.pairs, lm.vocab)
+    except PairsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    use_cpu = not torch.cuda.is_available()
+    common = dict(
+        output_dir=str(out_dir / ".trainer"), per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, max_steps=a.max_steps,
+        num_train_epochs=a.epochs, warmup_steps=a.warmup_steps, lr_scheduler_type="constant_with_warmup",
+        logging_steps=1, save_strategy="no", report_to=[], seed=a.seed, beta=a.beta,
+        precompute_ref_log_probs=True, max_length=None, trust_remote_code=True, use_cpu=use_cpu,
+        bf16=a.dtype == "bfloat16", gradient_checkpointing=a.gradient_checkpointing,
+        remove_unused_columns=False, dataloader_num_workers=0)
+    if a.trainer == "dpo":
+        ds = Dataset.from_list(pairs_to_rows(pairs, lm.vocab))
+        trainer_cls, extra = make_trainer_class(), {"settings": settings}
+        cfg = DPOConfig(**common)
+        what = f"loss {a.loss_type} (beta {a.beta}, average {a.average}, sft {a.sft_weight})"
+        info = {"loss_type": a.loss_type, "average": a.average, "sft_weight": a.sft_weight,
+                "label_smoothing": a.label_smoothing}
+    else:
+        from trl import KTOConfig
+
+        from ttsrl.dpo import make_kto_trainer_class, pairs_to_kto_rows
+
+        if a.batch_size < 2:
+            p.error("kto needs --batch-size >= 2 (its KL estimate pairs each prompt with another's completion)")
+        ds = Dataset.from_list(pairs_to_kto_rows(pairs, lm.vocab))
+        trainer_cls, extra = make_kto_trainer_class(), {}
+        cfg = KTOConfig(**common, desirable_weight=a.desirable_weight, undesirable_weight=a.undesirable_weight)
+        what = f"KTO (beta {a.beta}, weights {a.desirable_weight}/{a.undesirable_weight})"
+        info = {"desirable_weight": a.desirable_weight, "undesirable_weight": a.undesirable_weight}
+    info = {"source": f"ttsrl {a.trainer} on {a.pairs}", "trainer": a.trainer, "beta": a.beta, **info}
+    cb = make_save_callback(out_dir, Path(a.model), a.save_steps, info)
+    trainer = trainer_cls(model=lm.model, args=cfg, train_dataset=ds, processing_class=lm.tokenizer,
+                          callbacks=[cb], **extra)
+    cb.trainer = trainer
+    if trainer.accelerator.is_main_process:
+        print(f"[{a.trainer}] {len(pairs)} pairs ({len(ds)} rows), {what}; reference log-probs precomputed "
+              f"by the start model", flush=True)
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
