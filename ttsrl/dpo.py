@@ -367,7 +367,7 @@ def finish_step_dir(tmp: Path, target: Path, base_model: Path, step: int, info: 
     model where the save left them out, then the ``MERGED.json`` marker, then an
     atomic rename to ``step_N``."""
     from .convert import EXTRA_FILE, MODELING_FILE
-    from .merge import LAYOUT_FILES, MARKER
+    from .merge import LAYOUT_FILES, write_marker
 
     base_model = Path(base_model)
     shutil.copy2(MODELING_FILE, tmp / MODELING_FILE.name)  # the class with the biased, masked head
@@ -386,7 +386,7 @@ def finish_step_dir(tmp: Path, target: Path, base_model: Path, step: int, info: 
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
     marker = {"step": step, "source": info.get("source", "ttsrl.dpo"), "remote_code": [MODELING_FILE.name],
               "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **info}
-    (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+    write_marker(tmp, marker)  # with every file's size and hash, as stage 3 checks them
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         target.rename(old)
