@@ -76,10 +76,10 @@ def main(argv=None) -> int:
         print(f"[pairs] {len(pairs)} user-supplied pairs -> {a.out}")
         return 0
 
-    from ttsrl.testsets import TestSetError, read_test_set
     from ttsrl.generate import GenerationConfig, HFGenerator, VLLMGenerator
     from ttsrl.hf_model import load_speech_lm
     from ttsrl.reward_client import RewardClientConfig
+    from ttsrl.testsets import TestSetError, read_test_set
 
     if a.k < 2:
         p.error("--k must be at least 2")

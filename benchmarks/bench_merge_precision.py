@@ -38,16 +38,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def start_server(port: int) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", "sim", "--port", str(port),
-           "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        if "ready on http://" in line:
-            import threading
+    from ttsrl.health import launch_server
 
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, line.split("ready on ")[1].split()[0]
-    sys.exit(f"reward server did not start (exit {proc.wait()})")
+    return launch_server("--backend", "sim", "--port", str(port), "--log-level", "WARNING")
 
 
 def train(args, ws: Path) -> Path:

@@ -22,7 +22,6 @@ import asyncio
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ttsrl import sim  # noqa: E402
+from ttsrl.health import launch_server  # noqa: E402
 from ttsrl.protocol import DEFAULT_MODEL_NAME as MODEL  # noqa: E402
 from ttsrl.protocol import build_payload, infer_path  # noqa: E402
 
@@ -41,19 +41,8 @@ TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶
 
 
 def start_server(backend: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--backend", backend, "--port", "0",
-           "--max-batch", str(max_batch), "--max-delay-ms", "10", "--log-level", "WARNING", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    t0 = time.time()
-    while time.time() - t0 < 300:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if "ready on http://" in line:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, line.split("ready on ")[1].split()[0]
-    proc.kill()
-    raise RuntimeError(f"{backend} server did not start")
+    return launch_server("--backend", backend, "--port", "0", "--max-batch", str(max_batch), "--max-delay-ms", "10",
+                         "--log-level", "WARNING", *extra, timeout=300)
 
 
 def stats(url: str) -> dict:

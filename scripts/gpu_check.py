@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -62,19 +61,12 @@ def setup(ws: Path, n_train: int) -> None:
 
 
 def reward_server() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "token2wav_asr_server.py"), "--port", "0", "--backend", "sim",
-                             "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if "ready on http://" in line:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, line.split("ready on ")[1].split()[0]
-    proc.kill()
-    raise SystemExit("[gpu_check] reward server did not start")
+    from ttsrl.health import launch_server
+
+    try:
+        return launch_server("--port", "0", "--backend", "sim", "--log-level", "WARNING")
+    except RuntimeError as e:
+        raise SystemExit(f"[gpu_check] {e}") from None
 
 
 def grpo_config(ws: Path, device: str, steps: int, batch: int):

@@ -7,9 +7,6 @@ trained on a few sentences. Key names, index math and the speech vocabulary
 """
 
 import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -42,25 +39,34 @@ def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls: more threads only add waiting."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_hf):
+    """The tiny converted model loaded with its speech head (ttsrl.hf_model)."""
+    from ttsrl.hf_model import load_speech_lm
+
+    return load_speech_lm(tiny_hf)
+
+
 def start_reward_server(*args: str) -> tuple[subprocess.Popen, str]:
     """Start the reward server CLI as a user does, on a free loopback port; returns
     (process, URL) once it prints that it is ready. Its output keeps being drained."""
-    cmd = [sys.executable, str(ROOT / "token2wav_asr_server.py"), "--port", "0", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, seen = None, []
-    deadline = time.time() + 120
-    while time.time() < deadline and url is None:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "ready on http://" in line:
-            url = line.split("ready on ")[1].split()[0]
-    if url is None:
-        proc.kill()
-        pytest.fail("reward server did not start:\n" + "".join(seen))
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block on a full pipe
-    return proc, url
+    from ttsrl.health import launch_server
+
+    try:
+        return launch_server("--port", "0", *args)
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -31,17 +31,7 @@ from ttsrl.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pai
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def lm(tiny_hf):
-    return load_speech_lm(tiny_hf)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
 
 
 def t(*v):
@@ -192,10 +182,10 @@ def test_choose_pair():
 def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_path, sim_server_url, tiny_hf):
     from ttsrl import sim
     from ttsrl.cosyvoice_lm import SamplingConfig
-    from ttsrl.testsets import Utterance
     from ttsrl.generate import GenerationConfig, HFGenerator
     from ttsrl.pairs import mine_pairs
     from ttsrl.reward_client import RewardClientConfig, request_reward
+    from ttsrl.testsets import Utterance
 
     # A random tiny model says nothing the sim codec can read (every reward ~0). Raise
     # the head bias of the 4 sim codes of 你好 (n, i3, h, ao3) and of the end of speech:

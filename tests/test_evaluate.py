@@ -27,18 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny matmuls: more threads only add waiting.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def lm(tiny_hf):
-    return load_speech_lm(tiny_hf)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
 
 
 def requests_for(lm, texts, prefix="u"):

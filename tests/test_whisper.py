@@ -13,8 +13,9 @@ if shutil.which("espeak-ng") is None:
                 allow_module_level=True)
 
 from ttsrl import sim  # noqa: E402
+from ttsrl.atomic import sha256_file  # noqa: E402
 from ttsrl.backends import BackendConfig, build_pipeline  # noqa: E402
-from ttsrl.backends.whisper import MISSING_MERGE, WHEEL_MODEL_SHA256, _sha256, prepare_wheel_model  # noqa: E402
+from ttsrl.backends.whisper import MISSING_MERGE, WHEEL_MODEL_SHA256, prepare_wheel_model  # noqa: E402
 from ttsrl.text import cer  # noqa: E402
 
 TEXTS = ["我想喝一杯热茶。", "今天天气很好，我们去公园散步。"]
@@ -31,7 +32,7 @@ def pipeline():
 def test_wheel_model_is_assembled_verified_and_patched(pipeline):
     d = prepare_wheel_model()
     assert (d / "READY").read_text().strip() == WHEEL_MODEL_SHA256
-    assert _sha256(d / "model.bin") == WHEEL_MODEL_SHA256
+    assert sha256_file(d / "model.bin") == WHEEL_MODEL_SHA256
     merges = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))["model"]["merges"]
     assert merges[0] == MISSING_MERGE and merges.count(MISSING_MERGE) == 1
     assert prepare_wheel_model() == d  # idempotent

@@ -36,7 +36,6 @@ into a temporary folder and renamed into place, so an interrupted merge leaves n
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -49,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .atomic import _umask, atomic_dir
+from .atomic import _umask, atomic_dir, sha256_file
 from .convert import EXTRA_FILE, MODELING_FILE
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -103,20 +102,12 @@ def saved_steps(ckpt_dir: Path) -> dict[int, Path]:
     return dict(sorted(steps.items()))
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_records(folder: Path) -> dict[str, dict]:
     """{relative path: {size, sha256}} of every file in ``folder`` but the marker."""
     out = {}
     for f in sorted(folder.rglob("*")):
         if f.is_file() and f.name != MARKER:
-            out[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+            out[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
     return out
 
 

@@ -79,14 +79,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("TTSRL_CACHE_DIR") or Path.home() / ".cache" / "ttsrl")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _wheel_file(dist: str, rel: str) -> Path:
     import importlib.metadata as md
 
