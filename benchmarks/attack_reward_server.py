@@ -11,7 +11,6 @@ Prints one line per attack; numbers, no pass/fail.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import socket
 import subprocess
@@ -24,6 +23,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from ttsrl import sim  # noqa: E402
 from ttsrl.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path  # noqa: E402
@@ -32,21 +32,10 @@ TEXT = "我想喝一杯热茶。"
 
 
 def bodies() -> dict[str, bytes]:
-    g = json.dumps(build_payload(sim.encode(TEXT), TEXT))
-    codes = json.dumps([sim.encode(TEXT)])
-    n = len(sim.encode(TEXT))
-    return {
-        "100k-deep nesting": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-        "5000-digit integer in TOKENS": g.replace(codes, "[[" + "9" * 5000 + "]]").encode(),
-        "ragged [[1,[2],3]]": json.dumps({"inputs": [
-            {"name": "TOKENS", "shape": [1, 3], "datatype": "INT32", "data": [[1, [2], 3]]},
-            {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[3]]},
-            {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}).encode(),
-        "GT_TEXT [[[\"你好\"]]]": g.replace(json.dumps([TEXT]), json.dumps([[["你好"]]])).encode(),
-        "TOKEN_LENS shape [1,2]": g.replace('"shape": [1, 1], "datatype": "INT32", "data": [[%d]]' % n,
-                                            '"shape": [1, 2], "datatype": "INT32", "data": [[%d, %d]]' % (n, n)
-                                            ).encode(),
-    }
+    """The hostile request bodies of the regression test (tests/test_server_hostile.py)."""
+    from test_server_hostile import hostile_bodies
+
+    return hostile_bodies()
 
 
 def main() -> None:
