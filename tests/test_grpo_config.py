@@ -193,3 +193,28 @@ def test_every_train_grpo_option_has_typed_help():
         if a.nargs != 0:  # takes a value: says which kind
             assert a.choices or a.metavar in ("INT", "FLOAT", "STR", "BOOL") or "," in (a.metavar or ""), \
                 (a.option_strings, a.metavar)
+
+
+def test_verl_model_setup_survives_trl_without_value_head():
+    """TRL 1.16 (installed for DPO/KTO) has no AutoModelForCausalLMWithValueHead; verl 0.9.1's
+    apply_monkey_patch imported it whenever TRL was installed, which killed every GRPO
+    actor at init. After the plugin's compat install verl's own patch runs cleanly."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("TRL not installed")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from verl.models.transformers import monkey_patch
+
+    from ttsrl.verl_cpu import trl_compat
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    if not trl_compat.trl_value_head_available():  # the TRL this project pins: verl alone fails
+        with pytest.raises(ImportError, match="AutoModelForCausalLMWithValueHead"):
+            monkey_patch.apply_monkey_patch(model)
+    trl_compat.install()
+    monkey_patch.apply_monkey_patch(model)
+    assert monkey_patch.is_trl_available() == trl_compat.trl_value_head_available()

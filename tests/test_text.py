@@ -206,7 +206,7 @@ def test_cer_nll_variant():
 
 
 def test_unknown_reward_name():
-    assert set(REWARDS) == {"tanh", "toneless", "cer_nll"}
+    assert set(REWARDS) == {"tanh", "toneless", "tanh_reference", "cer_nll"}
     with pytest.raises(ValueError, match="tanh"):
         compute_reward("nope", "你好", "你好")
 

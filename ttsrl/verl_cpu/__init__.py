@@ -8,7 +8,8 @@ repository root). No verl file is edited. Importing this package itself installs
 nothing (reading ``cpu_env`` does not pull in verl or Ray).
 
 * always: the ``cpu`` platform is registered (inert unless chosen), the ``hf``
-  rollout (``actor_rollout_ref.rollout.name=hf``).
+  rollout (``actor_rollout_ref.rollout.name=hf``), and verl is kept from importing a
+  value-head class that TRL 1.16 no longer has (``trl_compat``).
 * with ``VERL_PLATFORM=cpu``: the gloo backend-string fix and no-op pinning
   (``patches``). ``VERL_ENGINE_DEVICE=cuda`` must also be set so verl's FSDP
   engine, registered for cuda/npu only, is found (``cpu_env`` gives all three).
@@ -73,8 +74,9 @@ def install() -> None:
     """Register the ``cpu`` platform and the ``hf`` rollout; with ``VERL_PLATFORM=cpu``
     also the CPU patches. Idempotent."""
     _check_version()
-    from . import hf_rollout, platform  # noqa: F401  (registers the platform)
+    from . import hf_rollout, platform, trl_compat  # noqa: F401  (registers the platform)
 
+    trl_compat.install()  # TRL 1.16 (DPO/KTO) beside verl 0.9.1: see trl_compat
     hf_rollout.register()
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.PLATFORM_NAME:
         from .patches import install_cpu_patches
