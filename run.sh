@@ -139,7 +139,17 @@ if stage -2; then
   banner -2 "install Python packages" "$ROOT/.venv"
   INSTALL_ARGS=()
   [[ $DEVICE == cuda ]] && INSTALL_ARGS=(--gpu)
-  bash scripts/install.sh "${INSTALL_ARGS[@]}"
+  # pip's own output (minutes of it) goes to the log; the console gets the installer's verdict
+  mkdir -p "$LOG_DIR"
+  echo "     installing (full output: $LOG_DIR/install.log)"
+  seen=0  # earlier runs' lines stay in the log: show only this run's
+  [[ -f $LOG_DIR/install.log ]] && seen=$(wc -l < "$LOG_DIR/install.log")
+  if ! bash scripts/install.sh "${INSTALL_ARGS[@]}" >> "$LOG_DIR/install.log" 2>&1; then
+    echo "stage -2 failed; the end of $LOG_DIR/install.log:" >&2
+    tail -40 "$LOG_DIR/install.log" >&2
+    exit 1
+  fi
+  tail -n +$(( seen + 1 )) "$LOG_DIR/install.log" | { grep '^\[install\]' || true; } | sed 's/^/     /'
   done_stage -2
 fi
 

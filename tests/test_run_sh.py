@@ -168,3 +168,17 @@ def test_preset_lists_must_be_arrays(hand_started_server, tmp_path):
                                  unset=True)
     r = run_sh("2", "2", env=env)
     assert r.returncode == 2 and "GRPO_ARGS must be a bash array" in r.stderr, r.stderr
+
+
+def test_install_stage_output_goes_to_its_log(tmp_path):
+    """Stage -2's pip output (tens of KB on a fresh machine) goes to EXP_DIR/logs/install.log;
+    the console gets the installer's own verdict lines only."""
+    exp = tmp_path / "exp"
+    r = run_sh("-2", "-2", env={**os.environ, "EXP_DIR": str(exp)}, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = exp / "logs" / "install.log"
+    assert log.is_file() and "[install]" in log.read_text()
+    shown = [line for line in r.stdout.splitlines() if line.strip()]
+    assert any(line.strip().startswith("[install]") for line in shown), r.stdout
+    assert not [line for line in shown if "pip" in line.lower() or line.startswith("WARNING")], r.stdout
+    assert len(r.stdout) < 1000, r.stdout
