@@ -205,10 +205,15 @@ def test_verl_model_setup_survives_trl_without_value_head():
 
     if importlib.util.find_spec("trl") is None:
         pytest.skip("TRL not installed")
+    import verl.utils.model as model_utils
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from verl.models.transformers import monkey_patch
+    from verl.utils.import_utils import is_trl_available
 
     from ttsrl.verl_cpu import trl_compat
+
+    for mod in (monkey_patch, model_utils):  # verl's own check (another test may have installed ours)
+        mod.is_trl_available = is_trl_available
 
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
