@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import stop_process
 
 from ttsrl import sim
 from ttsrl.protocol import build_payload, infer_path
@@ -43,14 +44,6 @@ def start(tmp_path: Path, *args: str, nofile: int | None = None) -> tuple[subpro
         time.sleep(0.2)
     proc.kill()
     pytest.fail("server did not start:\n" + log.read_text())
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def infer(url: str, body: bytes | dict, timeout: float = 30) -> requests.Response:
@@ -101,7 +94,7 @@ def test_hostile_bodies_get_400_not_500_and_no_traceback(tmp_path):
         s = stats(url)
         assert s["server_errors"] == 0 and s["client_errors"] == len(hostile_bodies())
     finally:
-        stop(proc)
+        stop_process(proc)
     assert "Traceback" not in log.read_text()
 
 
@@ -177,7 +170,7 @@ def test_idle_partial_connections_do_not_block_valid_requests(tmp_path):
     finally:
         for so in socks:
             so.close()
-        stop(proc)
+        stop_process(proc)
     assert log.stat().st_size < 20_000, log.read_text()[:2000]
 
 
@@ -201,4 +194,4 @@ def test_header_and_body_read_timeouts(tmp_path):
         s.close()
         assert infer(url, good()).status_code == 200
     finally:
-        stop(proc)
+        stop_process(proc)
