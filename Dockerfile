@@ -2,7 +2,7 @@
 #   docker build -t ttsrl --build-arg BASE_IMAGE=<a verl 0.9.1 + vLLM 0.24 image> .
 #   docker run --gpus all --ipc=host -v $PWD/pretrained_models:/ttsrl/pretrained_models \
 #       -v $PWD/exp:/ttsrl/exp ttsrl bash run.sh -1 5
-# Any image with CUDA, Python 3.10-3.12 and verl 0.9.1's GPU stack works as the base;
+# Any image with CUDA, Python 3.11-3.12 and verl 0.9.1's GPU stack works as the base;
 # requirements.txt pins the versions ttsrl was written against (verl is pinned exactly).
 ARG BASE_IMAGE=verlai/verl:vllm024.latest
 FROM ${BASE_IMAGE}

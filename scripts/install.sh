@@ -28,6 +28,18 @@ esac
 PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
 [[ $MODE == vllm-cpu ]] && VENV=$ROOT/.venv-vllm
+# Python 3.11 or 3.12: trl 1.16 needs >= 3.11, verl 0.9.1 and vLLM 0.24 need < 3.13.
+py_for_venv=${TTSRL_USE_PYTHON:-$PY}
+[[ -x $VENV/bin/python ]] && py_for_venv=$VENV/bin/python
+if ! pyver=$("$py_for_venv" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); then
+  echo "[install] error: no Python at '$py_for_venv' (set PYTHON=/path/to/python3.11 or 3.12)" >&2
+  exit 2
+fi
+if [[ $pyver != 3.11 && $pyver != 3.12 ]]; then
+  echo "[install] error: $py_for_venv is Python $pyver; ttsrl needs Python 3.11 or 3.12 (trl 1.16 needs" \
+    ">= 3.11, verl 0.9.1 and vLLM 0.24 < 3.13). Set PYTHON=/path/to/python3.11 and run this again." >&2
+  exit 2
+fi
 STAMP=$VENV/.ttsrl-install-$MODE
 want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
 
@@ -51,7 +63,7 @@ mkdir -p "$VENV"
 # LOG; the console gets the installer's lines, and pip's last lines only when it fails.
 LOG=$VENV/install.log
 : > "$LOG"
-echo "[install] $MODE stack into $VENV (pip's output: $LOG)"
+echo "[install] $MODE stack into $VENV (full output: $LOG)"
 pip_failed() {
   echo "[install] error: pip $1 failed; the last lines of $LOG:" >&2
   tail -n 30 "$LOG" >&2

@@ -182,3 +182,29 @@ def test_install_stage_output_goes_to_its_log(tmp_path):
     assert any(line.strip().startswith("[install]") for line in shown), r.stdout
     assert not [line for line in shown if "pip" in line.lower() or line.startswith("WARNING")], r.stdout
     assert len(r.stdout) < 1000, r.stdout
+
+
+def test_install_refuses_a_python_it_cannot_serve(tmp_path):
+    """trl 1.16 needs Python >= 3.11 and verl 0.9.1 / vLLM 0.24 < 3.13: the installer says so
+    before it creates anything (it once said 3.10-3.12 and failed deep inside pip)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "install.sh", tmp_path / "scripts" / "install.sh")
+    for version in ("3.10", "3.13"):
+        fake = tmp_path / f"python{version}"
+        fake.write_text(f"#!/bin/sh\necho {version}\n")
+        fake.chmod(0o755)
+        r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh")], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHON": str(fake)})
+        assert r.returncode == 2, (version, r.stdout, r.stderr)
+        assert f"Python {version}" in r.stderr and "3.11 or 3.12" in r.stderr, r.stderr
+        assert not (tmp_path / ".venv").exists()
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh")], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHON": str(tmp_path / "no-such-python")})
+    assert r.returncode == 2 and "no Python at" in r.stderr, r.stderr
+
+
+def test_install_stamp_covers_the_installer_itself():
+    """Editing install.sh (e.g. the CPU torch pin, which lives there) must redo the install."""
+    text = (ROOT / "scripts" / "install.sh").read_text()
+    stamp_line = next(line for line in text.splitlines() if line.startswith("want="))
+    assert "scripts/install.sh" in stamp_line, stamp_line
