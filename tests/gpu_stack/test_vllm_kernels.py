@@ -5,8 +5,11 @@ AVX-512 dies of SIGILL in vLLM's import and the probe says so in one line, while
 AVX-512 CPU loads it. Each case runs in its own child process (a loaded library cannot be
 unloaded, and a SIGILL must not take pytest with it)."""
 
+import os
 import platform
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +56,25 @@ def test_the_real_choice_matches_this_cpu():
     flags = vk.cpu_flags()
     expected = "_C" if flags["avx512_bf16"] else "_C_AVX512" if flags["avx512f"] else "_C_AVX2"
     assert result.kernels == [expected], result.line
+
+
+def test_an_unsupported_cpu_skips_every_vllm_test_with_one_line_and_counts_them(tmp_path):
+    """A CPU without AVX2 cannot exist on this machine, so the probe's answer is faked (a
+    pytest plugin replaces ttsrl.vllm_kernels.probe); the rest is the real conftest: every
+    vLLM test is skipped with the probe's line as the reason, pytest exits 0, and the summary
+    counts what ran and what was skipped."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "fake_no_avx2.py").write_text(
+        "import ttsrl.vllm_kernels as vk\n"
+        "FLAGS = dict.fromkeys(vk.CPU_FLAGS, False)\n"
+        "vk.probe = lambda *a, **k: vk.Probe(False, vk.failure_line(-4, FLAGS, ''), [], FLAGS, True)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{root}"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_no_avx2", "-p", "no:cacheprovider",
+                          "tests/gpu_stack/test_vllm_engine.py"], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600)
+    out = res.stdout
+    assert res.returncode == 0, out + res.stderr
+    n = int(out.split(" skipped")[0].split()[-1])
+    assert n >= 3 and " passed" not in out.splitlines()[-1], out
+    assert "need at least AVX2" in out and "SIGILL" in out, out
+    assert f"[vllm] vLLM tests: 0 ran (0 passed, 0 failed), {n} skipped" in out, out
