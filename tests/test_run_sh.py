@@ -208,3 +208,70 @@ def test_install_stamp_covers_the_installer_itself():
     text = (ROOT / "scripts" / "install.sh").read_text()
     stamp_line = next(line for line in text.splitlines() if line.startswith("want="))
     assert "scripts/install.sh" in stamp_line, stamp_line
+
+
+def _cuda_toolkit(tmp_path: Path, script: str, nvcc_release: str | None, gpus: str | None = None,
+                  extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a snippet against scripts/cuda_toolkit.sh with fake nvcc / nvidia-smi on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if nvcc_release:
+        (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                                      f"echo 'Cuda compilation tools, release {nvcc_release}, V{nvcc_release}.88'\n")
+        (bin_dir / "nvcc").chmod(0o755)
+    if gpus is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{gpus}'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), **(extra_env or {})}
+    return subprocess.run(["bash", "-c", f"source {ROOT / 'scripts' / 'cuda_toolkit.sh'}; {script}"],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_flash_attn_toolchain_needs_nvcc_of_torchs_cuda_major(tmp_path):
+    """torch 2.11 is CUDA 13.0; a driver-580 machine often carries a CUDA 12.x toolkit, which
+    torch refuses for extensions after the long install: say so before it."""
+    r = _cuda_toolkit(tmp_path, "flash_attn_toolchain 13.0", "12.8")
+    assert r.returncode == 1 and "CUDA 12.8" in r.stderr and "CUDA 13.0" in r.stderr, r.stderr
+    r = _cuda_toolkit(tmp_path, "flash_attn_toolchain 13.0", "13.0")
+    assert r.returncode == 0 and "(CUDA 13.0) for torch CUDA 13.0" in r.stdout, r.stdout + r.stderr
+    # CUDA_HOME wins over PATH, as in torch's extension builder
+    home = tmp_path / "cuda13"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    (home / "bin" / "nvcc").chmod(0o755)
+    r = _cuda_toolkit(tmp_path, "flash_attn_toolchain 13.0", "12.8", extra_env={"CUDA_HOME": str(home)})
+    assert r.returncode == 0 and str(home) in r.stdout, r.stdout + r.stderr
+    r = _cuda_toolkit(tmp_path, "flash_attn_toolchain ''", "13.0")
+    assert r.returncode == 1 and "not a CUDA build" in r.stderr, r.stderr
+
+
+def test_flash_attn_builds_for_this_machines_gpus_only(tmp_path):
+    assert _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="9.0\\n9.0\\n").stdout.strip() == "90"
+    assert _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="8.0\\n9.0\\n").stdout.strip() == "80;90"
+    assert _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="").stdout.strip() == "90"
+    r = _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="9.0\\n", extra_env={"FLASH_ATTN_CUDA_ARCHS": "100"})
+    assert r.stdout.strip() == "100"
+
+
+def _pins(path: Path, strict: bool = True) -> dict[str, str]:
+    found = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#")[0].strip()
+        if not line:
+            continue
+        name, _, version = line.partition("==")
+        assert version or not strict, f"{path.name}: '{raw}' is not pinned (NAME==VERSION)"
+        if version:
+            found[name.split("[")[0].strip().lower()] = version.strip()
+    return found
+
+
+def test_gpu_requirements_are_all_pinned_and_agree_with_the_cpu_pins():
+    """A GPU user's install must not drift: every line of requirements.txt names one version,
+    and a library both stacks use has the same version in both, except the GPU stack's own
+    torch/transformers family (verl 0.9.1's [vllm] extra fixes those)."""
+    gpu = _pins(ROOT / "requirements.txt")
+    cpu = {**_pins(ROOT / "constraints-cpu.txt"), **_pins(ROOT / "requirements-cpu.txt", strict=False)}
+    own_versions = {"torch", "torchaudio", "torchvision", "transformers"}
+    differ = {k: (v, cpu[k]) for k, v in gpu.items() if k in cpu and cpu[k] != v and k not in own_versions}
+    assert not differ, differ
