@@ -371,3 +371,17 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
     assert wavs == ["a_1.wav"]  # a failure has no audio; ids are made file-safe
     with wave.open(str(tmp_path / "wavs" / "a_1.wav")) as w:
         assert w.getnframes() > 0
+
+
+def test_cli_dev_sets_seeds_and_headline(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from infer_dataset import parse_args
+
+    base = ["--start-model", "m", "--out-dir", str(tmp_path), "--test-set", "t=a.jsonl"]
+    cfg = parse_args(base + ["--dev-set", "d=b.jsonl", "--seeds", "3", "--headline", "pooled"])
+    assert cfg.dev_sets == [("d", "b.jsonl")] and cfg.test_sets == [("t", "a.jsonl")]
+    assert (cfg.seeds, cfg.headline) == (3, "cer_pooled")
+    assert (parse_args(base).headline, parse_args(base).dev_sets) == ("cer_utt_mean", [])
+    for bad in (["--seeds", "0"], ["--resamples", "10"], ["--headline", "wer"]):
+        with pytest.raises(SystemExit):
+            parse_args(base + bad)
