@@ -118,7 +118,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     write_json(out_dir / SUMMARY_FILE, rows)
     choice = choose_step(rows)
     atomic_write_text(out_dir / REPORT_FILE, "# CER sweep (stage 4)\n\n" + format_table(rows, choice) + "\n")
-    plot_cer(rows, out_dir / PLOT_FILE)
+    plot_cer(rows, out_dir / PLOT_FILE, chosen=choice.get("step"))
     return rows
 
 
@@ -176,7 +176,9 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
 
 
-def plot_cer(rows: Sequence[dict], path: Path) -> None:
+def plot_cer(rows: Sequence[dict], path: Path, chosen: int | None = None) -> None:
+    """The headline error rate of every set by step with its 95% interval; dev sets dashed,
+    the step chosen on the dev set (``chosen``) as a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,6 +196,8 @@ def plot_cer(rows: Sequence[dict], path: Path) -> None:
         role = mine[0].get("role", "test")
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle="--" if role == "dev" else "-",
                     label=f"{name} ({role})")
+    if chosen is not None:
+        ax.axvline(chosen, color="grey", linestyle=":", label=f"chosen on dev: step {chosen}")
     ax.set_xlabel("training step (0 = start model)")
     ax.set_ylabel(f"{h} (%), 95% interval")
     ax.set_title("held-out error rate by step")
