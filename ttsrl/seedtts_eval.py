@@ -20,7 +20,7 @@ counts utterances whose rate is above 0.5 (we report their share).
 
 Where we differ, on purpose: an utterance with no output counts as rate 1.0 (upstream's
 run_wer.py skips a missing wav, so it never counts); an empty reference scores 0.0 when
-the transcript is empty too, else 1.0 (upstream's jiwer call raises). The simulated ASR
+the transcript is empty too, else 1.0 (upstream's jiwer version raised). The simulated ASR
 of the embedded world writes toned pinyin, which cannot be split into characters: for
 such transcripts the per-utterance rate is over toned syllables (``ttsrl.text``), one
 Chinese character being one syllable, and the unit says so.
@@ -80,23 +80,15 @@ def _prepared(text: str, lang: str, *, transcript: bool) -> str:
     raise ValueError(f"language must be one of {LANGS}, got {lang!r}")
 
 
-def _n_tokens(prepared: str) -> int:
-    return len(prepared.split())
-
-
 def score_utterance(ref: str, hyp: str, lang: str) -> UttScore:
     """(errors, reference tokens, unit) of one utterance under the Seed-TTS convention."""
     if lang == "zh" and is_pinyin_transcript(hyp):
         e, n = error_counts(ref, hyp, "pinyin")
         return UttScore(e, n, "syllable")
     unit = "char" if lang == "zh" else "word"
-    r, h = _prepared(ref, lang, transcript=False), _prepared(hyp, lang, transcript=True)
-    n_ref, n_hyp = _n_tokens(r), _n_tokens(h)
-    if n_ref == 0:
-        return UttScore(n_hyp, 0, unit)
-    if n_hyp == 0:
-        return UttScore(n_ref, n_ref, unit)  # all deleted
-    o = jiwer.process_words(r, h)
+    # jiwer's own default word transform splits both sides (an empty side is all deletions
+    # or all insertions)
+    o = jiwer.process_words(_prepared(ref, lang, transcript=False), _prepared(hyp, lang, transcript=True))
     return UttScore(o.substitutions + o.deletions + o.insertions, o.substitutions + o.deletions + o.hits, unit)
 
 
