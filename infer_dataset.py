@@ -11,9 +11,24 @@ rank decodes utterances rank::N of every test set (each exactly once; one rank p
 GPU) and rank 0 gathers the results.
 
 Outputs (see ttsrl/evaluate.py):
-  OUT/step_N/<test_set>/results.jsonl, summary.json, wavs/   per model and test set
-  OUT/report.md, OUT/summary.json, OUT/cer.png               the sweep
+  OUT/step_N/<set>/results.jsonl, summary.json, wavs/   per model and dev/test set
+  OUT/report.md, OUT/summary.json, OUT/cer.png          the sweep
 Models already scored with the same settings are skipped unless --force.
+
+Error rates, two conventions (both in every row; --headline picks the one report.md
+leads with and stage 5 chooses by):
+  cer_utt_mean   Seed-TTS eval (seed-tts-eval's run_wer.py + average_wer.py): punctuation
+                 removed (zhon + ASCII, apostrophe kept), transcript -> simplified, zh split
+                 into characters / en lower-cased words, jiwer per utterance, MEAN of the
+                 rates; above_50 = share of utterances above 50%. WER on English sets.
+  cer_pooled     total errors / total reference characters (our normaliser; `cer` too)
+Each has a bootstrap 95% interval over utterances; each step is compared with the start
+model on the same utterances (paired bootstrap: interval of the difference and
+P(better), the share of resamples where the step is better). --seeds K decodes every
+utterance K times and reports the mean and spread across seeds.
+
+Dev sets (--dev-set NAME=PATH) are scored like test sets; stage 5 chooses the step to
+export on them only. Test sets are reported for every step and never used to choose.
 
 Test sets (--test-set NAME=PATH, repeatable):
   a JSONL file          {"text": ..., "id"?, "prompt_text"?, "prompt_speech_tokens"?: [codes]}
@@ -36,6 +51,8 @@ from ttsrl.backends.options import add_backend_args, backend_config
 from ttsrl.cosyvoice_lm import SAMPLING_RULES, SamplingConfig
 from ttsrl.evaluate import EvalConfig, run_sweep
 from ttsrl.generate import GenerationConfig
+from ttsrl.report import HEADLINES
+from ttsrl.stats import DEFAULT_RESAMPLES
 from ttsrl.testsets import TestSetError, parse_test_set_arg
 
 
@@ -49,6 +66,11 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--out-dir", required=True, help="where results, report.md, summary.json, cer.png go")
     g.add_argument("--test-set", action="append", required=True, metavar="NAME=PATH",
                    help="a test set (JSONL file, Seed-TTS dir or CV3-Eval dir); repeatable")
+    g.add_argument("--dev-set", action="append", default=[], metavar="NAME=PATH",
+                   help="a dev set (same layouts): stage 5 chooses the step on dev sets only; repeatable")
+    g.add_argument("--headline", choices=("utt_mean", "pooled"), default="utt_mean",
+                   help="convention report.md leads with and stage 5 chooses by (default: utt_mean, Seed-TTS)")
+    g.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples per interval")
     g.add_argument("--limit", type=int, default=None, help="only the first N utterances of each test set")
     g.add_argument("--force", action="store_true", help="re-score models that are already scored")
     g.add_argument("--no-wavs", action="store_true", help="do not write wavs (backends that make audio)")
@@ -63,6 +85,8 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--batch-size", type=int, default=8, help="utterances per batch (transformers engine)")
     g.add_argument("--greedy", action="store_true", help="argmax decoding instead of CosyVoice2 sampling")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (per utterance: seed + id)")
+    g.add_argument("--seeds", type=int, default=1,
+                   help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and spread across seeds")
     g.add_argument("--sampling-rule", choices=SAMPLING_RULES, default=s.rule,
                    help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
                         "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
@@ -87,11 +111,14 @@ def parse_args(argv=None) -> EvalConfig:
 
     try:
         test_sets = [parse_test_set_arg(t) for t in a.test_set]
+        dev_sets = [parse_test_set_arg(t) for t in a.dev_set]
         steps = [int(x) for x in a.steps.split(",")] if a.steps else None
     except ValueError as e:
         p.error(str(e))
-    if a.batch_size < 1 or (a.limit is not None and a.limit < 1):
-        p.error("--batch-size and --limit must be >= 1")
+    if a.batch_size < 1 or a.seeds < 1 or (a.limit is not None and a.limit < 1):
+        p.error("--batch-size, --seeds and --limit must be >= 1")
+    if a.resamples < 100:
+        p.error("--resamples must be >= 100")
     backend = backend_config(a, cpu_threads=a.threads)
     try:
         backend.validate()
@@ -100,7 +127,8 @@ def parse_args(argv=None) -> EvalConfig:
     sampling = SamplingConfig(top_p=a.top_p, top_k=a.top_k, win_size=a.win_size, tau_r=a.tau_r,
                               min_token_text_ratio=a.min_token_text_ratio,
                               max_token_text_ratio=a.max_token_text_ratio, rule=a.sampling_rule)
-    return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, merged_dir=a.merged_dir,
+    return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, dev_sets=dev_sets,
+                      merged_dir=a.merged_dir, seeds=a.seeds, headline=HEADLINES[a.headline], resamples=a.resamples,
                       steps=steps, backend=backend,
                       generation=GenerationConfig(greedy=a.greedy, sampling=sampling, seed=a.seed,
                                                   batch_size=a.batch_size),

@@ -10,7 +10,10 @@
 #
 # Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL -> Parquet
 #          1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
-#          5 export the best (or EXPORT_STEP) step to llm.pt
+#          5 export the step chosen on the dev set (or EXPORT_STEP) to llm.pt
+#   Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training
+#   by stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE:
+#   no dev set, and stage 5 needs EXPORT_STEP.
 set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
@@ -74,6 +77,17 @@ case $TRAINER in
     [[ $TRAINER == kto ]] && PREF_ARGS=(--trainer kto "${PREF_ARGS[@]}") ;;
   *) echo "TRAINER must be grpo, dpo or kto (got $TRAINER)" >&2; exit 2 ;;
 esac
+# ---- dev set: stage 5 chooses the step on it (never on a test set) ---------------------------
+DEV_FILE=${DEV_FILE:-}
+DEV_SIZE=${DEV_SIZE:-0}
+SPLIT_DIR=$DATA_DIR/split
+if [[ -n $DEV_FILE ]]; then
+  DEV_SET=$DEV_FILE TRAIN_TEXTS=$TRAIN_FILE
+elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsrl/devsplit.py)
+  DEV_SET=$SPLIT_DIR/dev.jsonl TRAIN_TEXTS=$SPLIT_DIR/train.jsonl
+else
+  DEV_SET='' TRAIN_TEXTS=$TRAIN_FILE
+fi
 PY=$ROOT/.venv/bin/python
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
@@ -167,7 +181,10 @@ fi
 if stage 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
-  "$PY" prepare_data.py --train_file "$TRAIN_FILE" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
+  if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
+    "$PY" -m ttsrl.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" | sed 's/^/     /'
+  fi
+  "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
     --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH"
   done_stage 0
 fi
@@ -189,7 +206,8 @@ if stage 2 && [[ $TRAINER != grpo ]]; then
     echo "     reusing pairs $PAIRS_FILE (delete it to mine again)"
   else
     start_server  # reuses one that answers already
-    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_FILE" --out "$PAIRS_FILE" \
+    [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
+    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
       --reward-url "$REWARD_URL" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
       || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
   fi
@@ -229,15 +247,20 @@ fi
 
 if stage 4; then
   need_venv
-  banner 4 "synthesise the test set with every model and score CER" "$EVAL_DIR/{report.md,summary.json,cer.png}"
+  banner 4 "synthesise the dev and test sets with every model and score CER" "$EVAL_DIR/{report.md,summary.json,cer.png}"
+  DEV_ARGS=()
+  if [[ -n $DEV_SET ]]; then
+    [[ -f $DEV_SET ]] || { echo "dev set $DEV_SET not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
+    DEV_ARGS=(--dev-set "dev=$DEV_SET")
+  fi
   "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
-    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${EVAL_ARGS[@]}"
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${DEV_ARGS[@]}" "${EVAL_ARGS[@]}"
   done_stage 4
 fi
 
 if stage 5; then
   need_venv
-  banner 5 "export the chosen step back to CosyVoice2's llm.pt" "$EXPORT_PATH"
+  banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to CosyVoice2's llm.pt" "$EXPORT_PATH"
   "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
     --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" --verify
   done_stage 5

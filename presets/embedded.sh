@@ -16,6 +16,8 @@ HF_MODEL_DIR=$EXP_DIR/hf_model
 TRAIN_FILE=data/corpus/train.jsonl
 TEST_FILE=data/corpus/test.jsonl
 DATA_DIR=$EXP_DIR/data
+# dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
+DEV_SIZE=${DEV_SIZE:-64}
 MAX_PROMPT_LENGTH=64
 
 # stage 1
@@ -27,8 +29,8 @@ REWARD_ARGS=()
 LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
-# GRPO on CPU: 16 prompts x n=8 samples a step, 80 steps (~3.3 epochs of 393 prompts
-# at 24.5 steps an epoch); a tiny model needs a far larger lr than the 0.5B recipe.
+# GRPO on CPU: 16 prompts x n=8 samples a step, 80 steps (~3.9 epochs of the 329 prompts
+# left after the dev slice, 20.6 steps an epoch); a tiny model needs a far larger lr than the 0.5B recipe.
 GRPO_ARGS=(--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-mini-batch-size 16
   --micro-batch-size-per-gpu 32 --n 8 --lr 3e-4 --max-response-length 64 --total-epochs 4
   --total-training-steps 80 --save-freq 20 --test-freq 20 --loggers "$LOGGERS")

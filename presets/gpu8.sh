@@ -33,6 +33,8 @@ HF_MODEL_DIR=$EXP_DIR/hf_model
 TRAIN_FILE=${TRAIN_FILE:-data/emilia_zh_train.jsonl}
 TEST_FILE=${TEST_FILE:-data/corpus/test.jsonl}
 DATA_DIR=$EXP_DIR/data
+# dev set (stage 5 chooses the step on it): DEV_FILE, or 200 training texts held out by stage 0
+DEV_SIZE=${DEV_SIZE:-200}
 MAX_PROMPT_LENGTH=1024
 
 REWARD_BACKEND=cosyvoice2

@@ -206,7 +206,29 @@ def test_missing_outputs_count_as_full_errors():
     assert rows[2]["error"].startswith("SamplingError")
     s = summarize(rows)
     assert s["failures"] == 2 and s["failed_ids"] == ["empty", "broken"]
-    assert s["cer"] == pytest.approx(8 / 14)  # micro-averaged: (0 + 5 + 3) / (6 + 5 + 3)
+    assert s["cer"] == s["cer_pooled"] == pytest.approx(8 / 14)  # pooled: (0 + 5 + 3) / (6 + 5 + 3)
+    # Seed-TTS convention: mean of per-utterance rates 0, 1, 1 (a failure is 100%)
+    assert [r["utt_rate"] for r in rows] == [0.0, 1.0, 1.0]
+    assert s["cer_utt_mean"] == pytest.approx(2 / 3) and s["above_50"] == pytest.approx(2 / 3)
+    lo, hi = s["ci"]["cer_utt_mean"]
+    assert 0.0 <= lo <= 2 / 3 <= hi <= 1.0
+
+
+def test_summary_of_several_seeds_by_hand():
+    def row(uid, seed, rate, errors, n):
+        return {"id": uid, "seed": seed, "utt_rate": rate, "utt_unit": "char", "cer_errors": errors, "ref_len": n,
+                "pinyin_errors": errors, "pinyin_ref_len": n, "failure": False, "reward": 0.5, "n_codes": 4,
+                "stopped": True}
+
+    rows = [row("a", 0, 0.5, 2, 4), row("a", 1, 0.0, 0, 4), row("b", 0, 1.0, 2, 2), row("b", 1, 0.5, 1, 2)]
+    s = summarize(rows, resamples=200)
+    assert (s["n"], s["decodes"], s["seeds"]) == (2, 4, [0, 1])
+    # seed 0: mean(0.5, 1.0) = 0.75; seed 1: mean(0.0, 0.5) = 0.25; sd of (0.75, 0.25) = 0.3536
+    sp = s["seed_spread"]["cer_utt_mean"]
+    assert sp["per_seed"] == [0.75, 0.25] and sp["std"] == pytest.approx(0.5 ** 0.5 / 2)
+    assert s["cer_utt_mean"] == pytest.approx(0.5)
+    assert s["seed_spread"]["cer_pooled"]["per_seed"] == [4 / 6, 1 / 6] and s["cer_pooled"] == pytest.approx(5 / 12)
+    assert s["above_50"] == pytest.approx(1 / 4)  # one decode of four is above 50%
 
 
 def test_hypothesis_is_normalised_like_the_reference():
@@ -261,24 +283,36 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     (merged / "step_4").mkdir()  # no marker: an unfinished merge, not a model
     out = tmp_path / "eval"
     cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out),
-                     test_sets=[("a", str(test)), ("b", str(test))], engine="hf", device="cpu", threads=1,
+                     test_sets=[("a", str(test)), ("b", str(test))], dev_sets=[("d", str(test))], engine="hf",
+                     device="cpu", threads=1, resamples=200,
                      generation=GenerationConfig(sampling=SamplingConfig(max_token_text_ratio=3), seed=3))
     logs = []
     rows = run_sweep(cfg, log=logs.append)
-    assert [(r["step"], r["test_set"]) for r in rows] == [(0, "a"), (0, "b"), (2, "a"), (2, "b")]
+    assert [(r["step"], r["test_set"]) for r in rows] == [(0, "d"), (0, "a"), (0, "b"), (2, "d"), (2, "a"), (2, "b")]
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary == rows
     for r in summary:
-        assert set(r) >= {"step", "test_set", "cer", "pinyin_error", "reward", "n", "failures"}
+        assert set(r) >= {"step", "test_set", "cer", "pinyin_error", "reward", "n", "failures", "role",
+                          "cer_pooled", "cer_utt_mean", "above_50", "ci"}
         assert r["n"] == 3 and isinstance(r["failures"], int) and 0 <= r["reward"] <= 1
+        assert r["role"] == ("dev" if r["test_set"] == "d" else "test") and r["cer"] == r["cer_pooled"]
+        for m in ("cer_utt_mean", "cer_pooled"):
+            assert r["ci"][m][0] <= r[m] <= r["ci"][m][1]
         # which rule and length ratios produced the row
         assert (r["rule"], r["min_ratio"], r["max_ratio"]) == (RULE_2026, 2.0, 3)
-    # step_2 is a copy of the start model and sampling is seeded per utterance: same scores
-    assert summary[0]["cer"] == summary[2]["cer"]
+    # step_2 is a copy of the start model and sampling is seeded per utterance: same scores,
+    # and the paired comparison with the start model sees exactly no difference
+    assert summary[0]["cer"] == summary[3]["cer"] and summary[0]["cer_utt_mean"] == summary[3]["cer_utt_mean"]
+    vs = summary[3]["vs_start"]["cer_utt_mean"]
+    assert (vs["diff"], vs["lo"], vs["hi"], vs["p_better"], vs["n"]) == (0.0, 0.0, 0.0, 0.0, 3)
+    assert "vs_start" not in summary[0]
     report = (out / "report.md").read_text()
-    assert report.count("\n| ") == 1 + 4 and "| 2 | b |" in report  # header + 4 rows
-    assert report.count(f"| {RULE_2026} | 2.0/3 |") == 4
+    assert report.count("\n| ") == 1 + 6 and "| 2 | b | test |" in report  # header + 6 rows
+    assert report.count(f"| {RULE_2026} | 2.0/3 |") == 6
+    # a tie on the dev set goes to the earlier step; the report says which set chose
+    assert "Stage 5 exports step 0: the lowest cer_utt_mean on the dev set(s) d" in report
+    assert report.count(" * |") == 1 and "| 0 (start) | d | dev |" in report
     assert (out / "cer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     per = out / "step_2" / "a"
     assert (per / "results.jsonl").is_file() and json.loads((per / "summary.json").read_text())["step"] == 2
@@ -288,7 +322,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     logs.clear()
     rows2 = run_sweep(cfg, log=logs.append)
     assert rows2 == rows
-    assert sum("already scored" in line for line in logs) == 4
+    assert sum("already scored" in line for line in logs) == 6
     assert {p: p.stat().st_mtime_ns for p in out.rglob("results.jsonl")} == before
     # ... unless the settings change (or --force)
     cfg.generation = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=3))
@@ -297,6 +331,30 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     run_sweep(cfg, log=logs.append)
     assert not any("already scored" in line for line in logs)
     assert (out / "step_2" / "a" / "results.jsonl").stat().st_mtime_ns != before[out / "step_2" / "a" / "results.jsonl"]
+    # step 2 is now greedy, the start model sampled: no paired comparison across settings
+    again = json.loads((out / "summary.json").read_text())
+    assert "vs_start" not in again[4] and "other settings" in again[4]["vs_start_note"]
+
+
+def test_several_seeds_report_mean_and_spread(tiny_hf, tmp_path):
+    test = tmp_path / "test.jsonl"
+    write_jsonl(test, TEXTS[:2])
+    out = tmp_path / "eval"
+    cfg = EvalConfig(start_model=str(tiny_hf), out_dir=str(out), test_sets=[("a", str(test))], engine="hf",
+                     device="cpu", threads=1, seeds=3, resamples=200,
+                     generation=GenerationConfig(sampling=SamplingConfig(max_token_text_ratio=20), seed=5))
+    run_sweep(cfg, log=lambda _: None)
+    res = [json.loads(line) for line in (out / "step_0" / "a" / "results.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["seed"]) for r in res] == [(f"t{i}", k) for i in range(2) for k in (5, 6, 7)]
+    # each seed is its own draw: the outputs differ between seeds
+    assert any(len({(r["n_codes"], r["transcript"]) for r in res if r["id"] == u}) > 1 for u in ("t0", "t1"))
+    s = json.loads((out / "step_0" / "a" / "summary.json").read_text())
+    assert (s["n"], s["decodes"], s["seeds"]) == (2, 6, [5, 6, 7])
+    per_seed = [sum(r["utt_rate"] for r in res if r["seed"] == k) / 2 for k in (5, 6, 7)]
+    sp = s["seed_spread"]["cer_utt_mean"]
+    assert sp["per_seed"] == pytest.approx(per_seed) and sp["mean"] == pytest.approx(sum(per_seed) / 3)
+    assert s["cer_utt_mean"] == pytest.approx(sp["mean"])
+    assert "sd/seed" in (out / "report.md").read_text()
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
@@ -313,3 +371,17 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
     assert wavs == ["a_1.wav"]  # a failure has no audio; ids are made file-safe
     with wave.open(str(tmp_path / "wavs" / "a_1.wav")) as w:
         assert w.getnframes() > 0
+
+
+def test_cli_dev_sets_seeds_and_headline(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from infer_dataset import parse_args
+
+    base = ["--start-model", "m", "--out-dir", str(tmp_path), "--test-set", "t=a.jsonl"]
+    cfg = parse_args(base + ["--dev-set", "d=b.jsonl", "--seeds", "3", "--headline", "pooled"])
+    assert cfg.dev_sets == [("d", "b.jsonl")] and cfg.test_sets == [("t", "a.jsonl")]
+    assert (cfg.seeds, cfg.headline) == (3, "cer_pooled")
+    assert (parse_args(base).headline, parse_args(base).dev_sets) == ("cer_utt_mean", [])
+    for bad in (["--seeds", "0"], ["--resamples", "10"], ["--headline", "wer"]):
+        with pytest.raises(SystemExit):
+            parse_args(base + bad)

@@ -5,12 +5,18 @@ test set (``ttsrl.testsets``): generate speech codes (``ttsrl.generate``), score
 with ``ttsrl.scoring.score_codes`` (the reward server's own scoring: same pipeline,
 reward variant and length guard) and write, through ``ttsrl.report``,
 
-    OUT/step_N/<test_set>/results.jsonl   one row per utterance
-    OUT/step_N/<test_set>/summary.json    micro-averaged CER, pinyin error, reward, ...
-    OUT/step_N/<test_set>/wavs/<id>.wav   when the backend makes audio
+    OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
+    OUT/step_N/<set>/summary.json    cer_utt_mean (Seed-TTS) and cer_pooled with 95% intervals,
+                                     share above 50%, pinyin error, reward, ...
+    OUT/step_N/<set>/wavs/<id>.wav   when the backend makes audio (first seed)
 
 then the sweep: ``OUT/report.md`` (markdown table), ``OUT/summary.json`` (a list of
-rows: step, model, test_set, cer, pinyin_error, reward, n, failures) and ``OUT/cer.png``.
+rows: step, model, test_set, role, both conventions, intervals, the paired comparison
+with the start model, ...) and ``OUT/cer.png`` (see ``ttsrl.report``).
+
+Dev sets (``dev_sets``) are scored like test sets; stage 5 chooses its step on them
+only (``ttsrl.steps.choose_step``). ``seeds`` K decodes every utterance K times (seeds
+seed .. seed+K-1) and the summaries report the mean and the spread across seeds.
 
 Distributed (``ttsrl.dist``): under ``torchrun`` every rank takes utterances
 ``rank::world`` of each test set, scores its share, and rank 0 gathers the rows and
@@ -22,7 +28,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -40,9 +46,11 @@ from .report import (
     write_jsonl,
     write_sweep,
 )
+from .seedtts_eval import detect_lang, score_utterance
+from .stats import DEFAULT_RESAMPLES
 from .testsets import TestSet, Utterance, read_test_set
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-utterance Seed-TTS rates, intervals, seeds
 
 # ---------------------------------------------------------------------------
 # requests and scoring
@@ -57,10 +65,11 @@ def make_requests(tokenizer, utts: Sequence[Utterance]) -> list[Request]:
 
 
 def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, reward: str = "tanh",
-          length_guard: bool = True, wav_dir: Path | None = None, chunk: int = 32) -> list[dict]:
+          length_guard: bool = True, wav_dir: Path | None = None, chunk: int = 32, lang: str = "zh") -> list[dict]:
     """One result row per utterance, scored by ``ttsrl.scoring.score_codes``. No output
     (zero codes or a generation error) is a failure: 100% error (errors = reference
-    length, in the unit the backend's transcripts are compared in), reward 0."""
+    length, in the unit the backend's transcripts are compared in), reward 0.
+    ``utt_*``: the utterance under the Seed-TTS convention (``ttsrl.seedtts_eval``)."""
     from .scoring import score_codes
     from .text import error_counts
 
@@ -93,6 +102,9 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
             _, pn = error_counts(u.text, "", "pinyin")
             row.update(transcript="", cer_errors=cn, ref_len=cn, pinyin_errors=pn, pinyin_ref_len=pn, reward=0.0, failure=True,
                        error=g.error or (r.failure if r is not None else None) or "no speech codes generated")
+        u_score = score_utterance(u.text, row["transcript"], lang)
+        row.update(utt_errors=u_score.errors, utt_ref_len=u_score.ref_len, utt_rate=u_score.rate,
+                   utt_unit=u_score.unit)
         rows.append(row)
     return rows
 
@@ -124,6 +136,7 @@ class EvalConfig:
     start_model: str
     out_dir: str
     test_sets: list[tuple[str, str]]
+    dev_sets: list[tuple[str, str]] = field(default_factory=list)  # stage 5 chooses on these only
     merged_dir: str | None = None
     steps: list[int] | None = None  # None = every merged step (plus 0)
     backend: object = None  # ttsrl.backends.BackendConfig
@@ -138,13 +151,25 @@ class EvalConfig:
     limit: int | None = None  # first N utterances of each test set (smoke runs)
     gpu_memory_utilization: float = 0.8
     threads: int = 0  # CPU threads per rank (0 = cores / local ranks)
+    seeds: int = 1  # decode every utterance with seeds seed .. seed+seeds-1
+    headline: str = "cer_utt_mean"  # or cer_pooled: what report.md leads with and stage 5 chooses by
+    resamples: int = DEFAULT_RESAMPLES  # bootstrap resamples per interval
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.headline not in ("cer_utt_mean", "cer_pooled"):
+            raise ValueError(f"headline must be cer_utt_mean or cer_pooled, got {self.headline!r}")
+        if self.resamples < 100:
+            raise ValueError(f"resamples must be >= 100, got {self.resamples}")
 
 
 def settings_of(cfg: EvalConfig, engine: str) -> dict:
     g = cfg.generation
     return {"greedy": g.greedy, "seed": g.seed, "sampling": asdict(g.sampling), "engine": engine,
             "backend": getattr(cfg.backend, "backend", None), "asr": getattr(cfg.backend, "asr", None),
-            "reward": cfg.reward, "length_guard": cfg.length_guard, "limit": cfg.limit}
+            "reward": cfg.reward, "length_guard": cfg.length_guard, "limit": cfg.limit, "seeds": cfg.seeds,
+            "resamples": cfg.resamples}
 
 
 def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
@@ -223,10 +248,11 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
         threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, d.local_world))
         torch.set_num_threads(threads)
     out_dir = Path(cfg.out_dir)
-    test_sets = [read_test_set(n, p) for n, p in cfg.test_sets]
+    roles = {n: "dev" for n, _ in cfg.dev_sets}
+    test_sets = [read_test_set(n, p) for n, p in [*cfg.dev_sets, *cfg.test_sets]]
     names = [t.name for t in test_sets]
     if len(set(names)) != len(names):
-        raise ValueError(f"test set names must be unique, got {names}")
+        raise ValueError(f"dev and test set names must be unique, got {names}")
     for ts in test_sets:
         if cfg.limit:
             ts.utterances = ts.utterances[:cfg.limit]
@@ -256,7 +282,7 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
         backend = cfg.backend or BackendConfig()
         pipeline = build_pipeline(backend, device)
         by_name = {ts.name: ts for ts in test_sets}
-        total = sum(len(by_name[n].utterances) for _, todo in plan for n in todo)
+        total = cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo)
         bar = _progress(total, d)
         note = bar.write if bar is not None else say  # keep log lines off the progress bar
         for step, todo in plan:
@@ -267,7 +293,9 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
     rows = None
     if d.is_main:
         # the report covers every model with a summary on disk, not only --steps
-        rows = write_sweep(out_dir, models_to_score(replace(cfg, steps=None)), names)
+        rows = write_sweep(out_dir, models_to_score(replace(cfg, steps=None)), names,
+                           roles={n: roles.get(n, "test") for n in names}, headline=cfg.headline,
+                           resamples=cfg.resamples)
         say(format_table(rows))
         say(f"report: {out_dir / REPORT_FILE}, {out_dir / SUMMARY_FILE}, {out_dir / PLOT_FILE}")
     d.barrier()
@@ -314,16 +342,25 @@ def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device,
             mine = shard(ts.utterances, d.rank, d.world)
             reqs = make_requests(tokenizer, mine)
             world = d.world
-            gens = gen.generate(reqs, cfg.generation,
-                                progress=(lambda n, world=world: bar.update(n * world)) if bar is not None else None)
             where = pair_dir(out_dir, step, ts.name)
-            wav_dir = where / "wavs" if cfg.save_wavs else None
-            rows = score(pipeline, mine, gens, reward=cfg.reward, length_guard=cfg.length_guard, wav_dir=wav_dir)
+            lang = detect_lang(u.text for u in ts.utterances)
+            rows = []
+            for k in range(cfg.seeds):
+                seed = cfg.generation.seed + k
+                gens = gen.generate(reqs, replace(cfg.generation, seed=seed),
+                                    progress=(lambda n, world=world: bar.update(n * world)) if bar is not None else None)
+                wav_dir = where / "wavs" if cfg.save_wavs and k == 0 else None
+                part = score(pipeline, mine, gens, reward=cfg.reward, length_guard=cfg.length_guard, wav_dir=wav_dir,
+                             lang=lang)
+                rows += [{**r, "seed": seed} for r in part]
             parts = d.gather(rows)
             if d.is_main:
-                _write_pair(where, step, mdir, ts, parts, settings, time.time() - t1, d.world)
+                _write_pair(where, step, mdir, ts, parts, settings, time.time() - t1, d.world, lang=lang,
+                            resamples=cfg.resamples)
                 s = json.loads((where / SUMMARY_FILE).read_text())
-                say(f"step {step} / {ts.name}: CER {s['cer']:.4f}  pinyin {s['pinyin_error']:.4f}  "
+                lo, hi = s["ci"]["cer_utt_mean"]
+                say(f"step {step} / {ts.name}: utt-mean {'CER' if lang == 'zh' else 'WER'} {s['cer_utt_mean']:.4f} "
+                    f"[{lo:.4f}, {hi:.4f}]  pooled {s['cer_pooled']:.4f}  pinyin {s['pinyin_error']:.4f}  "
                     f"reward {s['reward']:.3f}  n {s['n']}  failures {s['failures']}  ({s['seconds']:.0f}s)")
             d.barrier()
     finally:
@@ -332,20 +369,22 @@ def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device,
 
 
 def _write_pair(where: Path, step: int, mdir: Path, ts: TestSet, parts: list[list[dict]], settings: dict,
-                seconds: float, world: int) -> None:
-    got: dict[str, dict] = {}
+                seconds: float, world: int, *, lang: str = "zh", resamples: int = DEFAULT_RESAMPLES) -> None:
+    got: dict[tuple[str, int], dict] = {}
     for part in parts:
         for r in part:
-            if r["id"] in got:
-                raise RuntimeError(f"utterance {r['id']} was decoded twice (sharding bug)")
-            got[r["id"]] = r
-    missing = [u.id for u in ts.utterances if u.id not in got]
+            key = (r["id"], r.get("seed", 0))
+            if key in got:
+                raise RuntimeError(f"utterance {r['id']} was decoded twice with seed {key[1]} (sharding bug)")
+            got[key] = r
+    seeds = sorted({k[1] for k in got})
+    missing = [(u.id, s) for u in ts.utterances for s in seeds if (u.id, s) not in got]
     if missing:
         raise RuntimeError(f"{len(missing)} utterance(s) missing from the gathered results, e.g. {missing[:3]}")
-    rows = [got[u.id] for u in ts.utterances]
+    rows = [got[(u.id, s)] for u in ts.utterances for s in seeds]
     write_jsonl(where / RESULTS_FILE, rows)
-    summary = summarize(rows)
-    summary.update(step=step, model=str(mdir), test_set=ts.name, test_set_path=ts.path, layout=ts.layout,
+    summary = summarize(rows, resamples=resamples)
+    summary.update(step=step, model=str(mdir), test_set=ts.name, test_set_path=ts.path, layout=ts.layout, lang=lang,
                    notes=ts.notes, seconds=round(seconds, 2), ranks=world, settings=settings,
                    model_fingerprint=model_fingerprint(mdir), test_set_fingerprint=ts.fingerprint(),
                    schema=SCHEMA_VERSION)

@@ -8,8 +8,11 @@ Held-out error then starts well above zero and GRPO has room to lower it. Tone
 errors are what real Mandarin TTS models get wrong most, which is also why the
 reference reward counts tones.
 
-Deterministic from a seed; cached: the output folder records a fingerprint of the
-corpus and config and a second call with the same inputs returns at once.
+Deterministic from a seed on one machine; cached: the output folder records a
+fingerprint of the corpus and config (the inputs) and ``weights_sha256``, a hash of the
+built weights (the output), and a second call with the same inputs returns at once.
+Two machines with the same fingerprint but different weight hashes built different
+models (float kernels differ between CPUs and torch builds): every later number differs too.
 """
 
 from __future__ import annotations
@@ -127,6 +130,17 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     return h.hexdigest()[:16]
 
 
+def weights_sha256(state_dict: dict) -> str:
+    """Content hash of a state dict: names, dtypes, shapes and bytes of every tensor, in
+    name order. Equal for bit-identical weights, whatever the file's serialisation."""
+    h = hashlib.sha256()
+    for k in sorted(state_dict):
+        t = state_dict[k].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{k}:{t.dtype}:{tuple(state_dict[k].shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(),
                      heldout: str | Path | None = None, log=print) -> dict:
     """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/)."""
@@ -139,7 +153,12 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     if info_path.is_file() and (out / "llm.pt").is_file():
         info = json.loads(info_path.read_text())
         if info.get("fingerprint") == fp:
-            log(f"base model up to date at {out} (fingerprint {fp}); skipping the build")
+            if "weights_sha256" not in info:  # built before the hash was recorded
+                info["weights_sha256"] = weights_sha256(torch.load(out / "llm.pt", map_location="cpu",
+                                                                   weights_only=True))
+                atomic_write_text(info_path, json.dumps(info, indent=2))
+            log(f"base model up to date at {out} (fingerprint {fp}, weights sha256 {info['weights_sha256'][:16]}); "
+                "skipping the build")
             return info
 
     t0 = time.time()
@@ -189,13 +208,14 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     save_blank_en(tok, out / BLANK_EN)
     inner.save_pretrained(out / BLANK_EN)
     atomic_torch_save(model.state_dict(), out / "llm.pt")
-    info = {"fingerprint": fp, "config": asdict(cfg), "n_train": len(texts), "train_seconds": round(train_seconds, 1),
-            "final_loss": round(loss.item(), 4)}
+    info = {"fingerprint": fp, "weights_sha256": weights_sha256(model.state_dict()), "config": asdict(cfg),
+            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "final_loss": round(loss.item(), 4)}
     if heldout is not None:
         test = read_texts(heldout)
         info["heldout_cer_greedy"] = round(heldout_cer(model, tok, test, greedy=True), 4)
         info["heldout_cer_sampling"] = round(heldout_cer(model, tok, test, greedy=False, seed=cfg.seed), 4)
     atomic_write_text(info_path, json.dumps(info, indent=2))
     log(f"built base model in {train_seconds:.0f}s: " + ", ".join(f"{k}={v}" for k, v in info.items()
-                                                                   if k.startswith(("heldout", "final"))))
+                                                                   if k.startswith(("heldout", "final")))
+        + f"; weights sha256 {info['weights_sha256'][:16]} (compare across machines: build_info.json)")
     return info

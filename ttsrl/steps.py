@@ -27,16 +27,45 @@ def merged_steps(merged_dir: str | Path) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def best_step(summary_path: str | Path) -> int:
-    """Step with the lowest CER (mean over test sets) in a stage-4 ``summary.json``;
-    ties go to the earlier step."""
+def choose_step(rows: list[dict], metric: str | None = None) -> dict:
+    """The step stage 5 exports, chosen on the DEV sets of a stage-4 sweep only.
+
+    Rows (``summary.json``) carry ``role`` ("dev" or "test") and ``headline`` (the metric
+    the report leads with, default ``cer_utt_mean``). The chosen step has the lowest
+    metric, averaged over the dev sets, among steps scored on every dev set; ties go to
+    the earlier step. Test sets are never looked at. Without a dev set ``step`` is None
+    and ``reason`` says what to do."""
+    dev = [r for r in rows if r.get("role") == "dev"]
+    if not dev:
+        return {"step": None, "chosen_on": [], "metric": metric,
+                "reason": "No dev set was scored, so no step is chosen: a test set is never used to choose. "
+                          "Score a dev set (infer_dataset.py --dev-set NAME=PATH) or export a step by "
+                          "number (EXPORT_STEP=N, --step N)."}
+    metric = metric or dev[0].get("headline") or "cer_utt_mean"
+    names = sorted({r["test_set"] for r in dev})
+    by_step: dict[int, dict[str, float]] = {}
+    for r in dev:
+        if r.get(metric) is None:
+            raise ValueError(f"dev row step {r['step']} / {r['test_set']} has no {metric} (re-run stage 4)")
+        by_step.setdefault(int(r["step"]), {})[r["test_set"]] = float(r[metric])
+    mean = {s: sum(v.values()) / len(v) for s, v in by_step.items() if len(v) == len(names)}
+    best = min(mean, key=lambda s: (mean[s], s))
+    return {"step": best, "chosen_on": names, "metric": metric, "value": mean[best],
+            "by_step": {str(s): v for s, v in sorted(mean.items())},
+            "reason": f"Stage 5 exports step {best}: the lowest {metric} on the dev set(s) {', '.join(names)} "
+                      f"({100 * mean[best]:.2f}%; ties go to the earlier step). Test sets are reported for "
+                      "every step and never used to choose."}
+
+
+def best_step(summary_path: str | Path, metric: str | None = None) -> int:
+    """``choose_step`` on a stage-4 ``summary.json``; ValueError without a dev set."""
     rows = json.loads(Path(summary_path).read_text())
-    by_step: dict[int, list[float]] = {}
-    for r in rows:
-        by_step.setdefault(int(r["step"]), []).append(float(r["cer"]))
-    if not by_step:
+    if not rows:
         raise ValueError(f"{summary_path}: no rows")
-    return min(by_step, key=lambda s: (sum(by_step[s]) / len(by_step[s]), s))
+    choice = choose_step(rows, metric)
+    if choice["step"] is None:
+        raise ValueError(f"{summary_path}: {choice['reason']}")
+    return choice["step"]
 
 
 def model_dir_for(step: int, start_model: str | Path, merged_dir: str | Path) -> Path:

@@ -1,0 +1,180 @@
+"""Stage 5 chooses the step on the dev set, never on a test set (ttsrl.steps.choose_step,
+huggingface_to_pretrained.py --from-sweep), and the default dev slice (ttsrl.devsplit)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ttsrl.devsplit import split_dev
+from ttsrl.steps import best_step, choose_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# dev and test disagree: the dev set's best step is 20, the test set's is 40
+DEV = {0: 0.40, 20: 0.30, 40: 0.32}
+TEST = {0: 0.41, 20: 0.33, 40: 0.25}
+
+
+def sweep_rows(with_dev=True):
+    rows = []
+    for step in (0, 20, 40):
+        sets = ([("dev", "dev", DEV)] if with_dev else []) + [("embedded_test", "test", TEST)]
+        for name, role, val in sets:
+            rows.append({"step": step, "test_set": name, "role": role, "headline": "cer_utt_mean",
+                         "cer_utt_mean": val[step], "cer_pooled": 0.5, "cer": 0.5, "n": 10})
+    return rows
+
+
+def test_choice_uses_the_dev_set_only():
+    c = choose_step(sweep_rows())
+    assert c["step"] == 20 and c["chosen_on"] == ["dev"] and c["metric"] == "cer_utt_mean"
+    assert c["value"] == pytest.approx(0.30)
+    assert "dev set(s) dev" in c["reason"] and "never used to choose" in c["reason"]
+    # by the other convention the pooled numbers tie everywhere: the earliest step
+    assert choose_step(sweep_rows(), "cer_pooled")["step"] == 0
+
+
+def test_no_dev_set_no_choice(tmp_path):
+    c = choose_step(sweep_rows(with_dev=False))
+    assert c["step"] is None and "No dev set" in c["reason"] and "EXPORT_STEP" in c["reason"]
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(sweep_rows(with_dev=False)))
+    with pytest.raises(ValueError, match="No dev set"):
+        best_step(p)
+
+
+@pytest.fixture
+def merged_steps(tiny_hf, tmp_path):
+    """merged/step_20 and step_40: copies of the tiny model, step 40's output bias shifted."""
+    from safetensors.torch import load_file, save_file
+
+    from ttsrl.merge import write_marker
+
+    merged = tmp_path / "merged"
+    for step in (20, 40):
+        d = merged / f"step_{step}"
+        shutil.copytree(tiny_hf, d)
+        if step == 40:
+            f = d / "model.safetensors"
+            sd = load_file(str(f))
+            key = next(k for k in sd if k.endswith("lm_head.bias"))
+            sd[key] = sd[key] + 1.0
+            save_file(sd, str(f), metadata={"format": "pt"})
+        write_marker(d, {"step": step})
+    return merged
+
+
+def export(tiny_hf, merged, summary, out, *extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(ROOT / "huggingface_to_pretrained.py"), "--from-sweep", str(summary),
+                           "--merged-dir", str(merged), "--start-model", str(tiny_hf), "--output-path", str(out),
+                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_stage5_exports_the_dev_choice_not_the_test_choice(tiny_hf, merged_steps, tmp_path):
+    import torch
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(sweep_rows()))
+    out = tmp_path / "llm-new.pt"
+    p = export(tiny_hf, merged_steps, summary, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "exporting step 20" in p.stdout
+    record = json.loads((tmp_path / "llm-new.pt.selection.json").read_text())
+    assert record["step"] == 20 and record["chosen_by"] == "dev set"
+    assert record["model"].endswith("step_20") and record["dev_choice"]["chosen_on"] == ["dev"]
+    assert {r["test_set"] for r in record["rows_of_step"]} == {"dev", "embedded_test"}
+    # the weights are step 20's (step 40's output bias differs by 1.0)
+    bias = torch.load(out, map_location="cpu", weights_only=True)["llm_decoder.bias"]
+    ref = tmp_path / "step40.pt"
+    assert export(tiny_hf, merged_steps, summary, ref, "--step", "40").returncode == 0
+    bias40 = torch.load(ref, map_location="cpu", weights_only=True)["llm_decoder.bias"]
+    assert torch.allclose(bias40 - bias, torch.ones_like(bias))
+    over = json.loads((tmp_path / "step40.pt.selection.json").read_text())
+    assert over["step"] == 40 and over["chosen_by"] == "override" and "dev-set choice, step 20" in over["reason"]
+
+    # a sweep without a dev set is refused (exit 2, says what to do), nothing written
+    summary.write_text(json.dumps(sweep_rows(with_dev=False)))
+    none = tmp_path / "none.pt"
+    p = export(tiny_hf, merged_steps, summary, none)
+    assert p.returncode == 2 and "No dev set" in p.stderr and not none.exists()
+
+
+def test_dev_slice_is_fixed_held_out_and_keeps_copies_together(tmp_path):
+    texts = [f"第{i}句话。" for i in range(30)] + ["重复的一句。", "重复的一句。"]
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    n_train, n_dev = split_dev(src, 8, tmp_path / "a")
+    dev = [json.loads(x) for x in (tmp_path / "a" / "dev.jsonl").read_text().splitlines()]
+    train = [json.loads(x) for x in (tmp_path / "a" / "train.jsonl").read_text().splitlines()]
+    assert n_train + n_dev == len(texts) and n_dev in (8, 9) and len(dev) == n_dev
+    assert not {d["text"] for d in dev} & {t["text"] for t in train}  # nothing held out is trained on
+    assert len({d["id"] for d in dev}) == n_dev
+    # the same slice whatever the line order
+    src.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in reversed(texts)),
+                   encoding="utf-8")
+    split_dev(src, 8, tmp_path / "b")
+    again = [json.loads(x)["text"] for x in (tmp_path / "b" / "dev.jsonl").read_text().splitlines()]
+    assert sorted(again) == sorted(d["text"] for d in dev)
+    with pytest.raises(ValueError, match="cannot hold out"):
+        split_dev(src, 31, tmp_path / "c")
+    src.write_text('{"text": "好"}\n{"txt": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train.jsonl:2: expected a non-empty string 'text'"):
+        split_dev(src, 1, tmp_path / "d")
+
+
+@pytest.mark.slow
+def test_run_sh_holds_out_a_dev_set_and_stage5_chooses_on_it(tiny_cosyvoice2, tmp_path):
+    """The embedded preset's stages 0, 4 and 5 on the tiny model: stage 0 holds DEV_SIZE
+    training texts out of train.parquet, stage 4 scores them as the dev set next to the
+    test set, stage 5 exports the dev set's choice and records why."""
+    import pyarrow.parquet as pq
+    from safetensors.torch import load_file, save_file
+
+    from ttsrl.merge import write_marker
+
+    exp = tmp_path / "exp"
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR={exp}\nBUILD_BASE_MODEL=0\nCOSYVOICE2_DIR={tiny_cosyvoice2[0]}\n'
+                      f'HF_MODEL_DIR={exp}/hf_model\nDATA_DIR={exp}/data\nMERGED_DIR={exp}/merged\n'
+                      f'EVAL_DIR={exp}/eval\nEXPORT_PATH={exp}/llm-new.pt\nEVAL_NPROC=1\n'
+                      'EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 '
+                      '--max-token-text-ratio 3 --limit 6 --threads 1 --resamples 200)\n')
+    env = {**os.environ, "PRESET": str(preset), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "-1", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    dev = [json.loads(x)["text"] for x in (exp / "data" / "split" / "dev.jsonl").read_text().splitlines()]
+    assert len(dev) == 64 and "dev set: 64 of 393 training rows held out" in r.stdout
+    trained = [e["text"] for e in pq.read_table(exp / "data" / "train.parquet").column("extra_info").to_pylist()]
+    assert len(trained) == 393 - 64 and not set(trained) & set(dev)  # nothing of the dev set is trained on
+
+    for step in (20, 40):  # two "trained" steps: copies of the start model, step 40's bias shifted
+        d = exp / "merged" / f"step_{step}"
+        shutil.copytree(exp / "hf_model", d)
+        if step == 40:
+            sd = load_file(str(d / "model.safetensors"))
+            key = next(k for k in sd if k.endswith("lm_head.bias"))
+            sd[key] = sd[key] + 1.0
+            save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+        write_marker(d, {"step": step})
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "4", "5"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads((exp / "eval" / "summary.json").read_text())
+    assert {(x["test_set"], x["role"]) for x in rows} == {("dev", "dev"), ("embedded_test", "test")}
+    assert sorted({x["step"] for x in rows}) == [0, 20, 40]
+    want = choose_step(rows)
+    assert want["chosen_on"] == ["dev"]
+    record = json.loads((exp / "llm-new.pt.selection.json").read_text())
+    assert record["step"] == want["step"] and record["chosen_by"] == "dev set"
+    assert f"exporting step {want['step']}: Stage 5 exports step {want['step']}: the lowest cer_utt_mean on the " \
+           "dev set(s) dev" in r.stdout
+    assert "dev set(s) dev" in (exp / "eval" / "report.md").read_text()
