@@ -17,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from .limits import text_length_problem
 from .records import DataError, Invalid
+from .text import unreadable
 from .vocab import SOS_TOKEN, TASK_ID_TOKEN
 
 OUTPUT_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
@@ -47,6 +49,13 @@ def extract_text(value: Any) -> tuple[str | None, Invalid | None]:
     if not (text[0].isalnum() or any(ch.isalnum() for ch in text)):
         return None, Invalid("nothing to speak", "field \"text\" has no letter or digit "
                                                  "(nothing to speak)")
+    # the reward server and the pair readers refuse the same texts (ttsrl.limits)
+    why = text_length_problem(text)
+    if why:
+        return None, Invalid("text too long", f"field \"text\": {why}")
+    why = unreadable(text)
+    if why:
+        return None, Invalid("unreadable text", f"field \"text\": {why}")
     if not _OUTPUT_COLUMN_SET.isdisjoint(value):
         clash = next(k for k in OUTPUT_COLUMNS if k in value)
         return None, Invalid("reserved field", f"field {clash!r} clashes with verl's output "
