@@ -8,12 +8,16 @@ write is atomic; a missing tensor or a shape mismatch stops with its name.
 Either name the checkpoint (--hf-cosyvoice2-llm-path) or let the stage-4 sweep
 choose: --from-sweep summary.json picks the step with the lowest CER (--step N
 overrides), step 0 being --start-model and step N being --merged-dir/step_N.
+A merged step (one with MERGED.json) is exported only when every file has the size
+and sha256 its marker records.
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 from ttsrl import convert, steps
+from ttsrl.merge import MARKER, check_merged
 
 
 def main(argv=None) -> int:
@@ -40,6 +44,10 @@ def main(argv=None) -> int:
             print(f"exporting step {step} ({'chosen' if a.step is not None else 'lowest CER'}): {src_dir}")
         else:
             src_dir = a.hf_cosyvoice2_llm_path
+            if (Path(src_dir) / MARKER).is_file():  # a merged step: trust it only when its files hash right
+                why = check_merged(Path(src_dir))
+                if why is not None:
+                    raise ValueError(f"{src_dir} is not a complete, verified step: {why}")
         convert.hf_to_cosyvoice(src_dir, a.output_path)
         print(f"wrote {a.output_path}")
         if a.verify:
