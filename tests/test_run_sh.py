@@ -182,3 +182,13 @@ def test_install_stage_output_goes_to_its_log(tmp_path):
     assert any(line.strip().startswith("[install]") for line in shown), r.stdout
     assert not [line for line in shown if "pip" in line.lower() or line.startswith("WARNING")], r.stdout
     assert len(r.stdout) < 1000, r.stdout
+
+
+def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
+    """Issue 22: USER_PAIRS=/nonexistent stopped inside stage 2 with a traceback."""
+    env = {**os.environ, "TRAINER": "dpo", "USER_PAIRS": str(tmp_path / "nonexistent.jsonl"),
+           "EXP_DIR": str(tmp_path / "exp")}
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"USER_PAIRS={tmp_path / 'nonexistent.jsonl'}: no such readable file" in r.stderr
+    assert "==== stage" not in r.stdout and "Traceback" not in r.stderr
