@@ -104,7 +104,9 @@ if [[ $TRAINER != grpo && -n ${USER_PAIRS:-} ]] && stage 2 && ! [[ -f $USER_PAIR
   exit 2
 fi
 if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
-  python3 scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
+  # the venv's Python (soundfile: the backend's own wav check) once it exists
+  if [[ -x $PY ]]; then CHECK_PY=$PY; else CHECK_PY=python3; fi
+  "$CHECK_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
