@@ -150,3 +150,17 @@ def test_the_client_does_not_retry_an_answer_that_will_never_change():
         assert ei.value.refused and "HTTP 422" in str(ei.value)
         stats = requests.get(f"{srv.url}/v2/models/{MODEL}/stats", timeout=5).json()
         assert stats["requests"] == 1  # one attempt, no retries
+
+
+def test_the_server_has_the_readers_length_limits(batching_server):
+    """Finding 6: the same limits as stage 0 and the pair readers (ttsrl.limits)."""
+    from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS
+
+    url = f"{batching_server}/v2/models/{MODEL}/infer"
+    r = requests.post(url, json=payload(sim.encode("你好"), "好" * (MAX_TEXT_CHARS + 1)), timeout=60)
+    assert r.status_code == 422 and f"more than the limit of {MAX_TEXT_CHARS}" in r.json()["error"]
+    r = requests.post(url, json=payload([1] * (MAX_SPEECH_CODES + 1), "你好"), timeout=60)
+    assert 400 <= r.status_code < 500 and str(MAX_SPEECH_CODES) in r.json()["error"]
+    r = requests.post(url, json=payload(sim.encode("好" * MAX_TEXT_CHARS)[:MAX_SPEECH_CODES], "好" * MAX_TEXT_CHARS),
+                      timeout=60)
+    assert r.status_code == 200

@@ -138,3 +138,18 @@ def test_mining_reports_the_reward_servers_real_error(lm, tmp_path):
                        env={**ENV, "TTSRL_REWARD_RETRIES": "0"})
     assert r.returncode == 1, r.stderr[-2000:]
     assert "the last reward error: ClientConnectorError talking to http://127.0.0.1:9" in r.stderr, r.stderr[-2000:]
+
+
+def test_train_dpo_names_a_bad_pairs_file(lm, tiny_hf, tmp_path):
+    """Finding 8: a non-Parquet or truncated --pairs, out-of-vocabulary prompt_ids: a message, rc 2."""
+    sv = lm.vocab
+    good = write_pairs([pair(lm), pair(lm, key="b")], tmp_path / "good.parquet")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(good.read_bytes()[:200])
+    oov = write_pairs([pair(lm, prompt=[sv.sos_id, 10 ** 9, sv.task_id])], tmp_path / "oov.parquet")
+    for f, msg in ((cut, "not a readable Parquet file"), (oov, "prompt_ids holds id 1000000000, outside")):
+        r = subprocess.run([sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(f),
+                            "--out-dir", str(tmp_path / "out"), "--max-steps", "1", "--threads", "1"],
+                           capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and not list((tmp_path / "out").glob("step_*"))

@@ -93,8 +93,8 @@ def prepare_out_dir(out_dir: Path, settings: dict, force: bool = False,
         raise OutputDirError(
             f"--out-dir {out_dir}: {', '.join(s.name for s in foreign)} not written by train_dpo.py (no MERGED.json "
             "naming a dpo/kto run); it is never deleted: move it away or choose another --out-dir")
-    old = _recorded(out_dir, steps) if out_dir.is_dir() else None
-    if steps or old is not None:
+    if steps:  # a RUN.json without steps (a run that stopped before saving) holds nothing to protect
+        old = _recorded(out_dir, steps)
         diff = differences(old or {}, settings)
         if diff and not force:
             raise OutputDirError(
@@ -108,7 +108,7 @@ def prepare_out_dir(out_dir: Path, settings: dict, force: bool = False,
             for s in steps:
                 shutil.rmtree(s)
             log(f"--force: removed the earlier run's {len(steps)} step folder(s) in {out_dir}")
-        elif steps:
+        else:
             log(f"{out_dir} holds a run with the same settings: training again, every step it saves is rewritten")
     if not write:
         return
