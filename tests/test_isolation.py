@@ -164,3 +164,32 @@ def test_the_server_has_the_readers_length_limits(batching_server):
     r = requests.post(url, json=payload(sim.encode("好" * MAX_TEXT_CHARS)[:MAX_SPEECH_CODES], "好" * MAX_TEXT_CHARS),
                       timeout=60)
     assert r.status_code == 200
+
+
+def test_a_grpo_step_with_eight_poison_rows_among_64_trains(batching_server):
+    """The issue's GRPO scenario: verl's reward function over one step's 64 responses,
+    8 of them for a reference text with Arabic-Indic digits. None fails."""
+    from ttsrl.reward_client import score_all
+
+    rows = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)]
+    rows += [(sim.encode(normalize(POISON[i % 5])), POISON[i % 5]) for i in range(8)]
+    cfg = RewardClientConfig(url=batching_server, retries=1, backoff_s=0.01, max_fail_fraction=0.1)
+    out = asyncio.run(score_all(rows, cfg))
+    assert [r["reward_failed"] for r in out] == [0.0] * 64
+    assert all(r["score"] == pytest.approx(1.0) for r in out)
+
+
+def test_a_step_failed_by_refused_requests_blames_the_data_not_the_server():
+    from ttsrl.reward_client import RewardServiceError, score_all
+
+    cfg = ServerConfig(port=0, max_batch=64, max_delay_ms=100)
+    with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(ValueError), SimASR())]) as srv:
+        rows = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)] + [(BOOM, "坏的请求")] * 8
+        ccfg = RewardClientConfig(url=srv.url, retries=2, backoff_s=0.01, max_fail_fraction=0.1,
+                                  step_gap_s=0.0)  # its own step window, whatever ran before
+        with pytest.raises(RewardServiceError) as ei:
+            asyncio.run(score_all(rows, ccfg))
+        assert "refused that request as invalid" in str(ei.value) and "坏的请求" in str(ei.value)
+        assert "Is the reward server" not in str(ei.value)
+        stats = requests.get(f"{srv.url}/v2/models/{MODEL}/stats", timeout=5).json()
+        assert stats["requests"] == 64  # the refused ones were not retried
