@@ -167,10 +167,10 @@ class Batcher:
 
     def _fail(self, item: Item, e: Exception) -> None:
         """Answer one item that failed on its own: 422 when its input made scoring
-        raise ValueError (the same input always will: clients must not retry it),
-        500 for anything else."""
+        raise ValueError (the same input always will: clients must not retry it); any
+        other exception goes to the server's 500 path (counted, logged once)."""
         self.stats.backend_errors += 1
         if not item.future.done():
-            status = 422 if isinstance(e, ValueError) else 500
-            item.future.set_exception(RequestError(f"cannot score this request: {type(e).__name__}: {e}"[:400],
-                                                   status))
+            if isinstance(e, ValueError):
+                e = RequestError(f"cannot score this request: {type(e).__name__}: {e}"[:400], 422)
+            item.future.set_exception(e)
