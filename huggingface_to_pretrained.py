@@ -12,6 +12,8 @@ are never used to choose, and a sweep without a dev set stops with a message. --
 overrides. Step 0 is --start-model, step N is --merged-dir/step_N. The choice (which
 set chose, by which metric, the dev and test figures of the exported step, or the
 override) is written next to the export as OUTPUT.selection.json.
+A merged step (one with MERGED.json) is exported only when every file has the size
+and sha256 its marker records.
 """
 
 import argparse
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from ttsrl import convert, steps
 from ttsrl.atomic import atomic_write_text
+from ttsrl.merge import MARKER, check_merged
 
 RECORD_SUFFIX = ".selection.json"
 
@@ -67,6 +70,10 @@ def main(argv=None) -> int:
             print(f"exporting step {step}: {record['reason']}\n  from {src_dir}")
         else:
             src_dir = a.hf_cosyvoice2_llm_path
+            if (Path(src_dir) / MARKER).is_file():  # a merged step: trust it only when its files hash right
+                why = check_merged(Path(src_dir))
+                if why is not None:
+                    raise ValueError(f"{src_dir} is not a complete, verified step: {why}")
         convert.hf_to_cosyvoice(src_dir, a.output_path)
         print(f"wrote {a.output_path}")
         if a.from_sweep:

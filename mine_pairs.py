@@ -20,6 +20,9 @@ the model's own output as rejected, CosyVoice2's setup):
 one JSON object a line: {"id"?: str, "text": str, "chosen": [codes 0..6560],
 "rejected": [codes], "chosen_reward"?: float, "rejected_reward"?: float}. Errors name
 FILE:LINE. Both write the same Parquet schema (ttsrl/pairs.py).
+
+--out is never written over an existing file unless --force, and never over an input
+(--texts, --user-pairs), even with --force.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--texts", help="JSONL of training texts ({\"text\": ..., \"id\"?: ...})")
     src.add_argument("--user-pairs", help="JSONL of user-supplied pairs (see above)")
-    p.add_argument("--k", type=int, default=4, help="candidates per text (default 4)")
-    p.add_argument("--min-margin", type=float, default=0.1,
-                   help="keep a pair only when best - worst reward >= this (default 0.1)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N texts")
+    p.add_argument("--force", action="store_true", help="replace --out when it exists")
+    p.add_argument("--k", type=int, default=None, help="candidates per text (default 4; mining only)")
+    p.add_argument("--min-margin", type=float, default=None,
+                   help="keep a pair only when best - worst reward >= this (default 0.1; mining only)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N texts (N >= 1; mining only)")
     p.add_argument("--reward-url", default=None, help="reward server (default $TTSRL_REWARD_URL)")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="hf: transformers (CPU/GPU); vllm: GPU")
     p.add_argument("--device", default="cpu")
@@ -53,6 +57,27 @@ def main(argv=None) -> int:
     p.add_argument("--max-token-text-ratio", type=float, default=s.max_token_text_ratio)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     a = p.parse_args(argv)
+    import math
+
+    if a.user_pairs:
+        given = [f for f, v in (("--k", a.k), ("--min-margin", a.min_margin), ("--limit", a.limit)) if v is not None]
+        if given:
+            p.error(f"{', '.join(given)} apply to mining (--texts) only, not to --user-pairs")
+    a.k = 4 if a.k is None else a.k
+    a.min_margin = 0.1 if a.min_margin is None else a.min_margin
+    if a.k < 2:
+        p.error("--k must be at least 2")
+    if not math.isfinite(a.min_margin) or a.min_margin < 0:
+        p.error(f"--min-margin must be a finite number >= 0, got {a.min_margin}")
+    if a.limit is not None and a.limit < 1:
+        p.error(f"--limit must be at least 1, got {a.limit}")
+    from ttsrl.atomic import check_output_file
+
+    try:  # before any work: never over an input, never over a file the user did not name for replacing
+        check_output_file(a.out, (a.texts, a.user_pairs), force=a.force)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     import dataclasses
     import os
@@ -81,14 +106,12 @@ def main(argv=None) -> int:
     from ttsrl.reward_client import RewardClientConfig
     from ttsrl.testsets import TestSetError, read_test_set
 
-    if a.k < 2:
-        p.error("--k must be at least 2")
     try:
         utts = read_test_set("train", a.texts).utterances
     except TestSetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.limit:
+    if a.limit is not None:
         utts = utts[:a.limit]
     if a.reward_url:
         os.environ["TTSRL_REWARD_URL"] = a.reward_url
@@ -108,12 +131,17 @@ def main(argv=None) -> int:
         tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
           f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
-    with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:
-        pairs, rep = mine_pairs(gen, tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,
-                                reward_cfg=rcfg, progress=bar.update)
+    try:
+        with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:
+            pairs, rep = mine_pairs(gen, tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,
+                                    reward_cfg=rcfg, progress=bar.update)
+    except PairsError as e:
+        print(f"error: {a.texts}: {e}", file=sys.stderr)
+        return 2
     if rep.failed_candidates > 0.5 * rep.candidates:
         print(f"error: {rep.failed_candidates} of {rep.candidates} candidates failed (generation or reward); "
-              f"is the reward server at {rcfg.url} up?", file=sys.stderr)
+              f"the last reward error: {rep.last_error or 'none (generation failed)'}; reward server {rcfg.url}",
+              file=sys.stderr)
         return 1
     if not pairs:
         print(f"error: no text yielded a pair with margin >= {a.min_margin}: {rep.summary()}", file=sys.stderr)

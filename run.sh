@@ -64,8 +64,13 @@ case $TRAINER in
   dpo|kto)
     PREF_DIR=$EXP_DIR/$TRAINER
     MERGED_DIR=$PREF_DIR/merged EVAL_DIR=$PREF_DIR/eval EXPORT_PATH=$EXP_DIR/llm-$TRAINER.pt
-    PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/pairs.parquet}  # shared by dpo and kto
     USER_PAIRS=${USER_PAIRS:-}                  # a JSONL of your own pairs instead of mining
+    # mined and user pairs never share a file: converting USER_PAIRS never replaces mined pairs
+    if [[ -n $USER_PAIRS ]]; then
+      PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/user-pairs.parquet}
+    else
+      PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/pairs.parquet}  # shared by dpo and kto
+    fi
     # presets give these as arrays; the defaults are the preset-less ones
     [[ -n ${MINE_ARGS+set} ]] || MINE_ARGS=(--k 4 --min-margin 0.1)
     [[ -n ${PREF_ARGS+set} ]] || PREF_ARGS=(--lr 1e-5 --batch-size 8 --epochs 1)
@@ -108,8 +113,14 @@ banner() {  # banner STAGE "what it does" "where its output goes"
 done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
 need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
 # presets with user-provided files (gpu8) check them all up front, with one message
+if [[ $TRAINER != grpo && -n ${USER_PAIRS:-} ]] && stage 2 && ! [[ -f $USER_PAIRS && -r $USER_PAIRS ]]; then
+  echo "USER_PAIRS=$USER_PAIRS: no such readable file (expected a JSONL of pairs, one {\"text\", \"chosen\", \"rejected\"} a line)" >&2
+  exit 2
+fi
 if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
-  python3 scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
+  # the venv's Python (soundfile: the backend's own wav check) once it exists
+  if [[ -x $PY ]]; then CHECK_PY=$PY; else CHECK_PY=python3; fi
+  "$CHECK_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
 server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
@@ -200,8 +211,9 @@ if stage 2 && [[ $TRAINER != grpo ]]; then
   need_venv
   banner 2 "pair mining + ${TRAINER^^} (TRL)" "$PAIRS_FILE, $MERGED_DIR/step_N"
   mkdir -p "$LOG_DIR" "$(dirname "$PAIRS_FILE")"
-  if [[ -n $USER_PAIRS ]]; then
-    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --user-pairs "$USER_PAIRS" --out "$PAIRS_FILE"
+  if [[ -n $USER_PAIRS ]]; then  # its own file (PAIRS_FILE above), converted again on every run
+    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --user-pairs "$USER_PAIRS" --out "$PAIRS_FILE" --force \
+      || { echo "stage 2 failed: reading USER_PAIRS=$USER_PAIRS (the message above names the line)" >&2; exit 1; }
   elif [[ -f $PAIRS_FILE ]]; then
     echo "     reusing pairs $PAIRS_FILE (delete it to mine again)"
   else

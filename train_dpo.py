@@ -20,7 +20,10 @@ rejected as undesirable samples; --loss-type/--average/--sft-weight are DPO-only
 
 Every --save-steps steps (and at the end) the policy is written to OUT_DIR/step_N in
 the merged layout of stage 3 (HF weights + the biased-head class + MERGED.json), so
-stage 4 (sweep) and stage 5 (export) read it unchanged. One process on CPU; on GPUs
+stage 4 (sweep) and stage 5 (export) read it unchanged. OUT_DIR/RUN.json records the
+run's settings: a run into a folder that holds another run's steps starts only with
+the same settings (and rewrites every step it saves) or with --force (which deletes
+that run's steps first); a step_N not written by this trainer is never touched. One process on CPU; on GPUs
 launch through accelerate, e.g. FSDP on 8 GPUs:
 
     accelerate launch --num_processes 8 --use_fsdp --fsdp_sharding_strategy FULL_SHARD \\
@@ -31,6 +34,7 @@ launch through accelerate, e.g. FSDP on 8 GPUs:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -63,14 +67,14 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument("--force", action="store_true",
+                   help="delete the steps of an earlier run with other settings in --out-dir")
     a = p.parse_args(argv)
 
     import torch
-    from datasets import Dataset
-    from trl import DPOConfig
 
-    from ttsrl.dpo import DPOSettings, make_save_callback, make_trainer_class, pairs_to_rows
-    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.dpo import DPOSettings, make_trainer_class, pairs_to_rows
+    from ttsrl.dpo_out import OutputDirError, make_save_callback, prepare_out_dir, run_settings
     from ttsrl.pairs import PairsError, read_pairs
 
     settings = DPOSettings(loss_type=a.loss_type, beta=a.beta, label_smoothing=a.label_smoothing,
@@ -79,17 +83,37 @@ def main(argv=None) -> int:
         settings.check()
     except ValueError as e:
         p.error(str(e))
+    if a.trainer == "kto" and a.batch_size < 2:
+        p.error("kto needs --batch-size >= 2 (its KL estimate pairs each prompt with another's completion)")
+    pairs_path, out_dir = Path(a.pairs), Path(a.out_dir)
+    if not pairs_path.is_file():
+        print(f"error: --pairs {pairs_path}: no such file (run mine_pairs.py first)", file=sys.stderr)
+        return 2
+    weights = ["trainer", "beta", "lr", "batch_size", "grad_accum", "max_steps", "epochs", "save_steps",
+               "warmup_steps", "seed", "dtype", "gradient_checkpointing"]
+    weights += (["loss_type", "label_smoothing", "sft_weight", "average"] if a.trainer == "dpo"
+                else ["desirable_weight", "undesirable_weight"])
+    run = run_settings({k: getattr(a, k) for k in weights}, Path(a.model), pairs_path)
+    try:  # before anything slow: a folder that cannot take this run stops it now
+        prepare_out_dir(out_dir, run, force=a.force, log=lambda m: print(f"[{a.trainer}] {m}", flush=True),
+                        write=os.environ.get("RANK", "0") == "0")  # one writer under accelerate
+    except OutputDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.threads:
         torch.set_num_threads(a.threads)
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    from ttsrl.hf_model import load_speech_lm
+
     dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
     lm = load_speech_lm(a.model, dtype=dtype)
     try:
-        pairs = read_pairs(a.pairs, lm.vocab)
+        pairs = read_pairs(pairs_path, lm.vocab)
     except PairsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out_dir = Path(a.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     use_cpu = not torch.cuda.is_available()
     common = dict(
         output_dir=str(out_dir / ".trainer"), per_device_train_batch_size=a.batch_size,
@@ -111,14 +135,12 @@ def main(argv=None) -> int:
 
         from ttsrl.dpo import make_kto_trainer_class, pairs_to_kto_rows
 
-        if a.batch_size < 2:
-            p.error("kto needs --batch-size >= 2 (its KL estimate pairs each prompt with another's completion)")
         ds = Dataset.from_list(pairs_to_kto_rows(pairs, lm.vocab))
         trainer_cls, extra = make_kto_trainer_class(), {}
         cfg = KTOConfig(**common, desirable_weight=a.desirable_weight, undesirable_weight=a.undesirable_weight)
         what = f"KTO (beta {a.beta}, weights {a.desirable_weight}/{a.undesirable_weight})"
         info = {"desirable_weight": a.desirable_weight, "undesirable_weight": a.undesirable_weight}
-    info = {"source": f"ttsrl {a.trainer} on {a.pairs}", "trainer": a.trainer, "beta": a.beta, **info}
+    info = {"source": f"ttsrl {a.trainer} on {a.pairs}", "trainer": a.trainer, "beta": a.beta, **info, "run": run}
     cb = make_save_callback(out_dir, Path(a.model), a.save_steps, info)
     trainer = trainer_cls(model=lm.model, args=cfg, train_dataset=ds, processing_class=lm.tokenizer,
                           callbacks=[cb], **extra)

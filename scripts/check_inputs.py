@@ -3,7 +3,10 @@
 
 run.sh calls it for presets that set CHECK_INPUTS_ARGS (presets/gpu8.sh). It prints ONE
 message listing everything missing or unusable and exits 1, or prints nothing and exits 0.
-Standard library only (runs before the venv exists). See README "GPU recipe".
+Prompt wavs get the backend's own check (ttsrl/wavcheck.py, soundfile) when this Python
+has soundfile (run.sh uses the venv's once it exists); before the venv exists only the
+standard library runs, and a non-PCM wav's format is left to that check. See README
+"GPU recipe".
 """
 
 from __future__ import annotations
@@ -16,15 +19,24 @@ from pathlib import Path
 # keep in sync with ttsrl.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
 MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
                      "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
-PROMPT_MIN_RATE, PROMPT_MAX_S = 16000, 30.0
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ttsrl.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
 
 def _wav_problem(p: Path) -> str | None:
+    try:  # the backend's own check when this Python has soundfile (the venv's does)
+        import soundfile  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return prompt_wav_problem(p)
     try:
         with wave.open(str(p), "rb") as w:
             rate, frames = w.getframerate(), w.getnframes()
-    except (wave.Error, EOFError, OSError) as e:
-        return f"{p}: not a readable PCM wav ({e})"
+    except wave.Error as e:  # float32, mu-law, extensible: the venv's soundfile checks those
+        return None if "unknown format" in str(e) else f"{p}: not a readable wav ({e})"
+    except (EOFError, OSError) as e:
+        return f"{p}: not a readable wav ({e})"
     if rate < PROMPT_MIN_RATE:
         return f"{p}: {rate} Hz (CosyVoice2 needs >= {PROMPT_MIN_RATE} Hz)"
     if frames / rate > PROMPT_MAX_S:
@@ -63,7 +75,13 @@ def problems(a) -> list[str]:
                            f"(make it once: .venv/bin/python scripts/prompt_tokens.py {d} --model-dir "
                            f"{a.model_dir or 'CosyVoice2-0.5B'})")
             bad = []
-            for line in meta.read_text(encoding="utf-8").splitlines():
+            try:
+                lines = meta.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError as e:
+                line_no = meta.read_bytes()[:e.start].count(b"\n") + 1
+                out.append(f"Seed-TTS test set: {meta}:{line_no}: not valid UTF-8; save it as UTF-8")
+                lines = []
+            for line in lines:
                 parts = line.split("|")
                 if len(parts) >= 4 and not (d / parts[2].strip()).is_file():
                     bad.append(parts[2].strip())

@@ -21,11 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-try:
-    import ttsrl  # noqa: F401
-except ImportError:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# this checkout's ttsrl, even where another checkout's is installed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ttsrl.records import iter_text_lines  # noqa: E402
 from ttsrl.testsets import PROMPT_TOKENS_FILE  # noqa: E402
 
 
@@ -40,21 +39,20 @@ def read_wav_list(path: Path) -> tuple[list[tuple[str, Path]], Path]:
     if not path.is_file():
         raise SystemExit(f"{path}: no such file or folder")
     base, out = path.parent, []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if "|" in line:  # Seed-TTS meta.lst
-                parts = line.split("|")
-                if len(parts) < 4:
-                    raise SystemExit(f"{path}:{lineno}: expected 'utt|prompt_text|prompt_wav|text'")
-                uid, wav = parts[0], parts[2].strip()
-            else:
-                fields = line.split(maxsplit=1)
-                uid, wav = (fields if len(fields) == 2 else (Path(fields[0]).stem, fields[0]))
-            p = Path(wav) if Path(wav).is_absolute() else base / wav
-            out.append((uid, p))
+    for lineno, line in iter_text_lines(path, SystemExit):
+        line = line.strip()
+        if not line:
+            continue
+        if "|" in line:  # Seed-TTS meta.lst
+            parts = line.split("|")
+            if len(parts) < 4:
+                raise SystemExit(f"{path}:{lineno}: expected 'utt|prompt_text|prompt_wav|text'")
+            uid, wav = parts[0], parts[2].strip()
+        else:
+            fields = line.split(maxsplit=1)
+            uid, wav = (fields if len(fields) == 2 else (Path(fields[0]).stem, fields[0]))
+        p = Path(wav) if Path(wav).is_absolute() else base / wav
+        out.append((uid, p))
     if not out:
         raise SystemExit(f"{path}: no wavs listed")
     return out, base
@@ -76,6 +74,9 @@ def main(argv=None) -> int:
     from ttsrl.backends.cosyvoice2 import PromptTokenizer
 
     items, base = read_wav_list(Path(a.input))
+    out = Path(a.output) if a.output else base / PROMPT_TOKENS_FILE
+    if out.is_dir():  # before the work, not after it
+        raise SystemExit(f"--output {out} is a folder; give the JSONL file to write (e.g. {out / PROMPT_TOKENS_FILE})")
     missing = [str(p) for _, p in items if not p.is_file()]
     if missing:
         raise SystemExit(f"{len(missing)} prompt wav(s) not found, e.g. {missing[:3]}")
@@ -84,6 +85,11 @@ def main(argv=None) -> int:
         if uid in seen:
             raise SystemExit(f"{a.input}: id {uid!r} listed twice")
         seen.add(uid)
+    from ttsrl.wavcheck import prompt_wav_problem
+
+    bad = [f"{uid}: {why}" for uid, wav in items if (why := prompt_wav_problem(wav))]
+    if bad:  # all of them, before loading the model
+        raise SystemExit(f"{len(bad)} prompt wav(s) cannot be used:\n  " + "\n  ".join(bad))
     tok = PromptTokenizer(a.model_dir, checkout=a.cosyvoice_checkout, device=a.device)
     lines = []
     for uid, wav in tqdm(items, desc="prompt tokens", unit="wav"):
@@ -92,7 +98,6 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise SystemExit(f"{uid}: {e}") from None
         lines.append(json.dumps({"id": uid, "prompt_speech_tokens": codes}, ensure_ascii=False))
-    out = Path(a.output) if a.output else base / PROMPT_TOKENS_FILE
     atomic_write_text(out, "\n".join(lines) + "\n")
     print(f"wrote {len(lines)} prompts to {out}")
     return 0

@@ -233,7 +233,7 @@ def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
         with pytest.raises(PairsError, match=msg):
             read_user_pairs(f, lm.tokenizer)
 
-    expect([good, "{oops"], rf"{f}:2: not JSON")
+    expect([good, "{oops"], rf"{f}:2: malformed JSON")
     expect([good, {**good, "id": "b", "chosen": [1, 6561]}], rf"{f}:2: 'chosen' holds speech code 6561")
     expect([{**good, "rejected": []}], rf"{f}:1: 'rejected' is empty")
     expect([{**good, "text": ""}], rf"{f}:1: expected a non-empty string 'text'")
@@ -251,7 +251,8 @@ def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
     assert r.returncode == 0, r.stderr[-2000:]
     assert read_pairs(out, lm.vocab)[0].chosen == [1, 2, 3]
     f.write_text(json.dumps({**good, "chosen": "1 2"}) + "\n")
-    r = subprocess.run(cli + ["--user-pairs", str(f), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(cli + ["--user-pairs", str(f), "--out", str(out), "--force"], capture_output=True, text=True,
+                       cwd=ROOT)
     assert r.returncode == 2 and f"{f}:1: 'chosen' must be a list" in r.stderr
 
 
@@ -271,6 +272,8 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
            "--batch-size", "2", "--max-steps", "2", "--save-steps", "1", "--threads", "1", *extra]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    trainer = "kto" if loss_type == "kto" else "dpo"
+    assert f"[{trainer}] saved" in p.stdout and f"[{'dpo' if trainer == 'kto' else 'kto'}] saved" not in p.stdout
     from ttsrl.steps import merged_steps
 
     steps = merged_steps(merged)

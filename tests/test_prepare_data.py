@@ -236,6 +236,11 @@ BAD_LINES = [
     ('{"text": "？！。"}', "no letter or digit"),
     ('{"text": "好", "prompt": "x"}', "'prompt' clashes with verl's output column"),
     ('{"text": "' + "很长的句子。" * 100 + '"}', "prompt has 1802 tokens, more than --max_prompt_length 1024"),
+    # issue 22: what the reward server refuses, stage 0 refuses (ttsrl.limits)
+    ('{"text": "第〡名"}', "U+3021 HANGZHOU NUMERAL ONE) is a number the text normaliser cannot read"),
+    ('{"text": "' + "长" * 1001 + '"}', "text has 1001 characters, more than the limit of 1000"),
+    ('{"text": "你好<|s_12|>再见"}', "holds '<|s_12|>', a token of the speech vocabulary"),
+    ('{"text": "<|task_id|>你好"}', "holds '<|task_id|>', a token of the speech vocabulary"),
 ]
 
 

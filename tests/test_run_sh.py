@@ -275,3 +275,13 @@ def test_gpu_requirements_are_all_pinned_and_agree_with_the_cpu_pins():
     own_versions = {"torch", "torchaudio", "torchvision", "transformers"}
     differ = {k: (v, cpu[k]) for k, v in gpu.items() if k in cpu and cpu[k] != v and k not in own_versions}
     assert not differ, differ
+
+
+def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
+    """Issue 22: USER_PAIRS=/nonexistent stopped inside stage 2 with a traceback."""
+    env = {**os.environ, "TRAINER": "dpo", "USER_PAIRS": str(tmp_path / "nonexistent.jsonl"),
+           "EXP_DIR": str(tmp_path / "exp")}
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"USER_PAIRS={tmp_path / 'nonexistent.jsonl'}: no such readable file" in r.stderr
+    assert "==== stage" not in r.stdout and "Traceback" not in r.stderr

@@ -133,3 +133,23 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:  # a file or a link: rmtree would leave it behind as .NAME.old-PID
             old.unlink(missing_ok=True)
+
+
+def check_output_file(out: str | Path, inputs: tuple = (), force: bool = False, flag: str = "--out") -> None:
+    """Refuse to write ``out`` over something the user did not ask to replace: an
+    input of the same run (never, even with ``force``: a hard link or a symlink to it
+    counts), a folder, or any existing file unless ``force``. Raises ``ValueError``
+    with a message naming the file and the way out."""
+    out = Path(out)
+    for src in inputs:
+        if src is None:
+            continue
+        src = Path(src)
+        same = (out.exists() and src.exists() and os.path.samefile(out, src)) or out.resolve() == src.resolve()
+        if same:
+            raise ValueError(f"{flag} {out} is the input file {src}: writing it would destroy the input; "
+                             f"choose another {flag}")
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a folder; give a file path")
+    if out.exists() and not force:
+        raise ValueError(f"{flag} {out} exists; pass --force to replace it, or choose another {flag}")

@@ -4,6 +4,10 @@ Concurrent requests are batched (up to ``max_batch`` items, waiting at most
 ``max_delay_ms`` after the oldest one arrived) and spread over one backend replica
 per local device. The queue is bounded: when ``max_queue`` requests wait, a new one
 is refused (the server answers 503 with ``Retry-After``).
+
+One bad item never fails its neighbours: when scoring a batch raises, each of its
+items is scored alone, and only an item that fails by itself gets an error (422 when
+its input made scoring raise ``ValueError``, which a retry cannot change; else 500).
 """
 
 from __future__ import annotations
@@ -128,22 +132,45 @@ class Batcher:
             try:
                 results = await loop.run_in_executor(pool, self.score, pipeline,
                                                      [it.codes for it in batch], [it.text for it in batch])
-            except Exception as e:  # a backend failure answers 500 to this batch only
-                if self.errors is not None:
-                    self.errors.error(f"backend {pipeline.name} failed: {type(e).__name__}: {e}"[:300],
-                                      "backend %s failed on a batch of %d", pipeline.name, len(batch), exc_info=e)
-                else:
-                    log.exception("backend %s failed on a batch of %d", pipeline.name, len(batch))
-                self.stats.backend_errors += len(batch)
+            except Exception as e:
+                self._log_failure(pipeline, e, len(batch))
+                if len(batch) == 1:
+                    self._fail(batch[0], e)
+                    continue
+                # one bad item must not fail its neighbours: score each alone, so only
+                # the items that fail by themselves get an error
+                results = []
                 for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(e)
-                continue
+                    try:
+                        results.append((await loop.run_in_executor(pool, self.score, pipeline,
+                                                                   [it.codes], [it.text]))[0])
+                    except Exception as e1:
+                        self._log_failure(pipeline, e1, 1)
+                        results.append(e1)
             finally:
                 self.stats.backend_seconds += time.perf_counter() - t0
             self.stats.batches += 1
             self.stats.items += len(batch)
             self.stats.batch_sizes[len(batch)] += 1
             for it, r in zip(batch, results):
-                if not it.future.done():  # the client may have gone away
+                if isinstance(r, Exception):
+                    self._fail(it, r)
+                elif not it.future.done():  # the client may have gone away
                     it.future.set_result(r)
+
+    def _log_failure(self, pipeline: SpeechPipeline, e: Exception, n: int) -> None:
+        if self.errors is not None:
+            self.errors.error(f"backend {pipeline.name} failed: {type(e).__name__}: {e}"[:300],
+                              "backend %s failed on a batch of %d", pipeline.name, n, exc_info=e)
+        else:
+            log.exception("backend %s failed on a batch of %d", pipeline.name, n)
+
+    def _fail(self, item: Item, e: Exception) -> None:
+        """Answer one item that failed on its own: 422 when its input made scoring
+        raise ValueError (the same input always will: clients must not retry it); any
+        other exception goes to the server's 500 path (counted, logged once)."""
+        self.stats.backend_errors += 1
+        if not item.future.done():
+            if isinstance(e, ValueError):
+                e = RequestError(f"cannot score this request: {type(e).__name__}: {e}"[:400], 422)
+            item.future.set_exception(e)

@@ -37,12 +37,7 @@ recipe averages over the positions whose target IS the ignore id (text and paddi
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -357,77 +352,6 @@ def make_kto_trainer_class():
     return SpeechKTOTrainer
 
 
-# ---------------------------------------------------------------------------
-# saving in the merged layout (stages 4 and 5 read MERGED_DIR/step_N)
-
-
-def finish_step_dir(tmp: Path, target: Path, base_model: Path, step: int, info: dict) -> Path:
-    """Complete a ``save_model`` folder into the layout stage 3 writes: the modeling
-    file (the class with the biased head), tokenizer files and side files of the base
-    model where the save left them out, then the ``MERGED.json`` marker, then an
-    atomic rename to ``step_N``."""
-    from .convert import EXTRA_FILE, MODELING_FILE
-    from .merge import LAYOUT_FILES, write_marker
-
-    base_model = Path(base_model)
-    shutil.copy2(MODELING_FILE, tmp / MODELING_FILE.name)  # the class with the biased, masked head
-    for name in LAYOUT_FILES:
-        if (base_model / name).is_file() and not (tmp / name).exists():
-            shutil.copy2(base_model / name, tmp / name)
-    if (base_model / EXTRA_FILE).is_file():
-        (tmp / EXTRA_FILE).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(base_model / EXTRA_FILE, tmp / EXTRA_FILE)
-    cfg_path = tmp / "config.json"
-    base_cfg = json.loads((base_model / "config.json").read_text())
-    cfg = json.loads(cfg_path.read_text())
-    for k in ("auto_map", "speech_output_range", "architectures"):  # keep remote-code loading
-        if k in base_cfg:
-            cfg[k] = base_cfg[k]
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
-    marker = {"step": step, "source": info.get("source", "ttsrl.dpo"), "remote_code": [MODELING_FILE.name],
-              "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **info}
-    write_marker(tmp, marker)  # with every file's size and hash, as stage 3 checks them
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        target.rename(old)
-        shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(target)
-    return target
-
-
-def make_save_callback(out_dir: Path, base_model: Path, save_steps: int, info: dict):
-    """A ``TrainerCallback`` that writes ``out_dir/step_N`` every ``save_steps`` and at
-    the end (all ranks call ``save_model``; rank 0 completes the folder)."""
-    from transformers import TrainerCallback
-
-    class SaveSteps(TrainerCallback):
-        trainer = None
-
-        def _save(self, state):
-            step = state.global_step
-            target = out_dir / f"step_{step}"
-            if step == 0 or (target / "MERGED.json").is_file():
-                return
-            tmp = out_dir / f".step_{step}.partial"
-            if self.trainer.accelerator.is_main_process and tmp.exists():
-                shutil.rmtree(tmp)
-            self.trainer.accelerator.wait_for_everyone()
-            self.trainer.save_model(str(tmp))
-            if self.trainer.accelerator.is_main_process:
-                finish_step_dir(tmp, target, base_model, step, info)
-                print(f"[dpo] saved {target}", flush=True)
-            self.trainer.accelerator.wait_for_everyone()
-
-        def on_step_end(self, args, state, control, **kw):
-            if save_steps > 0 and state.global_step % save_steps == 0:
-                self._save(state)
-
-        def on_train_end(self, args, state, control, **kw):
-            self._save(state)
-
-    return SaveSteps()
-
-
 def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]],
                     completions: Sequence[Sequence[int]], average: str = "sum") -> torch.Tensor:
     """Reference implementation for checks: log-prob of each completion (HF ids) after
@@ -446,5 +370,4 @@ def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]
 
 
 __all__ = ["batch_logps", "preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
-           "pairs_to_rows", "DPOSettings", "make_trainer_class", "finish_step_dir", "make_save_callback",
-           "sequences_logps"]
+           "pairs_to_rows", "DPOSettings", "make_trainer_class", "sequences_logps"]

@@ -27,8 +27,10 @@ did not produce unpickles it, which can run arbitrary code. Only merge your own.
 
 Idempotent and checked: a finished step carries ``MARKER`` (written last) listing
 every file with its size and sha256. A step is skipped only when every listed file
-is present with its recorded size, every weights file opens as safetensors, and it
-was merged at the requested dtype; otherwise it is merged again. A step is merged
+is present with its recorded size and sha256, every weights file opens as
+safetensors, and it was merged at the requested dtype; otherwise it is merged again.
+Stages 4 and 5 trust a step on the same check (``benchmarks/bench_marker_hash.py``
+measures what the hashing costs). A step is merged
 into a temporary folder and renamed into place, so an interrupted merge leaves no
 ``step_N``.
 """
@@ -116,10 +118,11 @@ def write_marker(step_dir: Path, info: dict) -> None:
     (step_dir / MARKER).write_text(json.dumps({**info, "files": file_records(step_dir)}, indent=2))
 
 
-def check_merged(step_dir: Path, dtype: str | None = None) -> str | None:
+def check_merged(step_dir: Path, dtype: str | None = None, hashes: bool = True) -> str | None:
     """None when ``step_dir`` is a complete merge (at ``dtype``, a key of DTYPES, when
-    given), else why not: no or unreadable marker, a recorded file missing or of
-    another size, a weights file that does not open, another dtype."""
+    given), else why not: no or unreadable marker, a recorded file missing, of
+    another size or (``hashes``) another sha256, a weights file that does not open,
+    another dtype."""
     step_dir = Path(step_dir)
     marker = step_dir / MARKER
     if not marker.is_file():
@@ -141,6 +144,12 @@ def check_merged(step_dir: Path, dtype: str | None = None) -> str | None:
             return f"{name} missing"
         if f.stat().st_size != rec.get("size"):
             return f"{name} has {f.stat().st_size} bytes, {rec.get('size')} recorded"
+    if hashes:  # a file of the right size can still be corrupted: compare the content
+        for name, rec in files.items():
+            if not isinstance(rec.get("sha256"), str):
+                return f"{MARKER} records no sha256 for {name}"
+            if sha256_file(step_dir / name) != rec["sha256"]:
+                return f"{name} does not match the sha256 in {MARKER} (changed or corrupted since it was written)"
     from safetensors import safe_open
 
     for name in weights:

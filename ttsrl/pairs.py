@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from . import vocab as V
 from .atomic import atomic_path
 from .jsonl import iter_objects
+from .limits import codes_problem, text_problem
 
 SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -78,6 +79,7 @@ class MiningReport:
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
     margins: list[float] = field(default_factory=list)
+    last_error: str = ""  # the last reward request's failure, as the client saw it
 
     def summary(self) -> str:
         rate = self.texts_with_pairs / self.seconds if self.seconds else float("nan")
@@ -94,6 +96,9 @@ def _check_codes(value, where: str, name: str) -> list[int]:
         raise PairsError(f"{where}: '{name}' must be a list of integer speech codes")
     if not value:
         raise PairsError(f"{where}: '{name}' is empty (a pair needs speech tokens on both sides)")
+    too_long = codes_problem(len(value))
+    if too_long:
+        raise PairsError(f"{where}: '{name}' has {too_long}")
     bad = [c for c in value if not 0 <= c < V.SPEECH_TOKEN_SIZE]
     if bad:
         raise PairsError(f"{where}: '{name}' holds speech code {bad[0]} outside 0..{V.SPEECH_TOKEN_SIZE - 1}")
@@ -103,9 +108,58 @@ def _check_codes(value, where: str, name: str) -> list[int]:
 def _reward(value, where: str, name: str) -> float:
     if value is None:
         return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PairsError(f"{where}: '{name}' must be a finite number when given")
+    if not math.isfinite(value):  # NaN in Parquet: unknown (mining writes it for real recordings)
+        if math.isnan(value):
+            return math.nan
         raise PairsError(f"{where}: '{name}' must be a finite number when given")
     return float(value)
+
+
+def _check_text(text, where: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise PairsError(f"{where}: expected a non-empty string 'text'")
+    text = text.strip()
+    why = text_problem(text)
+    if why:
+        raise PairsError(f"{where}: 'text': {why}")
+    return text
+
+
+def check_prompt_ids(ids, where: str, vocab: V.SpeechVocab, tokenizer=None) -> list[int]:
+    """``[sos] + text ids + [task_id]``: every inner id a text id of ``vocab``. A text
+    that spells a speech-vocabulary token (``<|s_12|>``, ``<|sos|>``, ``<|task_id|>``)
+    is refused, since the tokenizer reads it as that token's id inside the prompt."""
+    ids = list(ids)
+    if len(ids) < 2 or ids[0] != vocab.sos_id or ids[-1] != vocab.task_id:
+        raise PairsError(f"{where}: prompt_ids must be [sos] + text + [task_id] for this tokenizer")
+    bad = [i for i in ids[1:-1] if not (isinstance(i, int) and 0 <= i < vocab.text_vocab_size)]
+    if bad:
+        name = tokenizer.convert_ids_to_tokens(bad[0]) if tokenizer is not None and bad[0] >= 0 else None
+        raise PairsError(f"{where}: " + (
+            f"'text' holds {name!r}, a token of the speech vocabulary: the prompt would carry it as id {bad[0]}; "
+            "remove it from the text" if name else
+            f"prompt_ids holds id {bad[0]}, outside the text ids 0..{vocab.text_vocab_size - 1} of this tokenizer"))
+    return ids
+
+
+def _check_pair(where: str, key, text, chosen, rejected, cr, rr, seen: dict) -> tuple:
+    """The checks both readers make, with the same messages."""
+    text = _check_text(text, where)
+    chosen = _check_codes(chosen, where, "chosen")
+    rejected = _check_codes(rejected, where, "rejected")
+    if chosen == rejected:
+        raise PairsError(f"{where}: 'chosen' and 'rejected' are the same sequence")
+    if not isinstance(key, str) or not key:
+        raise PairsError(f"{where}: the id must be a non-empty string, got {key!r}")
+    if key in seen:
+        raise PairsError(f"{where}: id {key!r} already used at {seen[key]}")
+    seen[key] = where
+    cr, rr = _reward(cr, where, "chosen_reward"), _reward(rr, where, "rejected_reward")
+    if cr < rr:  # NaN compares False: unknown rewards pass
+        raise PairsError(f"{where}: chosen_reward {cr} is below rejected_reward {rr}; swap them")
+    return text, chosen, rejected, cr, rr
 
 
 def read_user_pairs(path: str | Path, tokenizer) -> list[Pair]:
@@ -114,32 +168,25 @@ def read_user_pairs(path: str | Path, tokenizer) -> list[Pair]:
         {"id": "utt1", "text": "...", "chosen": [codes], "rejected": [codes],
          "chosen_reward": 0.9, "rejected_reward": 0.2}
 
-    ``id`` and the rewards are optional. ``prompt_ids`` are built from ``text`` with
-    the checkpoint's tokenizer, exactly as mining builds them."""
+    ``id`` (a string or an integer) and the rewards are optional. ``prompt_ids`` are
+    built from ``text`` with the checkpoint's tokenizer, exactly as mining builds them."""
     sv = V.vocab_of(tokenizer)
     out, seen = [], {}
     for where, obj in iter_objects(path, PairsError):
-        text = obj.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise PairsError(f"{where}: expected a non-empty string 'text'")
         for need in ("chosen", "rejected"):
             if need not in obj:
                 raise PairsError(f"{where}: missing '{need}' (a list of speech codes 0..{V.SPEECH_TOKEN_SIZE - 1})")
-        chosen = _check_codes(obj["chosen"], where, "chosen")
-        rejected = _check_codes(obj["rejected"], where, "rejected")
-        if chosen == rejected:
-            raise PairsError(f"{where}: 'chosen' and 'rejected' are the same sequence")
-        key = str(obj.get("id", f"pair_{len(out) + 1:06d}"))
-        if key in seen:
-            raise PairsError(f"{where}: id {key!r} already used at {seen[key]}")
-        seen[key] = where
-        cr, rr = _reward(obj.get("chosen_reward"), where, "chosen_reward"), _reward(
-            obj.get("rejected_reward"), where, "rejected_reward")
-        if cr < rr:  # NaN compares False: unknown rewards pass
-            raise PairsError(f"{where}: chosen_reward {cr} is below rejected_reward {rr}; swap them")
-        text = text.strip()
+        key = obj.get("id")
+        if key is None:
+            key = f"pair_{len(out) + 1:06d}"
+        elif isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+        elif not isinstance(key, str):
+            raise PairsError(f"{where}: 'id' must be a string or an integer when given, got {type(key).__name__}")
+        text, chosen, rejected, cr, rr = _check_pair(where, key, obj.get("text"), obj["chosen"], obj["rejected"],
+                                                     obj.get("chosen_reward"), obj.get("rejected_reward"), seen)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        prompt = [sv.sos_id] + list(ids) + [sv.task_id]
+        prompt = check_prompt_ids([sv.sos_id] + list(ids) + [sv.task_id], where, sv, tokenizer)
         out.append(Pair(key, text, prompt, chosen, rejected, cr, rr))
     if not out:
         raise PairsError(f"{path}: no pairs")
@@ -156,25 +203,30 @@ def write_pairs(pairs: Sequence[Pair], path: str | Path) -> Path:
 
 
 def read_pairs(path: str | Path, vocab: V.SpeechVocab | None = None) -> list[Pair]:
-    """Read and check a pairs Parquet (either origin)."""
+    """Read and check a pairs Parquet (either origin), row by row with the checks of
+    the JSONL reader; errors name ``FILE: row N``."""
     path = Path(path)
     if not path.is_file():
         raise PairsError(f"{path}: no such pairs file (run the pair-mining stage first)")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise PairsError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); expected the pairs "
+                         "file mine_pairs.py writes") from None
     missing = [n for n in SCHEMA.names if n not in table.column_names]
     if missing:
         raise PairsError(f"{path}: missing column(s) {missing}; expected {SCHEMA.names}")
-    out = []
+    out, seen = [], {}
     for i, row in enumerate(table.select(SCHEMA.names).to_pylist()):
         where = f"{path}: row {i}"
-        _check_codes(row["chosen"], where, "chosen")
-        _check_codes(row["rejected"], where, "rejected")
+        text, chosen, rejected, cr, rr = _check_pair(where, row["key"], row["text"], row["chosen"], row["rejected"],
+                                                     row["chosen_reward"], row["rejected_reward"], seen)
+        prompt = row["prompt_ids"]
+        if not isinstance(prompt, list):
+            raise PairsError(f"{where}: prompt_ids must be a list of token ids")
         if vocab is not None:
-            p = row["prompt_ids"]
-            if len(p) < 2 or p[0] != vocab.sos_id or p[-1] != vocab.task_id:
-                raise PairsError(f"{where}: prompt_ids must be [sos] + text + [task_id] for this tokenizer")
-        out.append(Pair(**{k: (math.nan if row[k] is None and k.endswith("reward") else row[k])
-                           for k in SCHEMA.names}))
+            check_prompt_ids(prompt, where, vocab)
+        out.append(Pair(row["key"], text, prompt, chosen, rejected, cr, rr))
     if not out:
         raise PairsError(f"{path}: no pairs")
     return out
@@ -214,6 +266,10 @@ def mine_pairs(generator, tokenizer, utts, *, k: int, min_margin: float, gen_cfg
     rep = MiningReport(texts=len(utts))
     t0 = time.time()
     base = make_requests(tokenizer, utts)
+    for u, r in zip(utts, base):  # the rules of the pair readers, before any sampling
+        where = f"text {u.id!r}"
+        _check_text(u.text, where)
+        check_prompt_ids([sv.sos_id, *r.text_ids, sv.task_id], where, sv, tokenizer)
     reqs = [replace(r, key=f"{r.key}#{j}") for r in base for j in range(k)]
     gen = generator.generate(reqs, gen_cfg, progress=progress)
     rep.generate_seconds = time.time() - t0
@@ -227,7 +283,8 @@ def mine_pairs(generator, tokenizer, utts, *, k: int, min_margin: float, gen_cfg
             try:
                 r, _, _ = await request_reward(g.codes, utts[i // k].text, reward_cfg)
                 return r
-            except RequestFailed:
+            except RequestFailed as e:
+                rep.last_error = str(e)
                 return None
         return await asyncio.gather(*[one(i) for i in range(len(reqs))])
 

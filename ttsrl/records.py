@@ -70,6 +70,29 @@ def _surrogate_error(source: str, value: Any) -> Invalid | None:
     return None
 
 
+def iter_text_lines(path: str | Path, error: type[Exception] = DataError) -> Iterator[tuple[int, str]]:
+    """``(line number, line without its newline)`` of a UTF-8 text file (a BOM on the
+    first line is dropped); a line that is not UTF-8 (a Latin-1 or GBK ``meta.lst``)
+    raises ``error`` naming ``FILE:LINE`` and the byte, a folder or a missing file too."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a directory (expected a text file)")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e.strerror}") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{lineno}: not valid UTF-8 (byte {e.start + 1} of the line, "
+                            f"{raw[e.start:e.start + 1]!r}); save the file as UTF-8") from None
+            yield lineno, text.rstrip("\r\n")
+
+
 class RecordReader:
     """Iterate the rows of a JSONL file or a JSON array file, with line numbers.
 

@@ -73,7 +73,13 @@ class RewardServiceError(RuntimeError):
 
 
 class RequestFailed(Exception):
-    """One reward request failed for good (after retries, or a non-retryable answer)."""
+    """One reward request failed for good (after retries, or a non-retryable answer).
+    ``refused``: the server answered 4xx, i.e. the request itself is wrong and sending
+    it again gives the same answer (it is never retried)."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
@@ -200,7 +206,7 @@ async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -
                         detail = (await resp.text())[:300]
                         last = f"HTTP {resp.status} from {cfg.infer_url}: {detail}"
                         if resp.status not in RETRYABLE_STATUS:
-                            raise RequestFailed(last)
+                            raise RequestFailed(last, refused=400 <= resp.status < 500)
                         ra = resp.headers.get("Retry-After")
                         retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
             except RequestFailed:
@@ -250,10 +256,12 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
     except RequestFailed as e:
         failed, started = window.end(wid, True)
         if failed > cfg.max_fail_fraction * started:
+            hint = (f"The server refused that request as invalid (not retried): check the text {ground_truth[:80]!r} "
+                    "of the data (prepare_data.py flags texts the reward cannot read)." if e.refused else
+                    f"Is the reward server at {cfg.url} ({ENV_URL}) up and serving model {cfg.model!r}?")
             raise RewardServiceError(
                 f"{failed} of {started} reward requests of this step failed (limit "
-                f"{cfg.max_fail_fraction:.0%}, {ENV_MAX_FAIL}); last error: {e}. Is the reward server at "
-                f"{cfg.url} ({ENV_URL}) up and serving model {cfg.model!r}?") from e
+                f"{cfg.max_fail_fraction:.0%}, {ENV_MAX_FAIL}); last error: {e}. {hint}") from e
         log.warning("reward request failed (%d of %d this step, within the %.0f%% limit); "
                     "scoring this sample 0 and flagging reward_failed: %s",
                     failed, started, 100 * cfg.max_fail_fraction, e)

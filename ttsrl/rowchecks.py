@@ -17,8 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from .limits import text_length_problem
 from .records import DataError, Invalid
-from .vocab import SOS_TOKEN, TASK_ID_TOKEN
+from .text import unreadable
+from .vocab import SOS_TOKEN, TASK_ID_TOKEN, speech_token_name_in
 
 OUTPUT_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 _OUTPUT_COLUMN_SET = frozenset(OUTPUT_COLUMNS)
@@ -47,6 +49,17 @@ def extract_text(value: Any) -> tuple[str | None, Invalid | None]:
     if not (text[0].isalnum() or any(ch.isalnum() for ch in text)):
         return None, Invalid("nothing to speak", "field \"text\" has no letter or digit "
                                                  "(nothing to speak)")
+    # the reward server and the pair readers refuse the same texts (ttsrl.limits)
+    why = text_length_problem(text)
+    if why:
+        return None, Invalid("text too long", f"field \"text\": {why}")
+    why = unreadable(text)
+    if why:
+        return None, Invalid("unreadable text", f"field \"text\": {why}")
+    name = speech_token_name_in(text)
+    if name:
+        return None, Invalid("speech token in text", f"field \"text\" holds {name!r}, a token of the speech "
+                                                     "vocabulary: the prompt would carry its id; remove it")
     if not _OUTPUT_COLUMN_SET.isdisjoint(value):
         clash = next(k for k in OUTPUT_COLUMNS if k in value)
         return None, Invalid("reserved field", f"field {clash!r} clashes with verl's output "

@@ -7,7 +7,9 @@ pipeline call, same reward variant (including the ASR log-likelihood for
 
 A failure is an utterance with nothing to hear (zero speech codes): reward 0 and
 error rate 1 by definition, transcript "". Backend errors are not failures here: they
-raise, and the caller decides (the server answers 500, the evaluator stops).
+raise, and the caller decides (the server scores the items of that batch one by one
+and answers only those that fail alone, 422 for a ValueError, 500 otherwise; the
+evaluator stops).
 """
 
 from __future__ import annotations

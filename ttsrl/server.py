@@ -25,6 +25,7 @@ from aiohttp import web
 from .backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from .batching import Batcher, Stats
 from .http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
+from .limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from .protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
@@ -52,7 +53,8 @@ class ServerConfig:
     max_delay_ms: float = 10.0
     max_queue: int = 4096  # requests waiting for a worker; more get 503
     max_body_bytes: int = 1 << 20
-    max_tokens: int = 4096  # speech codes per sequence (CosyVoice2: 25/s -> 160 s)
+    max_tokens: int = MAX_SPEECH_CODES  # speech codes per sequence (CosyVoice2: 25/s -> 164 s)
+    max_text_chars: int = MAX_TEXT_CHARS  # characters of GT_TEXT (ttsrl.limits)
     devices: list[str] | None = None  # None: every local device
     retry_after_s: int = 1
     max_connections: int = 0  # open connections; 0 = half the file-descriptor limit, at most 1024
@@ -64,7 +66,7 @@ class ServerConfig:
 
         if self.reward not in REWARDS:
             raise ValueError(f"unknown reward {self.reward!r}; choose from {sorted(REWARDS)}")
-        for name in ("max_batch", "max_queue", "max_body_bytes", "max_tokens"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_tokens", "max_text_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_delay_ms < 0 or self.max_connections < 0:
@@ -265,6 +267,9 @@ class RewardServer:
         except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
             raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
         codes, text, rid, wanted = parse_infer_request(body, self.cfg.max_tokens)
+        why = text_problem(text, self.cfg.max_text_chars)
+        if why:  # the same rule as stage 0 and the pair readers: never reaches a batch
+            raise RequestError(f"input GT_TEXT: {why}", 422)
         result: Scored = await self.batcher.submit(codes, text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               rid, wanted)

@@ -9,21 +9,29 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
-def merged_steps(merged_dir: str | Path) -> dict[int, Path]:
-    """step -> folder for every complete merged step (stage 3 writes its marker last)."""
-    from .merge import is_merged
+def merged_steps(merged_dir: str | Path, warn: Callable[[str], None] | None = print) -> dict[int, Path]:
+    """step -> folder for every complete, verified merged step (marker written last,
+    every file of its recorded size and sha256). A ``step_N`` that fails the check is
+    left out, and ``warn`` says which and why."""
+    from .merge import check_merged
 
     d = Path(merged_dir)
     out = {}
     if d.is_dir():
-        for p in d.iterdir():
+        for p in sorted(d.iterdir()):
             m = _STEP_RE.match(p.name)
-            if m and is_merged(p):
+            if not (m and p.is_dir()):
+                continue
+            why = check_merged(p)
+            if why is None:
                 out[int(m.group(1))] = p
+            elif warn is not None:
+                warn(f"warning: {p} left out: not a complete, verified step ({why})")
     return dict(sorted(out.items()))
 
 
@@ -71,7 +79,12 @@ def best_step(summary_path: str | Path, metric: str | None = None) -> int:
 def model_dir_for(step: int, start_model: str | Path, merged_dir: str | Path) -> Path:
     if step == 0:
         return Path(start_model)
-    steps = merged_steps(merged_dir)
-    if step not in steps:
-        raise ValueError(f"step {step} is not merged in {merged_dir} (have {sorted(steps) or 'none'})")
-    return steps[step]
+    from .merge import check_merged
+
+    path = Path(merged_dir) / f"step_{step}"
+    why = check_merged(path) if path.is_dir() else "absent"
+    if why is not None:
+        have = sorted(int(m.group(1)) for p in Path(merged_dir).glob("step_*") if (m := _STEP_RE.match(p.name)))
+        raise ValueError(f"step {step} in {merged_dir} is not a complete, verified step: {why} "
+                         f"(step folders there: {have or 'none'})")
+    return path

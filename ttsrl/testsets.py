@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .jsonl import iter_objects
+from .records import iter_text_lines
 from .vocab import SPEECH_TOKEN_SIZE
 
 PROMPT_TOKENS_FILE = "prompt_speech_tokens.jsonl"
@@ -135,31 +136,28 @@ def _with_prompts(name: str, d: Path, layout: str, rows: list[tuple[str, str, st
 
 def read_seedtts_test_set(name: str, meta: Path) -> TestSet:
     rows, wavs = [], {}
-    with open(meta, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) < 4 or not parts[0] or not parts[3].strip():
-                raise TestSetError(f"{meta}:{lineno}: expected 'utt|prompt_text|prompt_wav|text' "
-                                   f"(Seed-TTS meta.lst), got {len(parts)} field(s)")
-            rows.append((parts[0], parts[1].strip(), parts[3].strip()))
-            wavs[parts[0]] = parts[2].strip()
+    for lineno, line in iter_text_lines(meta, TestSetError):
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < 4 or not parts[0] or not parts[3].strip():
+            raise TestSetError(f"{meta}:{lineno}: expected 'utt|prompt_text|prompt_wav|text' "
+                               f"(Seed-TTS meta.lst), got {len(parts)} field(s)")
+        rows.append((parts[0], parts[1].strip(), parts[3].strip()))
+        wavs[parts[0]] = parts[2].strip()
     return _with_prompts(name, meta.parent, "seedtts", rows, wavs)
 
 
 def _read_kaldi(path: Path) -> list[tuple[str, str]]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            utt, _, value = line.partition(" ")
-            if not value.strip():
-                raise TestSetError(f"{path}:{lineno}: expected 'utt value' (Kaldi style)")
-            out.append((utt, value.strip()))
+    for lineno, line in iter_text_lines(path, TestSetError):
+        line = line.strip()
+        if not line:
+            continue
+        utt, _, value = line.partition(" ")
+        if not value.strip():
+            raise TestSetError(f"{path}:{lineno}: expected 'utt value' (Kaldi style)")
+        out.append((utt, value.strip()))
     return out
 
 

@@ -87,9 +87,12 @@ def _digits(s: str) -> str:
 def _cardinal(s: str) -> str:
     """An integer as a Chinese number: "1001" -> 一千零一. Over 16 digits: digit by digit."""
     s = s.lstrip("0") or "0"
-    if len(s) > 16:
+    if len(s) > 16 or not s.isascii():
         return _digits(s)
-    out = cn2an.an2cn(s, "low")
+    try:
+        out = cn2an.an2cn(s, "low")
+    except Exception:  # cn2an's own checks: read it digit by digit rather than fail a reward
+        return _digits(s)
     # a leading 2 before 千/万/亿 is spoken 两: 2000 -> 两千, 20000 -> 两万
     return "两" + out[1:] if out[:2] in ("二千", "二万", "二亿") else out
 
@@ -128,36 +131,36 @@ def _time(m: re.Match) -> str:
 
 _NUMBER_RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str]], ...] = (
     # thousands separators: 1,000,000 -> 1000000
-    (re.compile(r"(?<=\d),(?=\d{3}(?!\d))"), lambda m: ""),
+    (re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))"), lambda m: ""),
     # ISO-like dates 2024-03-05, 2024/3/5, 2024.3.5
-    (re.compile(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)"),
+    (re.compile(r"(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])"),
      lambda m: _digits(m.group(1)) + "年" + _cardinal(m.group(2)) + "月"
      + _cardinal(m.group(3)) + "日"),
     # clock times 10:30 -> 十点三十分, 8:05 -> 八点零五分, 9:00 -> 九点
-    (re.compile(r"(?<!\d)(\d{1,2})[:：](\d{2})(?!\d)"), _time),
+    (re.compile(r"(?<![0-9])([0-9]{1,2})[:：]([0-9]{2})(?![0-9])"), _time),
     # scores with a one-digit second number 3:2 -> 三比二
-    (re.compile(r"(?<!\d)(\d+)[:：](\d)(?!\d)"),
+    (re.compile(r"(?<![0-9])([0-9]+)[:：]([0-9])(?![0-9])"),
      lambda m: _cardinal(m.group(1)) + "比" + _cardinal(m.group(2))),
     # years are read digit by digit: 2024年 -> 二零二四年 (months and days: cardinals)
-    (re.compile(r"(?<!\d)(\d{4})(?=年)"), lambda m: _digits(m.group(1))),
+    (re.compile(r"(?<![0-9])([0-9]{4})(?=年)"), lambda m: _digits(m.group(1))),
     # percentages / per mille: 50% -> 百分之五十, 3.5% -> 百分之三点五
-    (re.compile(r"(\d+)(?:\.(\d+))?\s*%"), lambda m: "百分之" + _decimal(m.group(1), m.group(2))),
-    (re.compile(r"(\d+)(?:\.(\d+))?\s*‰"), lambda m: "千分之" + _decimal(m.group(1), m.group(2))),
+    (re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*%"), lambda m: "百分之" + _decimal(m.group(1), m.group(2))),
+    (re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*‰"), lambda m: "千分之" + _decimal(m.group(1), m.group(2))),
     # phone numbers with hyphens (7+ digits): 010-12345678 -> digit by digit
-    (re.compile(r"(?<!\d)\d+(?:-\d+)+(?!\d)"),
+    (re.compile(r"(?<![0-9])[0-9]+(?:-[0-9]+)+(?![0-9])"),
      lambda m: (_digits(m.group(0).replace("-", ""))
                 if sum(c.isdigit() for c in m.group(0)) >= 7 else m.group(0))),
     # ranges 3-5, 3~5 -> 三到五
-    (re.compile(r"(?<![\d.])(\d{1,4})\s*[-~]\s*(\d{1,4})(?![\d.])"),
+    (re.compile(r"(?<![0-9.])([0-9]{1,4})\s*[-~]\s*([0-9]{1,4})(?![0-9.])"),
      lambda m: _cardinal(m.group(1)) + "到" + _cardinal(m.group(2))),
     # fractions 3/4 -> 四分之三
-    (re.compile(r"(?<!\d)(\d+)/(\d+)(?!\d)"),
+    (re.compile(r"(?<![0-9])([0-9]+)/([0-9]+)(?![0-9])"),
      lambda m: _cardinal(m.group(2)) + "分之" + _cardinal(m.group(1))),
     # decimals 3.14 -> 三点一四
-    (re.compile(r"(\d+)\.(\d+)"), lambda m: _decimal(m.group(1), m.group(2))),
+    (re.compile(r"([0-9]+)\.([0-9]+)"), lambda m: _decimal(m.group(1), m.group(2))),
     # a minus sign not preceded by a letter or digit: -5 -> 负五, "温度-3度" -> 温度负三度
-    (re.compile(r"(?<![A-Za-z0-9])-(?=\d)"), lambda m: "负"),
-    (re.compile(r"\d+"), _integer),
+    (re.compile(r"(?<![A-Za-z0-9])-(?=[0-9])"), lambda m: "负"),
+    (re.compile(r"[0-9]+"), _integer),
 )
 
 # a toned syllable standing as its own ASCII token ("ni3"): protected from the rules
@@ -166,6 +169,20 @@ _APOSTROPHE_RE = re.compile(r"(?<=[^\W\d_])['’](?=[^\W\d_])")
 _CJK_CLASS = "".join(
     f"{chr(lo)}-{chr(hi)}" if lo != hi else chr(lo) for lo, hi in _CJK_RANGES)
 _UNIT_RE = re.compile(rf"[{_CJK_CLASS}]|[^\s{_CJK_CLASS}]+")
+
+
+@lru_cache(maxsize=1)
+def _decimal_digits() -> dict[int, str]:
+    """Every Unicode decimal digit (category Nd: Arabic-Indic ٣, Devanagari ३, ...) ->
+    its ASCII digit. NFKC maps only full-width and mathematical digits."""
+    import sys
+
+    out = {}
+    for cp in range(128, sys.maxunicode + 1):
+        d = unicodedata.decimal(chr(cp), None)
+        if d is not None:
+            out[cp] = str(d)
+    return out
 
 
 def _numbers_to_words(text: str) -> str:
@@ -182,8 +199,9 @@ def _is_separator(ch: str) -> bool:
 def normalize(text: str) -> str:
     """Canonical form of a Mandarin (or mixed) sentence; idempotent.
 
-    1. Unicode NFKC (full-width digits/letters/％ become ASCII), traditional ->
-       simplified (zhconv).
+    1. Unicode NFKC (full-width digits/letters/％ become ASCII), every other decimal
+       digit (Arabic-Indic ٣, Devanagari ३, ...) becomes its ASCII digit, traditional ->
+       simplified (zhconv). It never raises: what no rule reads passes through.
     2. Numbers become Chinese words (see ``_NUMBER_RULES``): dates, clock times,
        percentages, phone-like strings, fractions, decimals, negatives, cardinals.
        Tokens that already are toned syllables ("ni3") are left alone.
@@ -193,7 +211,9 @@ def normalize(text: str) -> str:
        a CJK character and exactly one space between two non-CJK words:
        "我用 iPhone 拍照。" -> "我用iphone拍照", "Hello,  World" -> "hello world".
     """
-    text = zhconv.convert(unicodedata.normalize("NFKC", text), "zh-cn")
+    text = unicodedata.normalize("NFKC", text)
+    if not text.isascii():
+        text = zhconv.convert(text.translate(_decimal_digits()), "zh-cn")
     pieces, pos = [], 0
     for m in _TONED_TOKEN_RE.finditer(text):
         if m.group(1).lower() in syllables():
@@ -302,3 +322,43 @@ def cer(ref: str, hyp: str) -> float:
     Falls back to the syllable error rate for a toned-pinyin transcript. Can exceed 1.
     """
     return _rate(*error_counts(ref, hyp, "char"))
+
+
+# ---------------------------------------------------------------------------
+# can the reward read a text?
+
+@lru_cache(maxsize=1)
+def _non_ascii_number_re() -> re.Pattern:
+    """Every non-ASCII character of Unicode category N (Nd, Nl, No), as one class."""
+    import sys
+
+    cps = [cp for cp in range(128, sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] == "N"]
+    ranges, start = [], cps[0]
+    for a, b in zip(cps, cps[1:] + [-1]):
+        if b != a + 1:
+            ranges.append(re.escape(chr(start)) + ("-" + re.escape(chr(a)) if a != start else ""))
+            start = b
+    return re.compile("[" + "".join(ranges) + "]")
+
+
+def unreadable(text: str) -> str | None:
+    """Why ``normalize`` cannot read ``text`` out (None when it can).
+
+    ``normalize`` never raises; what it cannot read it passes through. For a reference
+    text that matters: a number left as a symbol ("〡", U+3021) is never spoken the
+    same way twice, and a text with nothing left to speak has no error rate. Only a
+    text with a letter or digit, and whose non-ASCII numbers all normalise to words,
+    is readable (checked without normalising when it has no non-ASCII number)."""
+    if not any(ch.isalnum() for ch in text):
+        return "nothing to speak (no letter or digit)"
+    if text.isascii() or not _non_ascii_number_re().search(text):
+        return None
+    norm = normalize(text)
+    for ch in norm:
+        if unicodedata.category(ch)[0] == "N":
+            name = unicodedata.name(ch, "unnamed")
+            return (f"{ch!r} (U+{ord(ch):04X} {name}) is a number the text normaliser cannot read out; "
+                    "write it in words or ASCII digits")
+    if not any(ch.isalnum() for ch in norm):
+        return "nothing to speak after normalisation (no letter or digit)"
+    return None

@@ -71,6 +71,17 @@ def speech_token_name(index: int) -> str:
     raise ValueError(f"LLM output index {index} outside 0..{NUM_OUTPUTS - 1}")
 
 
+_NAME_IN_TEXT_RE = re.compile(r"<\|s_\d+\|>|" + "|".join(re.escape(n) for n in STOP_TOKEN_NAMES + (SOS_TOKEN, TASK_ID_TOKEN)))
+
+
+def speech_token_name_in(text: str) -> str | None:
+    """The first name of a speech-vocabulary token spelled in ``text`` (``<|s_12|>``,
+    ``<|eos1|>``, ``<|sos|>``, ``<|task_id|>``), which a tokenizer would read as that
+    token's id inside the prompt; None when there is none."""
+    m = _NAME_IN_TEXT_RE.search(text) if "<|" in text else None
+    return m.group(0) if m else None
+
+
 def added_token_names() -> list[str]:
     """The tokens appended after the text vocabulary, in id order."""
     return [speech_token_name(i) for i in range(NUM_OUTPUTS)] + [SOS_TOKEN, TASK_ID_TOKEN]

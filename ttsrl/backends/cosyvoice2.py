@@ -41,6 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, check_prompt_wav  # noqa: F401 - the one wav check
 from .base import Audio, SpeakerPrompt, Token2Wav
 
 #: what token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)
@@ -48,8 +49,6 @@ TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "sp
 #: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
 MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
 YAML_KEEP = ("flow", "hift", "feat_extractor")
-PROMPT_MIN_RATE = 16000
-PROMPT_MAX_S = 30.0
 _CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
 
 
@@ -64,24 +63,6 @@ def check_model_dir(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FI
     if missing:
         raise FileNotFoundError(f"CosyVoice2 model folder {model_dir} lacks {', '.join(missing)} "
                                 f"(needs {', '.join(entries)}; from the released CosyVoice2-0.5B)")
-
-
-def check_prompt_wav(path: str | Path) -> tuple[int, float]:
-    """(sample rate, seconds) of a prompt wav; raises unless >= 16 kHz and <= 30 s."""
-    import soundfile as sf
-
-    try:
-        info = sf.info(str(path))
-    except Exception as e:  # noqa: BLE001 - any unreadable file
-        raise ValueError(f"prompt wav {path}: cannot read it ({e})") from None
-    dur = info.frames / float(info.samplerate)
-    if info.samplerate < PROMPT_MIN_RATE:
-        raise ValueError(f"prompt wav {path}: {info.samplerate} Hz, CosyVoice2 needs >= {PROMPT_MIN_RATE} Hz")
-    if dur > PROMPT_MAX_S:
-        raise ValueError(f"prompt wav {path}: {dur:.1f} s, CosyVoice2's speech tokenizer takes <= {PROMPT_MAX_S:.0f} s")
-    if info.frames == 0:
-        raise ValueError(f"prompt wav {path}: empty")
-    return info.samplerate, dur
 
 
 def load_wav_16k(path: str | Path):
