@@ -33,9 +33,10 @@ from .protocol import (
     RequestError,
     build_response,
     model_metadata,
-    parse_infer_request,
+    parse_infer,
 )
 from .scoring import Scored, score_codes
+from .triton_binary import EXTENSION, HEADER, encode_response
 
 log = logging.getLogger("ttsrl.server")
 
@@ -225,7 +226,7 @@ class RewardServer:
             raise RequestError(f"unknown version {version!r} of {name}; available: {MODEL_VERSION}", 404)
 
     async def _server_meta(self, request):
-        return _json({"name": "ttsrl-reward", "version": "1", "extensions": []})
+        return _json({"name": "ttsrl-reward", "version": "1", "extensions": [EXTENSION]})
 
     async def _live(self, request):
         return _json({"live": True})
@@ -264,12 +265,16 @@ class RewardServer:
             body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
         except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
             raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
-        codes, text, rid, wanted = parse_infer_request(body, self.cfg.max_tokens)
-        result: Scored = await self.batcher.submit(codes, text)
+        req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
+        result: Scored = await self.batcher.submit(req.codes, req.text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              rid, wanted)
+                              req.rid, req.wanted)
         self.stats.ok += 1
-        return _json(resp)
+        data, json_length = encode_response(resp, req.binary_outputs)
+        if json_length is None:  # nothing asked for in binary: plain JSON
+            return web.Response(body=data, content_type="application/json")
+        return web.Response(body=data, content_type="application/octet-stream",
+                            headers={HEADER: str(json_length)})
 
 
 # ---------------------------------------------------------------------------
