@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import requests
+import tritonclient.http as http
 
 from ttsrl import sim
 from ttsrl.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path, parse_response
 from ttsrl.vocab import SPEECH_TOKEN_SIZE
-
-http = pytest.importorskip("tritonclient.http")
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。"]
 
