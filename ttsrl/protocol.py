@@ -285,7 +285,9 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
     try:  # the int hook costs ~1 ms per 4,096 codes: only when a long digit run is there at all
         req = json.loads(body, parse_int=_bounded_int) if _LONG_DIGITS.search(body) else json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"body is not valid JSON: {e}") from None
+        hint = (" (binary tensor data needs the Inference-Header-Content-Length header)"
+                if header_length is None and b"binary_data_size" in body else "")
+        raise RequestError(f"body is not valid JSON: {e}{hint}") from None
     except RecursionError:  # not reached after check_json_shape; kept as a backstop
         raise RequestError("body is JSON nested too deeply") from None
     if not isinstance(req, dict):
