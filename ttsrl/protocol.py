@@ -10,7 +10,8 @@ the health check (``ttsrl.health``) and the benchmarks::
       outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1]
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
-    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram
+    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
+    GET /metrics                  the same and stage latencies for Prometheus (``ttsrl.metrics``)
 
 A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)
 works unchanged: JSON data, or Triton's binary tensor data extension (what

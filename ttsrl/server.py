@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,7 @@ from aiohttp import web
 from .backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from .batching import Batcher, Stats
 from .http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
+from .metrics import ServerMetrics
 from .protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
@@ -96,6 +98,9 @@ class RewardServer:
         cfg.validate()
         self.cfg = cfg
         self.stats = Stats()
+        self.metrics = ServerMetrics(cfg.max_batch)
+        self.metrics.watch(lambda: len(self.batcher.queue) if self.batcher else 0,
+                           lambda: len(self.guard.conns) if self.guard else 0)
         self._given = list(pipelines) if pipelines else None
         self._factory = pipeline_factory or (lambda dev: build_pipeline(cfg.backend, dev))
         self.pipelines: list[SpeechPipeline] = []
@@ -136,7 +141,8 @@ class RewardServer:
 
     # ---- lifecycle -------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._errors])
+        app = web.Application(client_max_size=self.cfg.max_body_bytes,
+                              middlewares=[self.metrics.middleware, self._errors])
         name = "{name}"
         app.add_routes([
             web.get("/v2", self._server_meta),
@@ -147,6 +153,7 @@ class RewardServer:
             web.get(f"/v2/models/{name}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/versions/{{version}}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/stats", self._stats),
+            web.get("/metrics", self.metrics.handle),
             web.post(f"/v2/models/{name}/infer", self._infer),
             web.post(f"/v2/models/{name}/versions/{{version}}/infer", self._infer),
         ])
@@ -168,7 +175,7 @@ class RewardServer:
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
-        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self.score, self.errors)
+        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self._score_counted, self.errors)
         self.batcher.start()
         self.ready = True
         log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)
@@ -176,6 +183,13 @@ class RewardServer:
     def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
         """Score one batch (runs in a worker thread)."""
         return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard)
+
+    def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
+        """:meth:`score` for the batcher: a scored batch goes into the metrics."""
+        t0 = time.perf_counter()
+        out = self.score(pipeline, codes, texts)
+        self.metrics.observe_batch(len(codes), time.perf_counter() - t0, getattr(pipeline, "last_stage_seconds", {}))
+        return out
 
     async def _cleanup(self, app: web.Application) -> None:
         self.ready = False
