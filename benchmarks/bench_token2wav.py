@@ -4,9 +4,11 @@
 The model is the random-weight CosyVoice2 folder of the tests (tests/cosyvoice2_tiny.py):
 the released yaml's classes, sample rate and token rate with fewer blocks/channels, so the
 number is a lower bound of the cost of the real 0.5B-recipe flow (same 10 Euler steps with
-CFG, same HiFT upsampling) scaled down in width. Prints seconds of audio per second.
+CFG, same HiFT upsampling) scaled down in width. Prints seconds of audio per second, then utterances per second of the
+one-by-one path and of the batched flow (``CosyVoice2Config.batch_flow``) at each batch size.
 
     .venv/bin/python benchmarks/bench_token2wav.py [--tokens 100] [--repeats 3] [--device cpu]
+                                                   [--batch-sizes 1,8,16]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model-dir", default=None, help="a real CosyVoice2 folder instead of the tiny one")
+    ap.add_argument("--batch-sizes", default="1,8,16", help="serial vs batched flow at these batch sizes ('' = skip)")
     a = ap.parse_args()
 
     import torch
@@ -52,6 +55,18 @@ def main() -> None:
             audio_s += out.duration_s
         print(f"token2wav ({'tiny random' if not a.model_dir else model}) on {a.device}: {a.tokens} tokens x "
               f"{a.repeats}: {audio_s:.1f} s of audio in {wall:.1f} s = {audio_s / wall:.2f} s audio / s")
+        for size in [int(b) for b in a.batch_sizes.split(",") if b.strip()]:
+            # lengths from --tokens down to half of it: the batched flow pads to the longest
+            batch = [codes[:max(1, a.tokens - i * a.tokens // (2 * size))] for i in range(size)]
+            rates = {}
+            for mode in (False, True):
+                t2w.cfg.batch_flow = mode
+                t0 = time.perf_counter()
+                for _ in range(a.repeats):
+                    t2w.synthesize(batch, [None] * size)
+                rates[mode] = size * a.repeats / (time.perf_counter() - t0)
+            print(f"batch {size:3d}: serial {rates[False]:7.2f} utt/s, batched flow {rates[True]:7.2f} utt/s "
+                  f"({rates[True] / rates[False]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -195,3 +195,122 @@ def test_header_and_body_read_timeouts(tmp_path):
         assert infer(url, good()).status_code == 200
     finally:
         stop_process(proc)
+
+
+# ---------------------------------------------------------------------------
+# Triton's binary tensor data extension (issue 19 A): malformed bodies
+
+
+def binary_request(codes: list[int], text: str, *, tokens_size: int | None = None, text_size: int | None = None,
+                   tail: bytes = b"", text_raw: bytes | None = None) -> tuple[dict, bytes]:
+    """(JSON header, binary part) as ``tritonclient.http`` builds them; the sizes and
+    the BYTES element can be overridden to lie."""
+    import struct
+
+    tok = struct.pack(f"<{len(codes)}i", *codes)
+    lens = struct.pack("<i", len(codes))
+    raw = text.encode() if text_raw is None else text_raw
+    gt = struct.pack("<I", len(raw)) + raw if text_raw is None else raw
+    header = {"inputs": [
+        {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32",
+         "parameters": {"binary_data_size": len(tok) if tokens_size is None else tokens_size}},
+        {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "parameters": {"binary_data_size": 4}},
+        {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES",
+         "parameters": {"binary_data_size": len(gt) if text_size is None else text_size}}],
+        "parameters": {"binary_data_output": True}}
+    return header, tok + lens + gt + tail
+
+
+def post_binary(url: str, header: dict | bytes, binary: bytes, length: str | None = "auto",
+                timeout: float = 30) -> requests.Response:
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    headers = {"Content-Type": "application/octet-stream"}
+    if length is not None:
+        headers["Inference-Header-Content-Length"] = str(len(head)) if length == "auto" else length
+    return requests.post(url + infer_path(), data=head + binary, headers=headers, timeout=timeout)
+
+
+def hostile_binary() -> dict[str, tuple[dict | bytes, bytes, str | None]]:
+    """description -> (header, binary part, Inference-Header-Content-Length or "auto"/None)."""
+    codes = sim.encode(TEXT)
+    h, b = binary_request(codes, TEXT)
+    head = json.dumps(h).encode()
+
+    def lie(**kw):
+        return binary_request(codes, TEXT, **kw)
+
+    def with_params(name: str, **params):
+        h2 = json.loads(json.dumps(h))
+        next(i for i in h2["inputs"] if i["name"] == name)["parameters"].update(params)
+        return h2
+
+    out: dict[str, tuple[dict | bytes, bytes, str | None]] = {
+        "header length beyond the body": (h, b, str(len(head) + len(b) + 1)),
+        "header length 2**62": (h, b, str(2 ** 62)),
+        "header length of 25 digits": (h, b, "9" * 25),
+        "header length negative": (h, b, "-5"),
+        "header length not a number": (h, b, "12abc"),
+        "header length 0": (h, b, "0"),
+        "header length cuts the JSON": (h, b, str(len(head) - 3)),
+        "binary data but no header": (h, b, None),
+        "binary_data_size but no binary part": (h, b"", "auto"),
+        "sizes add up to less than the binary part": (*lie(tail=b"\0" * 7), "auto"),
+        "TOKENS size runs past the end": (*lie(tokens_size=len(codes) * 4 + 400), "auto"),
+        "GT_TEXT size runs past the end": (*lie(text_size=10_000), "auto"),
+        "TOKENS size negative": (*lie(tokens_size=-4), "auto"),
+        "TOKENS size 2**62": (*lie(tokens_size=2 ** 62), "auto"),
+        "TOKENS size a string": (with_params("TOKENS", binary_data_size="8"), b, "auto"),
+        "TOKENS size true": (with_params("TOKENS", binary_data_size=True), b, "auto"),
+        "TOKENS size not a multiple of 4": (*lie(tokens_size=len(codes) * 4 - 2), "auto"),
+        "BYTES element length beyond its buffer": (*lie(text_raw=b"\xe8\x03\0\0" + TEXT.encode()), "auto"),
+        "BYTES element length 2**32-1": (*lie(text_raw=b"\xff\xff\xff\xff" + TEXT.encode()), "auto"),
+        "BYTES length prefix truncated": (*lie(text_raw=b"\x05\0"), "auto"),
+        "BYTES element not UTF-8": (*lie(text_raw=b"\x03\0\0\0\xff\xfe\xfd"), "auto"),
+        "BYTES two elements for shape [1,1]": (*lie(text_raw=b"\x01\0\0\0a\x01\0\0\0b"), "auto"),
+        "TOKENS binary and data": (with_params("TOKENS") | {"inputs": [
+            dict(h["inputs"][0], data=[codes]), *h["inputs"][1:]]}, b, "auto"),
+        "TOKENS binary as FP32": (with_params("TOKENS") | {"inputs": [
+            dict(h["inputs"][0], datatype="FP32"), *h["inputs"][1:]]}, b, "auto"),
+        "TOKENS shape larger than its bytes": (with_params("TOKENS") | {"inputs": [
+            dict(h["inputs"][0], shape=[1, len(codes) + 1]), *h["inputs"][1:]]}, b, "auto"),
+        "TOKENS shared memory": (with_params("TOKENS", shared_memory_region="r"), b, "auto"),
+        "parameters not an object": (with_params("TOKEN_LENS") | {"parameters": [1]}, b, "auto"),
+        "binary_data_output not a bool": (h | {"parameters": {"binary_data_output": "yes"}}, b, "auto"),
+        "code 6561 in binary TOKENS": (*binary_request(codes[:-1] + [6561], TEXT), "auto"),
+    }
+    return out
+
+
+def test_malformed_binary_bodies_get_400_not_500_and_no_hang(tmp_path):
+    proc, url, log = start(tmp_path, "--log-level", "WARNING", "--max-tokens", "512")
+    try:
+        h, b = binary_request(sim.encode(TEXT), TEXT)
+        r = post_binary(url, h, b)
+        assert r.status_code == 200, r.text
+        n = int(r.headers["Inference-Header-Content-Length"])
+        assert json.loads(r.content[:n])["outputs"][0]["parameters"]["binary_data_size"] == 4
+        cases = hostile_binary()
+        for desc, (header, binary, length) in cases.items():
+            t0 = time.time()
+            r = post_binary(url, header, binary, length, timeout=10)
+            assert r.status_code == 400, (desc, r.status_code, r.text[:300])
+            assert r.json()["error"] and time.time() - t0 < 5, desc
+        r = post_binary(url, *cases["binary data but no header"][:2], None)
+        assert "needs the Inference-Header-Content-Length header" in r.json()["error"]
+        r = post_binary(url, *cases["BYTES element length beyond its buffer"][:2])
+        assert "claims 1000 bytes" in r.json()["error"]
+        # the JSON path's limits hold for binary data too
+        h, b = binary_request(list(range(513)), TEXT)
+        r = post_binary(url, h, b)
+        assert r.status_code == 413 and "exceed the limit of 512" in r.json()["error"], r.text
+        h, b = binary_request(sim.encode(TEXT), "字" * 2001)
+        assert post_binary(url, h, b).status_code == 413
+        h, b = binary_request(sim.encode(TEXT), TEXT, tail=b"\0" * (1 << 20))
+        assert post_binary(url, h, b).status_code == 413
+        r = infer(url, good())
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"][0] == pytest.approx(1.0)
+        s = stats(url)
+        assert s["server_errors"] == 0 and s["client_errors"] == len(cases) + 5
+    finally:
+        stop_process(proc)
+    assert "Traceback" not in log.read_text()

@@ -1,4 +1,4 @@
-"""The KServe v2 / Triton HTTP JSON wire protocol of the reward server, in one place.
+"""The KServe v2 / Triton HTTP wire protocol of the reward server, in one place.
 
 Used by the server (``ttsrl.server``), the client verl calls (``ttsrl.reward_client``),
 the health check (``ttsrl.health``) and the benchmarks::
@@ -10,11 +10,13 @@ the health check (``ttsrl.health``) and the benchmarks::
       outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1]
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
-    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram
+    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
+    GET /metrics                  the same and stage latencies for Prometheus (``ttsrl.metrics``)
 
 A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)
-works unchanged. Every bad request is a :class:`RequestError` (a 4xx answer with
-``{"error": message}``).
+works unchanged: JSON data, or Triton's binary tensor data extension (what
+``tritonclient.http`` sends by default; the codec is ``ttsrl.triton_binary``). Every
+bad request is a :class:`RequestError` (a 4xx answer with ``{"error": message}``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import binascii
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
+from .triton_binary import BinaryDataError, attach_inputs, split_body
 from .vocab import SPEECH_TOKEN_SIZE
 
 DEFAULT_MODEL_NAME = "token2wav_asr"
@@ -190,7 +194,7 @@ def _ints(spec: dict, name: str, max_count: int, fixed: list[int] | None = None)
         raise RequestError(f"input {name}: datatype must be INT32, got {spec.get('datatype')!r}")
     shape = _shape(spec, name)
     if "data" not in spec:
-        raise RequestError(f"input {name}: missing 'data' (binary tensor data is not supported)")
+        raise RequestError(f"input {name}: missing 'data' (or binary_data_size in 'parameters')")
     if fixed is not None and shape != fixed:
         raise RequestError(f"input {name}: shape must be {fixed}, got {shape}")
     if len(shape) != 2 or shape[0] != 1:
@@ -241,13 +245,50 @@ def _text(spec: dict) -> str:
     return v
 
 
+@dataclass
+class InferRequest:
+    codes: list[int]
+    text: str
+    rid: str | None = None
+    wanted: list[str] | None = None  # outputs asked for, in order; None = all
+    binary_outputs: frozenset[str] = frozenset()  # outputs to answer as binary tensor data
+
+
 def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, Any, list[str] | None]:
-    """Validate a KServe v2 infer body -> (codes, text, request id, requested outputs)."""
+    """Validate a KServe v2 JSON infer body -> (codes, text, request id, requested outputs)."""
+    r = parse_infer(body, max_tokens)
+    return r.codes, r.text, r.rid, r.wanted
+
+
+def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> bool | None:
+    """A boolean parameter of the binary data extension (None when not given)."""
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise RequestError(f"{where}: 'parameters' must be an object")
+    for bad in refused:
+        if bad in params:
+            raise RequestError(f"{where}: parameter {bad!r} is not supported by this server")
+    v = params.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"{where}: parameter {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) -> InferRequest:
+    """Validate an infer body (JSON, or JSON + binary tensor data when ``header_length``,
+    the ``Inference-Header-Content-Length`` header, is given: ``ttsrl.triton_binary``)."""
+    try:
+        body, binary = split_body(body, header_length)
+    except BinaryDataError as e:
+        raise RequestError(str(e)) from None
     check_json_shape(body)
     try:  # the int hook costs ~1 ms per 4,096 codes: only when a long digit run is there at all
         req = json.loads(body, parse_int=_bounded_int) if _LONG_DIGITS.search(body) else json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"body is not valid JSON: {e}") from None
+        hint = (" (binary tensor data needs the Inference-Header-Content-Length header)"
+                if header_length is None and b"binary_data_size" in body else "")
+        raise RequestError(f"body is not valid JSON: {e}{hint}") from None
     except RecursionError:  # not reached after check_json_shape; kept as a backstop
         raise RequestError("body is JSON nested too deeply") from None
     if not isinstance(req, dict):
@@ -268,6 +309,10 @@ def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, A
     missing = [n for n, _, _ in INPUT_SPECS if n not in by_name]
     if missing:
         raise RequestError(f"missing input(s) {', '.join(missing)}")
+    try:
+        attach_inputs(inputs, binary)
+    except BinaryDataError as e:
+        raise RequestError(str(e)) from None
 
     tokens, tshape = _ints(by_name["TOKENS"], "TOKENS", max_tokens)
     lens, _ = _ints(by_name["TOKEN_LENS"], "TOKEN_LENS", 1, fixed=[1, 1])
@@ -280,14 +325,22 @@ def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, A
             raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
     text = _text(by_name["GT_TEXT"])
 
+    all_binary = bool(_flag(req.get("parameters"), "binary_data_output", "request"))
     wanted = None
+    binary = {n for n, _, _ in OUTPUT_SPECS} if all_binary else set()
     if "outputs" in req:
         outs = req["outputs"]
         known = {n for n, _, _ in OUTPUT_SPECS}
         if not isinstance(outs, list) or not all(isinstance(o, dict) and o.get("name") in known for o in outs):
             raise RequestError(f"'outputs' must list objects named among {sorted(known)}")
         wanted = [o["name"] for o in outs]
+        binary = set()
+        for o in outs:
+            flag = _flag(o.get("parameters"), "binary_data", f"output {o['name']}",
+                         refused=("classification", "shared_memory_region"))
+            if flag or (flag is None and all_binary):
+                binary.add(o["name"])
     rid = req.get("id")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("'id' must be a string")
-    return codes, text, rid, wanted
+    return InferRequest(codes, text, rid, wanted, frozenset(binary))

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -26,6 +27,7 @@ from .backends import BackendConfig, SpeechPipeline, build_pipeline, local_devic
 from .batching import Batcher, Stats
 from .http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
 from .limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
+from .metrics import ServerMetrics
 from .protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
@@ -34,9 +36,10 @@ from .protocol import (
     RequestError,
     build_response,
     model_metadata,
-    parse_infer_request,
+    parse_infer,
 )
 from .scoring import Scored, score_codes
+from .triton_binary import EXTENSION, HEADER, encode_response
 
 log = logging.getLogger("ttsrl.server")
 
@@ -97,6 +100,9 @@ class RewardServer:
         cfg.validate()
         self.cfg = cfg
         self.stats = Stats()
+        self.metrics = ServerMetrics(cfg.max_batch)
+        self.metrics.watch(lambda: len(self.batcher.queue) if self.batcher else 0,
+                           lambda: len(self.guard.conns) if self.guard else 0)
         self._given = list(pipelines) if pipelines else None
         self._factory = pipeline_factory or (lambda dev: build_pipeline(cfg.backend, dev))
         self.pipelines: list[SpeechPipeline] = []
@@ -137,7 +143,8 @@ class RewardServer:
 
     # ---- lifecycle -------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._errors])
+        app = web.Application(client_max_size=self.cfg.max_body_bytes,
+                              middlewares=[self.metrics.middleware, self._errors])
         name = "{name}"
         app.add_routes([
             web.get("/v2", self._server_meta),
@@ -148,6 +155,7 @@ class RewardServer:
             web.get(f"/v2/models/{name}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/versions/{{version}}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/stats", self._stats),
+            web.get("/metrics", self.metrics.handle),
             web.post(f"/v2/models/{name}/infer", self._infer),
             web.post(f"/v2/models/{name}/versions/{{version}}/infer", self._infer),
         ])
@@ -169,7 +177,7 @@ class RewardServer:
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
-        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self.score, self.errors)
+        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self._score_counted, self.errors)
         self.batcher.start()
         self.ready = True
         log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)
@@ -177,6 +185,13 @@ class RewardServer:
     def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
         """Score one batch (runs in a worker thread)."""
         return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard)
+
+    def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
+        """:meth:`score` for the batcher: a scored batch goes into the metrics."""
+        t0 = time.perf_counter()
+        out = self.score(pipeline, codes, texts)
+        self.metrics.observe_batch(len(codes), time.perf_counter() - t0, getattr(pipeline, "last_stage_seconds", {}))
+        return out
 
     async def _cleanup(self, app: web.Application) -> None:
         self.ready = False
@@ -227,7 +242,7 @@ class RewardServer:
             raise RequestError(f"unknown version {version!r} of {name}; available: {MODEL_VERSION}", 404)
 
     async def _server_meta(self, request):
-        return _json({"name": "ttsrl-reward", "version": "1", "extensions": []})
+        return _json({"name": "ttsrl-reward", "version": "1", "extensions": [EXTENSION]})
 
     async def _live(self, request):
         return _json({"live": True})
@@ -266,15 +281,19 @@ class RewardServer:
             body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
         except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
             raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
-        codes, text, rid, wanted = parse_infer_request(body, self.cfg.max_tokens)
-        why = text_problem(text, self.cfg.max_text_chars)
+        req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
+        why = text_problem(req.text, self.cfg.max_text_chars)
         if why:  # the same rule as stage 0 and the pair readers: never reaches a batch
             raise RequestError(f"input GT_TEXT: {why}", 422)
-        result: Scored = await self.batcher.submit(codes, text)
+        result: Scored = await self.batcher.submit(req.codes, req.text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              rid, wanted)
+                              req.rid, req.wanted)
         self.stats.ok += 1
-        return _json(resp)
+        data, json_length = encode_response(resp, req.binary_outputs)
+        if json_length is None:  # nothing asked for in binary: plain JSON
+            return web.Response(body=data, content_type="application/json")
+        return web.Response(body=data, content_type="application/octet-stream",
+                            headers={HEADER: str(json_length)})
 
 
 # ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class BackendConfig:
     cosyvoice_checkout: str | None = None
     cosyvoice_model_dir: str | None = None
     prompt_dir: str | None = None
+    cosyvoice_batch_flow: bool = False  # CosyVoice2 flow over the whole batch (cosyvoice2_batch)
     sherpa_model_dir: str | None = None
     sherpa_kind: str = "sense_voice"
 
@@ -97,7 +98,7 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
 
         t2w = CosyVoice2Token2Wav(CosyVoice2Config(model_dir=cfg.cosyvoice_model_dir or "",
                                                    prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
-                                                   device=device))
+                                                   device=device, batch_flow=cfg.cosyvoice_batch_flow))
         asr_name = "whisper"
     if cfg.asr != "default":
         asr_name = cfg.asr

@@ -17,6 +17,7 @@ the simulated ASR reads those. Real pairs carry a float32 waveform. Both expose
 from __future__ import annotations
 
 import hashlib
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -159,6 +160,9 @@ class SpeechPipeline:
         self.asr = asr
         self.device = device
         self.want_score = want_score and asr.supports_score
+        #: seconds the last ``transcribe_tokens`` call spent in token2wav and in the ASR
+        #: (read by the server's metrics from the same worker thread)
+        self.last_stage_seconds: dict[str, float] = {}
 
     @property
     def name(self) -> str:
@@ -186,6 +190,7 @@ class SpeechPipeline:
             raise ValueError(f"{len(batch_codes)} code sequences but {len(texts)} texts"
                              + (f" and {len(prompt_wavs)} prompt wavs" if prompt_wavs is not None else ""))
         out: list[Transcript | None] = [None] * len(batch_codes)
+        self.last_stage_seconds = {"token2wav": 0.0, "asr": 0.0}
         live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
         for i, c in enumerate(batch_codes):
             if len(c) == 0:  # nothing to voice: an empty transcript by definition
@@ -193,10 +198,13 @@ class SpeechPipeline:
         if live:
             prompts = [(prompt_wavs and prompt_wavs[i] and self.token2wav.prompt_from_wav(prompt_wavs[i]))
                        or self.prompt_for(texts[i]) for i in live]
+            t0 = time.perf_counter()
             audios = self.token2wav.synthesize([list(batch_codes[i]) for i in live], prompts)
+            t1 = time.perf_counter()
             hyps = self.asr.transcribe(audios)
             scores = (self.asr.score(audios, [texts[i] for i in live])
                       if self.want_score else [None] * len(live))
+            self.last_stage_seconds = {"token2wav": t1 - t0, "asr": time.perf_counter() - t1}
             for j, i in enumerate(live):
                 out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),
                                     duration_s=audios[j].duration_s, asr_logprob=scores[j],

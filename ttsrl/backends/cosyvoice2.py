@@ -87,6 +87,7 @@ class CosyVoice2Config:
     device: str = "cuda:0"
     fp16: bool = False
     prompt_cache: int = 256  # prompt wavs whose features are kept
+    batch_flow: bool = False  # flow over the whole batch at once (ttsrl.backends.cosyvoice2_batch); False: one by one
 
 
 def _import_cosyvoice(checkout: str | None):
@@ -317,7 +318,38 @@ class CosyVoice2Token2Wav(Token2Wav):
                      sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes),
                      token_rate=self.token_rate)
 
+    def _batched(self, batch: Sequence[Sequence[int]], prompts: Sequence[SpeakerPrompt]) -> list[Audio]:
+        """The flow over the batch at once (padded, masked), then HiFT per utterance with the
+        same per-utterance seed as :meth:`_one`: the same audio up to float error."""
+        import torch
+
+        from .cosyvoice2_batch import flow_mels
+
+        model, dev = self._model, self.device
+        for p in prompts:
+            if p.data is None:
+                raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
+                                 "or each utterance's prompt wav (zero-shot evaluation)")
+        out = []
+        with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()), torch.inference_mode():
+            with torch.autocast(dev.type, enabled=bool(self.cfg.fp16 and dev.type == "cuda")):
+                mels = flow_mels(model.flow, batch, [p.data for p in prompts], dev)
+            for codes, mel in zip(batch, mels):
+                seed = int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+                if dev.type == "cuda":
+                    torch.cuda.manual_seed(seed)
+                else:
+                    torch.manual_seed(seed)
+                wav, _ = model.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0, device=dev))
+                self.n_synthesized += 1
+                out.append(Audio(waveform=wav.float().cpu().numpy().reshape(-1).astype(np.float32),
+                                 sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes),
+                                 token_rate=self.token_rate))
+        return out
+
     def synthesize(self, batch, prompts):
+        prompts = [p if p is not None and p.data is not None else self.prompts[0] for p in prompts]
         with self.device_scope():
-            return [self._one(c, p if p is not None and p.data is not None else self.prompts[0])
-                    for c, p in zip(batch, prompts)]
+            if self.cfg.batch_flow and len(batch) > 1:
+                return self._batched(batch, prompts)
+            return [self._one(c, p) for c, p in zip(batch, prompts)]

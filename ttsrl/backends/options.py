@@ -29,6 +29,9 @@ def add_backend_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, cp
                    help="CosyVoice source checkout (backend cosyvoice2); default: the installed cosyvoice package")
     p.add_argument("--cosyvoice-model-dir", default=None, metavar="DIR",
                    help="CosyVoice2-0.5B model directory (backend cosyvoice2)")
+    p.add_argument("--cosyvoice-batch-flow", action="store_true",
+                   help="run CosyVoice2's flow over each batch at once (padded, masked; the same audio up to "
+                        "float error) instead of one utterance at a time (backend cosyvoice2)")
     p.add_argument("--prompt-dir", default=None, metavar="DIR",
                    help="speaker prompts for token2wav: *.wav (>= 16 kHz, <= 30 s), one chosen per text; "
                         "zero-shot test sets use their own (backend cosyvoice2)")
@@ -45,4 +48,5 @@ def backend_config(a: argparse.Namespace, *, want_score: bool = False,
                          whisper_model_dir=a.whisper_model_dir, whisper_compute_type=a.whisper_compute_type,
                          cpu_threads=cpu_threads if cpu_threads is not None else a.cpu_threads,
                          cosyvoice_checkout=a.cosyvoice_checkout, cosyvoice_model_dir=a.cosyvoice_model_dir,
-                         prompt_dir=a.prompt_dir, sherpa_model_dir=a.sherpa_model_dir, sherpa_kind=a.sherpa_kind)
+                         prompt_dir=a.prompt_dir, cosyvoice_batch_flow=a.cosyvoice_batch_flow,
+                         sherpa_model_dir=a.sherpa_model_dir, sherpa_kind=a.sherpa_kind)
