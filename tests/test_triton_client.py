@@ -46,6 +46,7 @@ def test_tritonclient_binary_and_json_give_the_json_paths_rewards(sim_server_url
         for codes, text in _cases():
             rsp = requests.post(sim_server_url + infer_path(), json=build_payload(codes, text), timeout=30)
             assert rsp.status_code == 200 and "Inference-Header-Content-Length" not in rsp.headers
+            assert rsp.headers["Content-Type"] == "application/json; charset=utf-8"
             reward, err, transcript = parse_response(rsp.json())
             want = (float(np.float32(reward)), float(np.float32(err)), transcript)  # FP32 outputs, exactly
             # the client's defaults: binary inputs, no outputs named -> binary_data_output
@@ -68,7 +69,11 @@ def test_tritonclient_binary_and_json_give_the_json_paths_rewards(sim_server_url
             assert resp["id"] == "r7" and resp["outputs"][0]["name"] == "REWARDS"  # REWARDS first, always
             assert "data" in by_name["REWARDS"] and "binary_data_size" in by_name["TRANSCRIPTS"]["parameters"]
             assert _read(got) == want
-        assert _read(client.infer(DEFAULT_MODEL_NAME, _inputs(sim.encode(TEXTS[0]), TEXTS[0], True)))[0] == 1.0
+        # the client's compressed requests: the JSON length it sends is that of the uncompressed body
+        for alg in ("gzip", "deflate"):
+            got = client.infer(DEFAULT_MODEL_NAME, _inputs(sim.encode(TEXTS[0]), TEXTS[0], True),
+                               request_compression_algorithm=alg, response_compression_algorithm=alg)
+            assert _read(got)[0] == 1.0
     finally:
         client.close()
 

@@ -291,7 +291,7 @@ class RewardServer:
         self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
         if json_length is None:  # nothing asked for in binary: plain JSON
-            return web.Response(body=data, content_type="application/json")
+            return web.Response(body=data, content_type="application/json", charset="utf-8")
         return web.Response(body=data, content_type="application/octet-stream",
                             headers={HEADER: str(json_length)})
 

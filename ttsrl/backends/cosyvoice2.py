@@ -90,6 +90,17 @@ class CosyVoice2Config:
     batch_flow: bool = False  # flow over the whole batch at once (ttsrl.backends.cosyvoice2_batch); False: one by one
 
 
+def _seed(codes: Sequence[int]) -> int:
+    """HiFT's noise seed for a code sequence (sha1): the same codes give the same waveform."""
+    return int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+
+
+def _check_prompt(prompt: SpeakerPrompt) -> None:
+    if prompt.data is None:
+        raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
+                         "or each utterance's prompt wav (zero-shot evaluation)")
+
+
 def _import_cosyvoice(checkout: str | None):
     if checkout:
         root = Path(checkout)
@@ -292,13 +303,11 @@ class CosyVoice2Token2Wav(Token2Wav):
     def _one(self, codes: Sequence[int], prompt: SpeakerPrompt) -> Audio:
         import torch
 
-        if prompt.data is None:
-            raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
-                             "or each utterance's prompt wav (zero-shot evaluation)")
+        _check_prompt(prompt)
         model, dev = self._model, self.device
         uid = str(uuidlib.uuid4())
         token = torch.tensor([list(codes)], dtype=torch.int32, device=dev)
-        seed = int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+        seed = _seed(codes)
         with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()):
             model.hift_cache_dict[uid] = None  # token2wav keeps per-uuid caches in the model
             try:
@@ -327,15 +336,13 @@ class CosyVoice2Token2Wav(Token2Wav):
 
         model, dev = self._model, self.device
         for p in prompts:
-            if p.data is None:
-                raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
-                                 "or each utterance's prompt wav (zero-shot evaluation)")
+            _check_prompt(p)
         out = []
         with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()), torch.inference_mode():
             with torch.autocast(dev.type, enabled=bool(self.cfg.fp16 and dev.type == "cuda")):
                 mels = flow_mels(model.flow, batch, [p.data for p in prompts], dev)
             for codes, mel in zip(batch, mels):
-                seed = int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+                seed = _seed(codes)
                 if dev.type == "cuda":
                     torch.cuda.manual_seed(seed)
                 else:
