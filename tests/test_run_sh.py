@@ -285,3 +285,29 @@ def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"USER_PAIRS={tmp_path / 'nonexistent.jsonl'}: no such readable file" in r.stderr
     assert "==== stage" not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed(tiny_hf, tmp_path):
+    """Issue 22, findings 3 and 8: USER_PAIRS is converted into its own file; a bad one
+    ends with a 'stage 2 failed' line. (PREF_ARGS with an unknown option stops the
+    training right after the conversion.)"""
+    import json
+
+    exp = tmp_path / "exp"
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{tiny_hf}"\nPREF_ARGS=(--no-such-option)\n')
+    mined = exp / "pairs" / "pairs.parquet"
+    mined.parent.mkdir(parents=True)
+    mined.write_bytes(b"mined pairs")
+    users = tmp_path / "mine.jsonl"
+    users.write_text(json.dumps({"id": "a", "text": "你好", "chosen": [1, 2, 3], "rejected": [4, 5]}) + "\n")
+    env = {**os.environ, "PRESET": str(preset), "TRAINER": "dpo", "USER_PAIRS": str(users)}
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 1 and "stage 2 failed: DPO training" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert mined.read_bytes() == b"mined pairs"
+    assert "1 user-supplied pairs" in r.stdout and (exp / "pairs" / "user-pairs.parquet").is_file()
+    users.write_text('{"text": "你好", "chosen": "1 2", "rejected": [4]}\n')
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 1 and f"{users}:1: 'chosen' must be a list" in r.stderr
+    assert "stage 2 failed: reading USER_PAIRS" in r.stderr

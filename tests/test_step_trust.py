@@ -73,3 +73,19 @@ def test_a_marker_without_hashes_is_not_trusted(merged):
         rec.pop("sha256")
     (step / MARKER).write_text(json.dumps(info))
     assert "records no sha256" in check_merged(step)
+
+
+def test_stage3_does_not_skip_a_corrupted_step(merged, tmp_path):
+    """Stage 3's skip trusts the same check: a corrupted step_N is merged again (here the
+    actor folder is empty, so the new merge stops with a MergeError after saying why)."""
+    from ttsrl.merge import MergeConfig, MergeError, merge_step
+
+    (merged / "step_5" / MARKER).unlink()
+    write_marker(merged / "step_5", {"step": 5, "dtype_option": "auto"})  # as stage 3 writes it
+    corrupt(next((merged / "step_5").glob("*.safetensors")))
+    actor = tmp_path / "ckpt" / "global_step_5" / "actor"
+    actor.mkdir(parents=True)
+    lines = []
+    with pytest.raises(MergeError):
+        merge_step(5, actor, merged, MergeConfig(ckpt_dir=tmp_path / "ckpt", out_dir=merged), log=lines.append)
+    assert any("sha256" in m and "merging again" in m for m in lines), lines

@@ -328,17 +328,14 @@ def cer(ref: str, hyp: str) -> float:
 # can the reward read a text?
 
 @lru_cache(maxsize=1)
-def _non_ascii_number_re() -> re.Pattern:
-    """Every non-ASCII character of Unicode category N (Nd, Nl, No), as one class."""
+def _non_ascii_numbers() -> frozenset[str]:
+    """Every non-ASCII character of Unicode category N (Nd, Nl, No)."""
     import sys
 
-    cps = [cp for cp in range(128, sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] == "N"]
-    ranges, start = [], cps[0]
-    for a, b in zip(cps, cps[1:] + [-1]):
-        if b != a + 1:
-            ranges.append(re.escape(chr(start)) + ("-" + re.escape(chr(a)) if a != start else ""))
-            start = b
-    return re.compile("[" + "".join(ranges) + "]")
+    return frozenset(chr(cp) for cp in range(128, sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] == "N")
+
+
+_ALNUM_RE = re.compile(r"[^\W_]")
 
 
 def unreadable(text: str) -> str | None:
@@ -349,9 +346,9 @@ def unreadable(text: str) -> str | None:
     same way twice, and a text with nothing left to speak has no error rate. Only a
     text with a letter or digit, and whose non-ASCII numbers all normalise to words,
     is readable (checked without normalising when it has no non-ASCII number)."""
-    if not any(ch.isalnum() for ch in text):
+    if not _ALNUM_RE.search(text):
         return "nothing to speak (no letter or digit)"
-    if text.isascii() or not _non_ascii_number_re().search(text):
+    if text.isascii() or _non_ascii_numbers().isdisjoint(text):
         return None
     norm = normalize(text)
     for ch in norm:
@@ -359,6 +356,6 @@ def unreadable(text: str) -> str | None:
             name = unicodedata.name(ch, "unnamed")
             return (f"{ch!r} (U+{ord(ch):04X} {name}) is a number the text normaliser cannot read out; "
                     "write it in words or ASCII digits")
-    if not any(ch.isalnum() for ch in norm):
+    if not _ALNUM_RE.search(norm):
         return "nothing to speak after normalisation (no letter or digit)"
     return None
