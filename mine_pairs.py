@@ -47,7 +47,9 @@ def main(argv=None) -> int:
                    help="keep a pair only when best - worst reward >= this (default 0.1; mining only)")
     p.add_argument("--limit", type=int, default=None, help="only the first N texts (N >= 1; mining only)")
     p.add_argument("--reward-url", default=None, help="reward server (default $TTSRL_REWARD_URL)")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="hf: transformers (CPU/GPU); vllm: GPU")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="hf: transformers on CPU or GPU (the only engine that samples by CosyVoice2's rule; "
+                        "vllm is refused: its sampler cannot apply the rule, so it decodes greedily only)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (transformers engine)")
     p.add_argument("--seed", type=int, default=0)
@@ -65,6 +67,10 @@ def main(argv=None) -> int:
             p.error(f"{', '.join(given)} apply to mining (--texts) only, not to --user-pairs")
     a.k = 4 if a.k is None else a.k
     a.min_margin = 0.1 if a.min_margin is None else a.min_margin
+    if a.engine == "vllm":
+        p.error("--engine vllm cannot mine pairs: mining samples candidates by CosyVoice2's rule (repetition-"
+                "aware sampling, minimum length), which vLLM's sampler does not apply, so the vLLM engine "
+                "decodes greedily only; use --engine hf (transformers, on --device cuda on a GPU)")
     if a.k < 2:
         p.error("--k must be at least 2")
     if not math.isfinite(a.min_margin) or a.min_margin < 0:
@@ -101,7 +107,7 @@ def main(argv=None) -> int:
         print(f"[pairs] {len(pairs)} user-supplied pairs -> {a.out}")
         return 0
 
-    from ttsrl.generate import GenerationConfig, HFGenerator, VLLMGenerator
+    from ttsrl.generate import GenerationConfig, HFGenerator
     from ttsrl.hf_model import load_speech_lm
     from ttsrl.reward_client import RewardClientConfig
     from ttsrl.testsets import TestSetError, read_test_set
@@ -119,16 +125,8 @@ def main(argv=None) -> int:
     sampling = dataclasses.replace(s, top_p=a.top_p, top_k=a.top_k, min_token_text_ratio=a.min_token_text_ratio,
                                    max_token_text_ratio=a.max_token_text_ratio)
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
-    if a.engine == "vllm":  # vLLM loads the weights itself (the ttsrl plugin registers the class)
-        from transformers import AutoTokenizer
-
-        from ttsrl.vocab import vocab_of
-
-        tokenizer = AutoTokenizer.from_pretrained(a.model)
-        gen = VLLMGenerator(a.model, vocab_of(tokenizer), seed=a.seed)
-    else:
-        lm = load_speech_lm(a.model, device=a.device)
-        tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
+    lm = load_speech_lm(a.model, device=a.device)
+    tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
           f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
     try:

@@ -28,7 +28,7 @@ launch through accelerate, e.g. FSDP on 8 GPUs:
 
     accelerate launch --num_processes 8 --use_fsdp --fsdp_sharding_strategy FULL_SHARD \\
         --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer \\
-        --fsdp_state_dict_type FULL_STATE_DICT train_dpo.py --dtype bfloat16 ...
+        --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16 train_dpo.py --dtype float32 --bf16-compute ...
 """
 
 from __future__ import annotations
@@ -64,7 +64,10 @@ def main(argv=None) -> int:
     p.add_argument("--save-steps", type=int, default=0, help="save every N steps (0: only at the end)")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype the policy is loaded in: its master weights (keep float32 at small learning rates)")
+    p.add_argument("--bf16-compute", action="store_true",
+                   help="compute in bf16 (autocast / FSDP mixed precision) over the --dtype master weights")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--force", action="store_true",
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
         print(f"error: --pairs {pairs_path}: no such file (run mine_pairs.py first)", file=sys.stderr)
         return 2
     weights = ["trainer", "beta", "lr", "batch_size", "grad_accum", "max_steps", "epochs", "save_steps",
-               "warmup_steps", "seed", "dtype", "gradient_checkpointing"]
+               "warmup_steps", "seed", "dtype", "bf16_compute", "gradient_checkpointing"]
     weights += (["loss_type", "label_smoothing", "sft_weight", "average"] if a.trainer == "dpo"
                 else ["desirable_weight", "undesirable_weight"])
     run = run_settings({k: getattr(a, k) for k in weights}, Path(a.model), pairs_path)
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
         num_train_epochs=a.epochs, warmup_steps=a.warmup_steps, lr_scheduler_type="constant_with_warmup",
         logging_steps=1, save_strategy="no", report_to=[], seed=a.seed, beta=a.beta,
         precompute_ref_log_probs=True, max_length=None, trust_remote_code=True, use_cpu=use_cpu,
-        bf16=a.dtype == "bfloat16", gradient_checkpointing=a.gradient_checkpointing,
+        bf16=a.dtype == "bfloat16" or a.bf16_compute, gradient_checkpointing=a.gradient_checkpointing,
         remove_unused_columns=False, dataloader_num_workers=0)
     if a.trainer == "dpo":
         ds = Dataset.from_list(pairs_to_rows(pairs, lm.vocab))

@@ -53,9 +53,11 @@ MERGED_DIR=$EXP_DIR/merged
 LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
 GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
 
-# stage 2 with TRAINER=dpo|kto: vLLM pair mining, TRL on 8 GPUs through accelerate FSDP (never run yet)
-MINE_ARGS=(--engine vllm --device cuda --k 8 --min-margin 0.1)
-PREF_ARGS=(--dtype bfloat16 --lr 1e-6 --beta 0.01 --batch-size 4 --epochs 1 --save-steps 200 --gradient-checkpointing)
+# stage 2 with TRAINER=dpo|kto: pair mining with transformers on GPU (the engine that samples by
+# CosyVoice2's rule), TRL on 8 GPUs through accelerate FSDP (never run yet). The policy is loaded
+# in fp32 (FSDP's master weights; bf16 masters round most 1e-6 updates away) and computes in bf16.
+MINE_ARGS=(--engine hf --device cuda --k 8 --min-margin 0.1)
+PREF_ARGS=(--dtype float32 --bf16-compute --lr 1e-6 --beta 0.01 --batch-size 4 --epochs 1 --save-steps 200 --gradient-checkpointing)
 PREF_LAUNCH=(-m accelerate.commands.launch --num_processes 8 --use_fsdp --fsdp_sharding_strategy FULL_SHARD
   --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer
   --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16)

@@ -316,3 +316,59 @@ def test_run_sh_rejects_an_unknown_trainer():
     p = subprocess.run(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, TRAINER="ppo"), timeout=60)
     assert p.returncode == 2 and "TRAINER must be grpo, dpo or kto (got ppo)" in p.stderr
+
+
+def _gpu8_array(name: str) -> list[str]:
+    r = subprocess.run(["bash", "-c", f'source presets/gpu8.sh; printf "%s\\n" "${{{name}[@]}}"'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_gpu8_mining_engine_samples_and_vllm_is_refused_before_loading(tmp_path):
+    """gpu8 once mined with --engine vllm, which refuses sampling only after the engine has
+    loaded (a crash minutes into stage 2). The preset's MINE_ARGS now parse, and vllm is
+    refused by the argument check, before any model is read."""
+    mine = _gpu8_array("MINE_ARGS")
+    texts = tmp_path / "t.jsonl"
+    texts.write_text(json.dumps({"text": "你好。"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    base = [sys.executable, str(ROOT / "mine_pairs.py"), "--model", str(tmp_path / "no-model"), "--texts", str(texts),
+            "--out", str(tmp_path / "p.parquet")]
+    r = subprocess.run([*base, "--engine", "vllm"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--engine vllm cannot mine pairs" in r.stderr, r.stderr
+    r = subprocess.run([*base, *mine], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "--engine" not in r.stderr, r.stderr  # the preset's own arguments pass the check
+    assert "no-model" in r.stdout + r.stderr  # it went on to load the (missing) model
+
+
+def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
+    """gpu8's PREF_ARGS once loaded the policy in bf16, so FSDP kept bf16 master weights and
+    Adam's ~1e-6 steps rounded away (bf16 resolves ~4e-3 relative). With the preset's own
+    precision flags (fp32 masters, bf16 compute) one step at lr 1e-6 moves most weights and
+    saves them in fp32."""
+    pref = _gpu8_array("PREF_ARGS")
+    precision = [x for i, x in enumerate(pref) if x == "--bf16-compute" or (i and pref[i - 1] == "--dtype")
+                 or x == "--dtype"]
+    pairs, _ = _rows(lm, 2)
+    path = write_pairs(pairs, tmp_path / "pairs.parquet")
+    merged = tmp_path / "merged"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+    cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(path),
+           "--out-dir", str(merged), "--beta", "0.1", "--lr", "1e-6", "--batch-size", "2", "--max-steps", "1",
+           "--threads", "1", *precision]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    from ttsrl.steps import merged_steps
+
+    from safetensors import safe_open
+
+    step = merged_steps(merged)[1]
+    for f in step.glob("*.safetensors"):  # the dtype written, before any loader casts it
+        with safe_open(str(f), "pt") as st:
+            assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"F32"}, f
+    trained = load_speech_lm(step).model
+    moved = total = 0
+    for a, b in zip(trained.parameters(), lm.model.parameters()):
+        moved += (a.detach().float() != b.detach().float()).sum().item()
+        total += a.numel()
+    assert moved / total > 0.5, f"only {moved} of {total} weights moved: the update was rounded away"
