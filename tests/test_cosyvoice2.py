@@ -124,6 +124,9 @@ def test_evaluator_zero_shot_path(folders, t2w, tmp_path):
     gens = [Generated(codes(15), True), Generated(codes(8, 3), True)]
     rows = score(pipe, utts, gens, wav_dir=tmp_path / "wavs")
     assert [r["failure"] for r in rows] == [False, False]
+    # length ratio at the model's token rate (25/s): 2 syllables at 4.5/s expect 11.1 tokens
+    assert pipe.token_rate == 25.0
+    assert [r["length_ratio"] for r in rows] == [pytest.approx(15 / (2 * 25 / 4.5)), pytest.approx(8 / (2 * 25 / 4.5))]
     import soundfile as sf
 
     for r, n in zip(rows, (15, 8)):

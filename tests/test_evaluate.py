@@ -231,6 +231,34 @@ def test_summary_of_several_seeds_by_hand():
     assert s["above_50"] == pytest.approx(1 / 4)  # one decode of four is above 50%
 
 
+def test_length_ratio_by_hand():
+    """Codes generated / codes expected for the text, per utterance and its mean over a
+    set. The simulated codec speaks 2 codes per syllable (sim.TOKEN_RATE = 9 codes/s at
+    4.5 syllables/s): the codes sim.encode makes for a text without pauses."""
+    from ttsrl.report import format_table
+    from ttsrl.rewards import length_ratio
+
+    pipeline = build_pipeline(BackendConfig(backend="sim"))
+    assert pipeline.token_rate == sim.TOKEN_RATE == 9.0
+    utts = [Utterance("normal", "今天天气很好"), Utterance("slow", "你好吗"), Utterance("clipped", "银行"),
+            Utterance("none", "重庆")]
+    assert sim.expected_len("今天天气很好") == 12  # 6 syllables
+    gens = [Generated(codes=sim.encode("今天天气很好")),                  # 12 of 12 codes
+            Generated(codes=sim.encode("你好吗") * 2),                   # 12 of 6: twice as long
+            Generated(codes=sim.encode("银行")[:2]),                     # 2 of 4: cut in half
+            Generated(codes=[])]                                        # a failure, no ratio
+    rows = score(pipeline, utts, gens)
+    assert [r["length_ratio"] for r in rows] == [pytest.approx(1.0), pytest.approx(2.0), pytest.approx(0.5), None]
+    s = summarize(rows, resamples=200)
+    assert s["length_ratio_mean"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)  # 1.1667, the failure left out
+    row = {"step": 0, "test_set": "t", "role": "test", "n": 4, **s}
+    assert "| 0.000 | 1.17 | 4 | 1 |" in format_table([{**row, "reward": 0.0}])
+    assert "| n/a | 4 | 1 |" in format_table([{**row, "reward": 0.0, "length_ratio_mean": None}])
+    # CosyVoice2's speech tokens: 25 per second at 4.5 syllables/s, 3 syllables -> 16.67 expected
+    assert length_ratio(25, "你好吗", token_rate=25.0) == pytest.approx(25 / (3 * 25 / 4.5))  # 1.5
+    assert length_ratio(5, "。", token_rate=25.0) is None  # nothing to say, no expectation
+
+
 def test_hypothesis_is_normalised_like_the_reference():
     """Scoring goes through ttsrl.text, which normalises BOTH sides: a transcript that
     differs from the reference only by punctuation and digits is error-free."""
@@ -301,6 +329,10 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
             assert r["ci"][m][0] <= r[m] <= r["ci"][m][1]
         # which rule and length ratios produced the row
         assert (r["rule"], r["min_ratio"], r["max_ratio"]) == (RULE_2026, 2.0, 3)
+        # the sweep row carries the pair's mean length ratio, over the decodes that made speech
+        res = [json.loads(x) for x in (out / f"step_{r['step']}" / r["test_set"] / "results.jsonl").read_text().splitlines()]
+        got = [x["length_ratio"] for x in res if not x["failure"]]
+        assert r["length_ratio_mean"] == (pytest.approx(sum(got) / len(got)) if got else None)
     # step_2 is a copy of the start model and sampling is seeded per utterance: same scores,
     # and the paired comparison with the start model sees exactly no difference
     assert summary[0]["cer"] == summary[3]["cer"] and summary[0]["cer_utt_mean"] == summary[3]["cer_utt_mean"]
@@ -310,6 +342,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 1 + 6 and "| 2 | b | test |" in report  # header + 6 rows
     assert report.count(f"| {RULE_2026} | 2.0/3 |") == 6
+    assert "| mean reward | length ratio | n |" in report
     # a tie on the dev set goes to the earlier step; the report says which set chose
     assert "Stage 5 exports step 0: the lowest cer_utt_mean on the dev set(s) d" in report
     assert report.count(" * |") == 1 and "| 0 (start) | d | dev |" in report

@@ -7,7 +7,7 @@ reward variant and length guard) and write, through ``ttsrl.report``,
 
     OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
     OUT/step_N/<set>/summary.json    cer_utt_mean (Seed-TTS) and cer_pooled with 95% intervals,
-                                     share above 50%, pinyin error, reward, ...
+                                     share above 50%, pinyin error, reward, length ratio, ...
     OUT/step_N/<set>/wavs/<id>.wav   when the backend makes audio (first seed)
 
 then the sweep: ``OUT/report.md`` (markdown table), ``OUT/summary.json`` (a list of
@@ -50,7 +50,7 @@ from .seedtts_eval import detect_lang, score_utterance
 from .stats import DEFAULT_RESAMPLES
 from .testsets import TestSet, Utterance, read_test_set
 
-SCHEMA_VERSION = 2  # 2: per-utterance Seed-TTS rates, intervals, seeds
+SCHEMA_VERSION = 3  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio
 
 # ---------------------------------------------------------------------------
 # requests and scoring
@@ -69,7 +69,10 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
     """One result row per utterance, scored by ``ttsrl.scoring.score_codes``. No output
     (zero codes or a generation error) is a failure: 100% error (errors = reference
     length, in the unit the backend's transcripts are compared in), reward 0.
+    ``length_ratio``: codes generated / codes expected for the text at the backend's
+    token rate (``ttsrl.rewards.length_ratio``, the length guard's ratio); None on a failure.
     ``utt_*``: the utterance under the Seed-TTS convention (``ttsrl.seedtts_eval``)."""
+    from .rewards import length_ratio
     from .scoring import score_codes
     from .text import error_counts
 
@@ -89,7 +92,10 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
     unit = pipeline.failure_unit
     rows = []
     for i, (u, g) in enumerate(zip(utts, gens)):
-        row = {"id": u.id, "text": u.text, "n_codes": len(g.codes), "stopped": g.stopped}
+        row = {"id": u.id, "text": u.text, "n_codes": len(g.codes), "stopped": g.stopped,
+               # no speech is a failure, counted as such, not a ratio of 0
+               "length_ratio": length_ratio(len(g.codes), u.text, pipeline.token_rate)
+               if g.codes and g.error is None else None}
         r = scored.get(i)
         if r is not None and r.failure is None:
             hyp = r.transcript

@@ -43,6 +43,12 @@ def _rate(e: float, n: float) -> float:
     return e / n if n else (0.0 if e == 0 else 1.0)
 
 
+def _mean(xs: Iterable[float | None]) -> float | None:
+    """Mean of the values that are not None; None when there are none."""
+    got = [x for x in xs if x is not None]
+    return sum(got) / len(got) if got else None
+
+
 def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
     """Both conventions, their intervals and (several seeds) their spread across seeds.
     ``n`` counts utterances; with K seeds there are K rows (decodes) per utterance."""
@@ -59,6 +65,7 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
            "pinyin_error": _rate(pe, pn), "pinyin_errors": pe, "pinyin_ref_len": pn,
            "reward": sum(r["reward"] for r in rows) / d if d else 0.0,
            "mean_codes": sum(r["n_codes"] for r in rows) / d if d else 0.0,
+           "length_ratio_mean": _mean(r.get("length_ratio") for r in rows),
            "stopped": sum(1 for r in rows if r["stopped"])}
     if d:
         out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
@@ -84,7 +91,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
-              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "n", "failures")
+              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "n", "failures")
 
 
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
@@ -142,6 +149,10 @@ def _with_ci(r: dict, m: str) -> str:
     return s + (f" ±{100 * spread['std']:.2f} sd/seed" if spread else "")
 
 
+def _ratio(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def _delta(r: dict, m: str) -> tuple[str, str]:
     v = (r.get("vs_start") or {}).get(m)
     if not v:
@@ -154,9 +165,9 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
     other = "cer_pooled" if h == "cer_utt_mean" else "cer_utt_mean"
     short = {"cer_utt_mean": "utt-mean CER/WER", "cer_pooled": "pooled CER"}
     head = (f"| step | test set | role | {short[h]} [95% CI] | {short[other]} [95% CI] | >50% "
-            f"| Δ {short[h]} vs start [95% CI] | P(better) | pinyin error | mean reward | n | failures "
-            "| sampling | min/max ratio |\n"
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+            f"| Δ {short[h]} vs start [95% CI] | P(better) | pinyin error | mean reward | length ratio | n "
+            "| failures | sampling | min/max ratio |\n"
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     lines = [head]
     chosen = choice["step"] if choice and choice.get("step") is not None else None
     for r in rows:
@@ -165,12 +176,15 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
         d, p = _delta(r, h)
         lines.append(f"| {label} | {r['test_set']} | {r.get('role', 'test')} | {_with_ci(r, h)}{mark} "
                      f"| {_with_ci(r, other)} | {_pct(r.get('above_50'))} | {d} | {p} | {_pct(r['pinyin_error'])} "
-                     f"| {r['reward']:.3f} | {r['n']} | {r['failures']} | {r.get('rule', '?')} "
+                     f"| {r['reward']:.3f} | {_ratio(r.get('length_ratio_mean'))} | {r['n']} | {r['failures']} "
+                     f"| {r.get('rule', '?')} "
                      f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |")
     notes = [f"Headline: `{h}`, {NAMES[h]}; also `{other}`, {NAMES[other]}. Error rates are CER on "
              "Chinese sets, WER on English ones (syllables under the simulated ASR). Brackets: bootstrap "
              "95% interval over utterances; Δ: this step minus the start model on the same utterances "
-             "(paired bootstrap), P(better): share of resamples in which this step's error is lower."]
+             "(paired bootstrap), P(better): share of resamples in which this step's error is lower. "
+             "Length ratio: mean of speech codes generated / codes expected for the text (about 1 at a "
+             "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)

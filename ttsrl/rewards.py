@@ -2,6 +2,7 @@
 
     expected_tokens / length_factor -> the length guard (implausibly long or short
                                        speech scales the reward down)
+    length_ratio                    -> generated / expected tokens (stage 4 reports its mean)
     compute_reward(name, ...)       -> a RewardResult for one of the variants in REWARDS
 
 Everything here is a pure function of its arguments.
@@ -46,6 +47,13 @@ def expected_tokens(text: str, token_rate: float = TOKEN_RATE_HZ) -> float:
     English word its vowel groups (at least 1). For CosyVoice2: ~5.6 tokens/syllable.
     """
     return sum(_syllable_count(t) for t in pinyin(text)) * token_rate / SYLLABLES_PER_SECOND
+
+
+def length_ratio(n_tokens: int, text: str, token_rate: float = TOKEN_RATE_HZ) -> float | None:
+    """Speech tokens generated / tokens expected for ``text`` (``expected_tokens``): about 1
+    for speech at a normal rate, above 1 slow or drawn out, below 1 fast or clipped. None
+    when the text has no expected length (empty). The ratio the length guard judges."""
+    return length_factor(n_tokens, expected_tokens(text, token_rate))[1]
 
 
 def length_factor(n_tokens: int, expected: float,
