@@ -358,9 +358,9 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
            "--threads", "1", *precision]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    from ttsrl.steps import merged_steps
-
     from safetensors import safe_open
+
+    from ttsrl.steps import merged_steps
 
     step = merged_steps(merged)[1]
     for f in step.glob("*.safetensors"):  # the dtype written, before any loader casts it
