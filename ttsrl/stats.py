@@ -82,6 +82,13 @@ def bootstrap(t: UttTable, metric: str, *, resamples: int = DEFAULT_RESAMPLES, s
     return _interval(figure(t, metric, _indices(len(t.ids), resamples, seed)), level)
 
 
+def bootstrap_mean(values: Sequence[float], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                   level: float = LEVEL) -> tuple[float, float]:
+    """Percentile interval of the mean of per-utterance ``values`` (e.g. speaker similarity)."""
+    v = np.asarray(values, dtype=float)
+    return _interval(v[_indices(len(v), resamples, seed)].mean(axis=1), level)
+
+
 def paired(model: UttTable, base: UttTable, metric: str, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
            level: float = LEVEL) -> dict:
     """``model`` minus ``base`` on the utterances both scored, resampled together.
