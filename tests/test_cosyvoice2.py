@@ -252,17 +252,23 @@ def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     """Stage 4 on the cosyvoice2 backend (random-weighted fixture): every utterance with
     speech has a `sim`, the summaries their mean and interval, report.md the column."""
     import json
+    import shutil
 
     from ttsrl.evaluate import EvalConfig, run_sweep
     from ttsrl.generate import GenerationConfig
+    from ttsrl.merge import write_marker
 
     model, prompts = folders
+    merged = tmp_path / "merged"
+    shutil.copytree(tiny_hf, merged / "step_2")  # the start model again: greedy, the same speech
+    write_marker(merged / "step_2", {"step": 2})
     test = tmp_path / "test.jsonl"
     test.write_text("".join(json.dumps({"id": f"t{i}", "text": t}, ensure_ascii=False) + "\n"
                             for i, t in enumerate(["你好", "今天天气很好"])), encoding="utf-8")
     out = tmp_path / "eval"
     backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
-    cfg = EvalConfig(start_model=str(tiny_hf), out_dir=str(out), test_sets=[("a", str(test))], backend=backend,
+    cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out), test_sets=[("a", str(test))],
+                     backend=backend,
                      engine="hf", device="cpu", threads=1, resamples=200, save_wavs=False,
                      generation=GenerationConfig(greedy=True))
     rows = run_sweep(cfg, log=lambda _: None)
@@ -271,11 +277,15 @@ def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     got = [r["sim"] for r in res if r["sim"] is not None]
     assert got and all(-1.0 <= s <= 1.0 for s in got)
     assert all(r["sim"] is None for r in res if r["failure"])
-    (row,) = rows
+    row, row2 = rows
+    assert (row2["sim_mean"], row2["sim_n"]) == (row["sim_mean"], row["sim_n"])
+    d = row2["sim_vs_start"]  # paired on the same utterances: the same model loses no speaker
+    assert (d["diff"], d["lo"], d["hi"], d["n"]) == (0.0, 0.0, 0.0, len(got)) and "sim_vs_start" not in row
     assert row["sim_n"] == len(got) and row["sim_mean"] == pytest.approx(sum(got) / len(got))
     assert row["sim_ci"][0] <= row["sim_mean"] <= row["sim_ci"][1]
     s = json.loads((out / "step_0" / "a" / "summary.json").read_text())
     assert (s["sim_mean"], s["sim_n"]) == (row["sim_mean"], row["sim_n"])
     report = (out / "report.md").read_text()
     assert "| SIM (campplus) [95% CI] |" in report and f"{row['sim_mean']:.3f}" in report
+    assert "Δ vs start +0.000 [+0.000, +0.000]" in report
     assert "not the Seed-TTS eval SIM" in report

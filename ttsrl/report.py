@@ -28,7 +28,17 @@ from typing import Iterable, Sequence
 
 from .atomic import atomic_path, atomic_write_text
 from .seedtts_eval import share_above
-from .stats import DEFAULT_RESAMPLES, METRICS, UttTable, bootstrap, bootstrap_mean, figure, paired, seed_spread
+from .stats import (
+    DEFAULT_RESAMPLES,
+    METRICS,
+    UttTable,
+    bootstrap,
+    bootstrap_mean,
+    figure,
+    paired,
+    paired_mean,
+    seed_spread,
+)
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -87,15 +97,20 @@ def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> 
     """``sim_mean``: mean over the utterances with a speaker similarity (each the mean of
     its seeds' values), ``sim_n`` of them, ``sim_ci`` its bootstrap 95% interval; None
     (and 0) when no utterance has one (no speaker model, or every decode failed)."""
+    v = list(sim_by_utt(rows).values())
+    if not v:
+        return {"sim_mean": None, "sim_n": 0, "sim_ci": None}
+    return {"sim_mean": sum(v) / len(v), "sim_n": len(v),
+            "sim_ci": list(bootstrap_mean(v, resamples=resamples))}
+
+
+def sim_by_utt(rows: Sequence[dict]) -> dict[str, float]:
+    """Utterance id -> the mean of its decodes' speaker similarities (those not None)."""
     per: dict[str, list[float]] = {}
     for r in rows:
         if r.get("sim") is not None:
             per.setdefault(r["id"], []).append(float(r["sim"]))
-    if not per:
-        return {"sim_mean": None, "sim_n": 0, "sim_ci": None}
-    v = [sum(x) / len(x) for x in per.values()]
-    return {"sim_mean": sum(v) / len(v), "sim_n": len(v),
-            "sim_ci": list(bootstrap_mean(v, resamples=resamples))}
+    return {u: sum(x) / len(x) for u, x in per.items()}
 
 
 def write_json(path: Path, obj) -> None:
@@ -122,7 +137,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     from .steps import choose_step
 
     roles = roles or {}
-    rows, tables, settings = [], {}, {}
+    rows, tables, settings, sims = [], {}, {}, {}
     for step in sorted(models):
         for name in names:
             where = pair_dir(out_dir, step, name)
@@ -134,12 +149,15 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
             results = read_jsonl(where / RESULTS_FILE) if (where / RESULTS_FILE).is_file() else []
             if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
                 tables[(step, name)] = UttTable.from_rows(results)
+            sims[(step, name)] = sim_by_utt(results)
             settings[(step, name)] = s.get("settings")
             base = tables.get((0, name))
             if step != 0 and base is not None and (step, name) in tables:
                 if settings[(step, name)] == settings.get((0, name)):
                     row["vs_start"] = {m: paired(tables[(step, name)], base, m, resamples=resamples)
                                        for m in METRICS}
+                    row["sim_vs_start"] = paired_mean(sims[(step, name)], sims.get((0, name), {}),
+                                                      resamples=resamples)
                 else:  # a difference of decoding settings is no difference of models
                     row["vs_start_note"] = "not compared: the start model was scored with other settings"
             rows.append(row)
@@ -178,7 +196,9 @@ def _sim(r: dict) -> str:
     if r.get("sim_mean") is None:
         return "n/a"
     ci = r.get("sim_ci")
-    return f"{r['sim_mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" (n {r.get('sim_n')})"
+    d = r.get("sim_vs_start")
+    return (f"{r['sim_mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" (n {r.get('sim_n')})"
+            + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
 
 
 def _delta(r: dict, m: str) -> tuple[str, str]:
@@ -220,7 +240,8 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
              "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
     if with_sim:
         notes.append("SIM (campplus): mean over utterances of the cosine of CosyVoice2's campplus speaker "
-                     "embeddings of the generated speech and its prompt, n utterances with a value; not the "
+                     "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
+                     "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
                      "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
