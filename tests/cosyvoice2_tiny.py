@@ -5,7 +5,8 @@ CosyVoice2-0.5B's weights cannot be had here; this folder has the released layou
 yaml of the real model shrunk (same classes, same sample rate, token rate and mel
 hop; fewer blocks, heads and decoder/vocoder channels: the encoder's
 lookahead and upsampling layers fix its width at 512), random weights, and ONNX stand-ins with the real input/output
-signatures: campplus (1, T, 80) fbank -> (1, 192) embedding; speech tokenizer
+signatures: campplus (1, T, 80) fbank -> (1, 192) embedding (random projection of the
+per-bin mean square); speech tokenizer
 (1, 128, T) log-mel + (1,) int32 length -> (1, T/4) token ids in 0..6560.
 It also keeps the yaml's `llm:` entry (Qwen2LM over an empty CosyVoice-BlankEN/) and a
 training-data processor entry: building either would fail, so a backend that loads this
@@ -137,7 +138,10 @@ def _campplus(path: Path) -> None:
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
     g = helper.make_graph(
-        [helper.make_node("ReduceMean", ["input"], ["m"], axes=[1], keepdims=0),
+        # the time mean of CosyVoice's mean-normalised fbank is zero: pool its square (per-bin
+        # energy spread) so that different audio gets different, non-degenerate embeddings
+        [helper.make_node("Mul", ["input", "input"], ["sq"]),
+         helper.make_node("ReduceMean", ["sq"], ["m"], axes=[1], keepdims=0),
          helper.make_node("MatMul", ["m", "w"], ["output"])],
         "campplus_standin",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],

@@ -146,6 +146,7 @@ def test_two_replicas_behind_the_http_server(folders):
     backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
     with BackgroundServer(ServerConfig(backend=backend, port=0, devices=["cpu", "cpu"], max_batch=1)) as srv:
         replicas = srv.server.pipelines
+        assert not any(p.want_sim for p in replicas)  # the reward never pays for speaker similarity
         texts = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见", "早上好"]
 
         def ask(i):
@@ -198,3 +199,93 @@ def test_prompt_token_tool_writes_what_stage4_reads(folders, tmp_path):
     r = subprocess.run([sys.executable, str(root / "scripts" / "prompt_tokens.py"), str(d), "--model-dir", str(model),
                         "--output", str(tmp_path / "x.jsonl")], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "8000 Hz" in r.stderr and not (tmp_path / "x.jsonl").exists()
+
+
+def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, folders, tmp_path):
+    """SIM = cosine of the embeddings CosyVoice's frontend gives the prompt speaker.
+
+    The fixture is random-weighted (campplus is a random stand-in of the real signature):
+    this checks the code path and the arithmetic, not that the number measures a speaker."""
+    import soundfile as sf
+    import torch
+    import torchaudio
+
+    from ttsrl.backends import Audio
+
+    p = t2w.prompts[0]
+    audio = t2w.synthesize([codes(30)], [p])[0]
+    got = t2w.speaker_similarity([audio], [p])
+    # by hand: 24 kHz -> 16 kHz with torchaudio, CosyVoice's own embedding function, cosine
+    speech = torchaudio.transforms.Resample(orig_freq=RATE, new_freq=16000)(torch.from_numpy(audio.waveform)[None])
+    emb = t2w._fe._extract_spk_embedding(speech).reshape(-1).double()
+    ref = p.data["embedding"].reshape(-1).double()
+    want = float(emb @ ref / (emb.norm() * ref.norm()))
+    assert got == [pytest.approx(want, abs=1e-6)] and -1.0 <= got[0] < 0.9999
+
+    # a waveform against the embedding of its own audio (the prompt made from that wav): 1.0
+    for rate in (16000, 24000):
+        wav = write_tone_wav(tmp_path / f"self_{rate}.wav", 0.9, rate, 210.0)
+        data, sr = sf.read(str(wav), dtype="float32")
+        own = t2w.prompt_from_wav(str(wav))
+        sims = t2w.speaker_similarity([Audio(data, sr)], [own])
+        assert sims == [pytest.approx(1.0, abs=1e-6)]
+        assert t2w.speaker_similarity([Audio(data, sr)], [t2w.prompts[1]])[0] < 0.9999  # another speaker
+    # nothing to embed: no waveform, or shorter than one 25 ms fbank frame
+    assert t2w.speaker_similarity([Audio(None, RATE, codes=(1, 2)), Audio(np.zeros(300, np.float32), RATE)],
+                                  [p, p]) == [None, None]
+
+
+def test_pipeline_measures_sim_only_when_asked(folders, t2w):
+    from ttsrl.backends import SpeechPipeline
+    from ttsrl.backends.sim import SimASR
+
+    off = SpeechPipeline(t2w, SimASR())  # the reward server's default: no SIM
+    assert [t.sim for t in off.transcribe_tokens([codes(12)], ["你好"])] == [None]
+    on = SpeechPipeline(t2w, SimASR(), want_sim=True)
+    tr = on.transcribe_tokens([codes(12), []], ["你好", "再见"])
+    prompt = next(p for p in t2w.prompts if p.name == tr[0].prompt)
+    assert tr[0].sim == pytest.approx(t2w.speaker_similarity([tr[0].audio], [prompt])[0])
+    assert tr[1].sim is None  # nothing voiced
+
+
+def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
+    """Stage 4 on the cosyvoice2 backend (random-weighted fixture): every utterance with
+    speech has a `sim`, the summaries their mean and interval, report.md the column."""
+    import json
+    import shutil
+
+    from ttsrl.evaluate import EvalConfig, run_sweep
+    from ttsrl.generate import GenerationConfig
+    from ttsrl.merge import write_marker
+
+    model, prompts = folders
+    merged = tmp_path / "merged"
+    shutil.copytree(tiny_hf, merged / "step_2")  # the start model again: greedy, the same speech
+    write_marker(merged / "step_2", {"step": 2})
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps({"id": f"t{i}", "text": t}, ensure_ascii=False) + "\n"
+                            for i, t in enumerate(["你好", "今天天气很好"])), encoding="utf-8")
+    out = tmp_path / "eval"
+    backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
+    cfg = EvalConfig(start_model=str(tiny_hf), merged_dir=str(merged), out_dir=str(out), test_sets=[("a", str(test))],
+                     backend=backend,
+                     engine="hf", device="cpu", threads=1, resamples=200, save_wavs=False,
+                     generation=GenerationConfig(greedy=True))
+    rows = run_sweep(cfg, log=lambda _: None)
+    res = [json.loads(x) for x in (out / "step_0" / "a" / "results.jsonl").read_text().splitlines()]
+    assert len(res) == 2 and all("sim" in r for r in res)
+    got = [r["sim"] for r in res if r["sim"] is not None]
+    assert got and all(-1.0 <= s <= 1.0 for s in got)
+    assert all(r["sim"] is None for r in res if r["failure"])
+    row, row2 = rows
+    assert (row2["sim_mean"], row2["sim_n"]) == (row["sim_mean"], row["sim_n"])
+    d = row2["sim_vs_start"]  # paired on the same utterances: the same model loses no speaker
+    assert (d["diff"], d["lo"], d["hi"], d["n"]) == (0.0, 0.0, 0.0, len(got)) and "sim_vs_start" not in row
+    assert row["sim_n"] == len(got) and row["sim_mean"] == pytest.approx(sum(got) / len(got))
+    assert row["sim_ci"][0] <= row["sim_mean"] <= row["sim_ci"][1]
+    s = json.loads((out / "step_0" / "a" / "summary.json").read_text())
+    assert (s["sim_mean"], s["sim_n"]) == (row["sim_mean"], row["sim_n"])
+    report = (out / "report.md").read_text()
+    assert "| SIM (campplus) [95% CI] |" in report and f"{row['sim_mean']:.3f}" in report
+    assert "Δ vs start +0.000 [+0.000, +0.000]" in report
+    assert "not the Seed-TTS eval SIM" in report

@@ -229,6 +229,13 @@ def test_summary_of_several_seeds_by_hand():
     assert s["cer_utt_mean"] == pytest.approx(0.5)
     assert s["seed_spread"]["cer_pooled"]["per_seed"] == [4 / 6, 1 / 6] and s["cer_pooled"] == pytest.approx(5 / 12)
     assert s["above_50"] == pytest.approx(1 / 4)  # one decode of four is above 50%
+    # no row has a speaker similarity: none reported
+    assert (s["sim_mean"], s["sim_n"], s["sim_ci"]) == (None, 0, None)
+    # SIM: each utterance the mean of its seeds' values (None left out), then the mean over utterances
+    sims = {("a", 0): 0.8, ("a", 1): 0.6, ("b", 0): None, ("b", 1): 0.2}
+    s = summarize([{**r, "sim": sims[(r["id"], r["seed"])]} for r in rows], resamples=200)
+    assert s["sim_n"] == 2 and s["sim_mean"] == pytest.approx((0.7 + 0.2) / 2)
+    assert 0.2 <= s["sim_ci"][0] <= s["sim_mean"] <= s["sim_ci"][1] <= 0.7
 
 
 def test_length_ratio_by_hand():
@@ -333,6 +340,8 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
         res = [json.loads(x) for x in (out / f"step_{r['step']}" / r["test_set"] / "results.jsonl").read_text().splitlines()]
         got = [x["length_ratio"] for x in res if not x["failure"]]
         assert r["length_ratio_mean"] == (pytest.approx(sum(got) / len(got)) if got else None)
+        # the simulated codec has no speaker model: no SIM anywhere
+        assert all(x["sim"] is None for x in res) and (r["sim_mean"], r["sim_n"], r["sim_ci"]) == (None, 0, None)
     # step_2 is a copy of the start model and sampling is seeded per utterance: same scores,
     # and the paired comparison with the start model sees exactly no difference
     assert summary[0]["cer"] == summary[3]["cer"] and summary[0]["cer_utt_mean"] == summary[3]["cer_utt_mean"]
@@ -343,6 +352,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     assert report.count("\n| ") == 1 + 6 and "| 2 | b | test |" in report  # header + 6 rows
     assert report.count(f"| {RULE_2026} | 2.0/3 |") == 6
     assert "| mean reward | length ratio | n |" in report
+    assert "SIM" not in report  # no column where no row has a speaker similarity
     # a tie on the dev set goes to the earlier step; the report says which set chose
     assert "Stage 5 exports step 0: the lowest cer_utt_mean on the dev set(s) d" in report
     assert report.count(" * |") == 1 and "| 0 (start) | d | dev |" in report

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ttsrl.stats import UttTable, bootstrap, figure, paired, seed_spread
+from ttsrl.stats import UttTable, bootstrap, bootstrap_mean, figure, paired, paired_mean, seed_spread
 
 N, REF = 300, 20  # 300 utterances of 20 characters: one error = 5 points of that utterance
 
@@ -83,3 +83,13 @@ def test_rows_with_several_seeds_enter_as_one_utterance():
     s = seed_spread([0.30, 0.34, 0.32])
     assert s["mean"] == pytest.approx(0.32) and s["std"] == pytest.approx(0.02)
     assert (s["min"], s["max"]) == (0.30, 0.34)
+
+
+def test_paired_mean_on_shared_utterances_by_hand():
+    d = paired_mean({"a": 0.5, "b": 0.7, "x": 0.9}, {"a": 0.6, "b": 0.8, "c": 0.1}, resamples=200)
+    # only a and b are shared; each differs by -0.1, so every resample does too
+    assert d["n"] == 2 and d["diff"] == pytest.approx(-0.1)
+    assert (d["lo"], d["hi"]) == (pytest.approx(-0.1), pytest.approx(-0.1))
+    assert paired_mean({"a": 0.5}, {"b": 0.5}) is None
+    lo, hi = bootstrap_mean([0.2, 0.4, 0.9], resamples=500)
+    assert 0.2 <= lo < 0.5 < hi <= 0.9

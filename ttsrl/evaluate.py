@@ -50,7 +50,7 @@ from .seedtts_eval import detect_lang, score_utterance
 from .stats import DEFAULT_RESAMPLES
 from .testsets import TestSet, Utterance, read_test_set
 
-SCHEMA_VERSION = 3  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio
+SCHEMA_VERSION = 4  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim
 
 # ---------------------------------------------------------------------------
 # requests and scoring
@@ -71,6 +71,8 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
     length, in the unit the backend's transcripts are compared in), reward 0.
     ``length_ratio``: codes generated / codes expected for the text at the backend's
     token rate (``ttsrl.rewards.length_ratio``, the length guard's ratio); None on a failure.
+    ``sim``: speaker similarity to the prompt (``Token2Wav.speaker_similarity``, when the
+    pipeline measures it); None on a failure or where the backend has no speaker model.
     ``utt_*``: the utterance under the Seed-TTS convention (``ttsrl.seedtts_eval``)."""
     from .rewards import length_ratio
     from .scoring import score_codes
@@ -102,11 +104,11 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
             ce, cn = error_counts(u.text, hyp, "char")
             pe, pn = error_counts(u.text, hyp, "pinyin")
             row.update(transcript=hyp, cer_errors=ce, ref_len=cn, pinyin_errors=pe, pinyin_ref_len=pn,
-                       reward=r.reward, failure=False, error=None)
+                       reward=r.reward, failure=False, error=None, sim=r.sim)
         else:
             _, cn = error_counts(u.text, "", unit)
             _, pn = error_counts(u.text, "", "pinyin")
-            row.update(transcript="", cer_errors=cn, ref_len=cn, pinyin_errors=pn, pinyin_ref_len=pn, reward=0.0, failure=True,
+            row.update(transcript="", cer_errors=cn, ref_len=cn, pinyin_errors=pn, pinyin_ref_len=pn, reward=0.0, failure=True, sim=None,
                        error=g.error or (r.failure if r is not None else None) or "no speech codes generated")
         u_score = score_utterance(u.text, row["transcript"], lang)
         row.update(utt_errors=u_score.errors, utt_ref_len=u_score.ref_len, utt_rate=u_score.rate,
@@ -286,7 +288,7 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
 
     if plan:
         backend = cfg.backend or BackendConfig()
-        pipeline = build_pipeline(backend, device)
+        pipeline = build_pipeline(replace(backend, want_sim=True), device)  # SIM where a speaker model exists
         by_name = {ts.name: ts for ts in test_sets}
         total = cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo)
         bar = _progress(total, d)

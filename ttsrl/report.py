@@ -12,6 +12,10 @@ Two conventions, named (``ttsrl.seedtts_eval`` owns the first):
   ``ttsrl.text``'s normalised text (what the CosyVoice GRPO recipe reports); ``cer`` is
   the same number under its old name.
 
+Where the token2wav backend has a speaker model (CosyVoice2), ``sim_mean`` is the mean
+over utterances of the cosine of its campplus embeddings of the generated speech and the
+prompt (``Token2Wav.speaker_similarity``), NOT the Seed-TTS eval SIM (WavLM-large).
+
 Every figure has a bootstrap 95% interval over utterances (``ttsrl.stats``); each step
 is also compared with the start model on the same utterances (paired bootstrap).
 """
@@ -24,7 +28,17 @@ from typing import Iterable, Sequence
 
 from .atomic import atomic_path, atomic_write_text
 from .seedtts_eval import share_above
-from .stats import DEFAULT_RESAMPLES, METRICS, UttTable, bootstrap, figure, paired, seed_spread
+from .stats import (
+    DEFAULT_RESAMPLES,
+    METRICS,
+    UttTable,
+    bootstrap,
+    bootstrap_mean,
+    figure,
+    paired,
+    paired_mean,
+    seed_spread,
+)
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -70,12 +84,33 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
     if d:
         out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
         out["resamples"] = resamples
+    out.update(sim_summary(rows, resamples=resamples))
     seeds = sorted({r.get("seed", 0) for r in rows})
     out["seeds"] = seeds
     if len(seeds) > 1:
         per = [UttTable.from_rows([r for r in rows if r.get("seed", 0) == s]) for s in seeds]
         out["seed_spread"] = {m: seed_spread([float(figure(p, m)) for p in per]) for m in METRICS}
     return out
+
+
+def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """``sim_mean``: mean over the utterances with a speaker similarity (each the mean of
+    its seeds' values), ``sim_n`` of them, ``sim_ci`` its bootstrap 95% interval; None
+    (and 0) when no utterance has one (no speaker model, or every decode failed)."""
+    v = list(sim_by_utt(rows).values())
+    if not v:
+        return {"sim_mean": None, "sim_n": 0, "sim_ci": None}
+    return {"sim_mean": sum(v) / len(v), "sim_n": len(v),
+            "sim_ci": list(bootstrap_mean(v, resamples=resamples))}
+
+
+def sim_by_utt(rows: Sequence[dict]) -> dict[str, float]:
+    """Utterance id -> the mean of its decodes' speaker similarities (those not None)."""
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("sim") is not None:
+            per.setdefault(r["id"], []).append(float(r["sim"]))
+    return {u: sum(x) / len(x) for u, x in per.items()}
 
 
 def write_json(path: Path, obj) -> None:
@@ -91,7 +126,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
-              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "n", "failures")
+              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "n", "failures",
+              "sim_mean", "sim_n", "sim_ci")
 
 
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
@@ -101,7 +137,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     from .steps import choose_step
 
     roles = roles or {}
-    rows, tables, settings = [], {}, {}
+    rows, tables, settings, sims = [], {}, {}, {}
     for step in sorted(models):
         for name in names:
             where = pair_dir(out_dir, step, name)
@@ -113,12 +149,15 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
             results = read_jsonl(where / RESULTS_FILE) if (where / RESULTS_FILE).is_file() else []
             if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
                 tables[(step, name)] = UttTable.from_rows(results)
+            sims[(step, name)] = sim_by_utt(results)
             settings[(step, name)] = s.get("settings")
             base = tables.get((0, name))
             if step != 0 and base is not None and (step, name) in tables:
                 if settings[(step, name)] == settings.get((0, name)):
                     row["vs_start"] = {m: paired(tables[(step, name)], base, m, resamples=resamples)
                                        for m in METRICS}
+                    row["sim_vs_start"] = paired_mean(sims[(step, name)], sims.get((0, name), {}),
+                                                      resamples=resamples)
                 else:  # a difference of decoding settings is no difference of models
                     row["vs_start_note"] = "not compared: the start model was scored with other settings"
             rows.append(row)
@@ -153,6 +192,15 @@ def _ratio(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def _sim(r: dict) -> str:
+    if r.get("sim_mean") is None:
+        return "n/a"
+    ci = r.get("sim_ci")
+    d = r.get("sim_vs_start")
+    return (f"{r['sim_mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" (n {r.get('sim_n')})"
+            + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
+
+
 def _delta(r: dict, m: str) -> tuple[str, str]:
     v = (r.get("vs_start") or {}).get(m)
     if not v:
@@ -166,8 +214,12 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
     short = {"cer_utt_mean": "utt-mean CER/WER", "cer_pooled": "pooled CER"}
     head = (f"| step | test set | role | {short[h]} [95% CI] | {short[other]} [95% CI] | >50% "
             f"| Δ {short[h]} vs start [95% CI] | P(better) | pinyin error | mean reward | length ratio | n "
-            "| failures | sampling | min/max ratio |\n"
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+            "| failures | sampling | min/max ratio |")
+    rule = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    with_sim = any(r.get("sim_mean") is not None for r in rows)
+    if with_sim:
+        head, rule = head + " SIM (campplus) [95% CI] |", rule + "---:|"
+    head += "\n" + rule
     lines = [head]
     chosen = choice["step"] if choice and choice.get("step") is not None else None
     for r in rows:
@@ -178,13 +230,19 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
                      f"| {_with_ci(r, other)} | {_pct(r.get('above_50'))} | {d} | {p} | {_pct(r['pinyin_error'])} "
                      f"| {r['reward']:.3f} | {_ratio(r.get('length_ratio_mean'))} | {r['n']} | {r['failures']} "
                      f"| {r.get('rule', '?')} "
-                     f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |")
+                     f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |"
+                     + (f" {_sim(r)} |" if with_sim else ""))
     notes = [f"Headline: `{h}`, {NAMES[h]}; also `{other}`, {NAMES[other]}. Error rates are CER on "
              "Chinese sets, WER on English ones (syllables under the simulated ASR). Brackets: bootstrap "
              "95% interval over utterances; Δ: this step minus the start model on the same utterances "
              "(paired bootstrap), P(better): share of resamples in which this step's error is lower. "
              "Length ratio: mean of speech codes generated / codes expected for the text (about 1 at a "
              "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
+    if with_sim:
+        notes.append("SIM (campplus): mean over utterances of the cosine of CosyVoice2's campplus speaker "
+                     "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
+                     "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
+                     "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)

@@ -32,6 +32,7 @@ class Scored:
     failure: str | None = None  # why nothing was heard; None when scored
     detail: RewardResult | None = None
     audio: Audio | None = None  # what the ASR heard (for saving wavs)
+    sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim); None = not measured
 
 
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
@@ -51,5 +52,5 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
         value = float(r.reward)
         if not math.isfinite(value):
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
-        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio))
+        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim))
     return out

@@ -82,6 +82,27 @@ def bootstrap(t: UttTable, metric: str, *, resamples: int = DEFAULT_RESAMPLES, s
     return _interval(figure(t, metric, _indices(len(t.ids), resamples, seed)), level)
 
 
+def bootstrap_mean(values: Sequence[float], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                   level: float = LEVEL) -> tuple[float, float]:
+    """Percentile interval of the mean of per-utterance ``values`` (e.g. speaker similarity)."""
+    v = np.asarray(values, dtype=float)
+    return _interval(v[_indices(len(v), resamples, seed)].mean(axis=1), level)
+
+
+def paired_mean(model: dict[str, float], base: dict[str, float], *, resamples: int = DEFAULT_RESAMPLES,
+                seed: int = 0, level: float = LEVEL) -> dict | None:
+    """Mean of per-utterance values (id -> value) of ``model`` minus ``base`` on the
+    utterances both have, resampled together (as :func:`paired`); None when they share none."""
+    common = [u for u in base if u in model]
+    if not common:
+        return None
+    m, b = np.array([model[u] for u in common], float), np.array([base[u] for u in common], float)
+    ix = _indices(len(common), resamples, seed)
+    lo, hi = _interval(m[ix].mean(axis=1) - b[ix].mean(axis=1), level)
+    return {"diff": float(m.mean() - b.mean()), "lo": lo, "hi": hi, "n": len(common), "resamples": resamples,
+            "level": level}
+
+
 def paired(model: UttTable, base: UttTable, metric: str, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
            level: float = LEVEL) -> dict:
     """``model`` minus ``base`` on the utterances both scored, resampled together.

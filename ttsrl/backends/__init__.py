@@ -30,6 +30,7 @@ class BackendConfig:
     backend: str = "sim"
     asr: str = "default"  # override the preset's ASR
     want_score: bool = False  # ask the ASR for log-likelihoods (cer_nll reward)
+    want_sim: bool = False  # measure speaker similarity to the prompt (stage 4; the reward does not)
     whisper_model_dir: str | None = None  # CTranslate2 Whisper dir; None = wheel-shipped base
     whisper_compute_type: str | None = None
     cpu_threads: int = 0
@@ -102,4 +103,5 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
         asr_name = "whisper"
     if cfg.asr != "default":
         asr_name = cfg.asr
-    return SpeechPipeline(t2w, _build_asr(cfg, asr_name, device), device, want_score=cfg.want_score)
+    return SpeechPipeline(t2w, _build_asr(cfg, asr_name, device), device, want_score=cfg.want_score,
+                          want_sim=cfg.want_sim)

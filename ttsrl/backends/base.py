@@ -6,6 +6,8 @@ backend never needs special-casing by its callers:
 
 * :class:`Token2Wav` turns batches of speech codes (0..6560) plus a speaker prompt
   into :class:`Audio`.
+  A backend with a speaker model also measures how much a generated utterance sounds
+  like its prompt (``speaker_similarity``; None elsewhere).
 * :class:`ASR` turns :class:`Audio` into text and, when ``supports_score`` is true,
   scores a reference text against the audio (mean log-probability per token).
 
@@ -108,6 +110,13 @@ class Token2Wav(ABC):
                    prompts: Sequence[SpeakerPrompt | None]) -> list[Audio]:
         """One :class:`Audio` per code sequence; ``prompts[i]`` None = default."""
 
+    def speaker_similarity(self, audios: Sequence[Audio],
+                           prompts: Sequence[SpeakerPrompt]) -> list[float | None] | None:
+        """Per audio, the similarity of its speaker to ``prompts[i]``'s (cosine of the
+        backend's own speaker embeddings; None for an audio it cannot embed), or None
+        for a backend without a speaker model (sim, espeak)."""
+        return None
+
 
 class ASR(ABC):
     """Audio -> text (and optionally the log-likelihood of a given text)."""
@@ -138,6 +147,7 @@ class Transcript:
     asr_logprob: float | None = None
     prompt: str | None = None
     audio: "Audio | None" = None  # what the ASR heard (waveform or, for sim, codes)
+    sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim; None = not measured)
 
 
 def stable_index(key: str, n: int) -> int:
@@ -152,14 +162,19 @@ class SpeechPipeline:
 
     The speaker prompt is fixed per text (sha1 of the normalised text modulo the
     number of prompts), so the same text is always voiced by the same speaker and
-    the reward carries no speaker-lottery noise."""
+    the reward carries no speaker-lottery noise.
+
+    ``want_sim``: also measure each utterance's speaker similarity to its prompt
+    (``Token2Wav.speaker_similarity``); off by default (the reward does not pay for it),
+    stage 4 turns it on."""
 
     def __init__(self, token2wav: Token2Wav, asr: ASR, device: str = "cpu", *,
-                 want_score: bool = False):
+                 want_score: bool = False, want_sim: bool = False):
         self.token2wav = token2wav
         self.asr = asr
         self.device = device
         self.want_score = want_score and asr.supports_score
+        self.want_sim = want_sim
         #: seconds the last ``transcribe_tokens`` call spent in token2wav and in the ASR
         #: (read by the server's metrics from the same worker thread)
         self.last_stage_seconds: dict[str, float] = {}
@@ -205,8 +220,12 @@ class SpeechPipeline:
             scores = (self.asr.score(audios, [texts[i] for i in live])
                       if self.want_score else [None] * len(live))
             self.last_stage_seconds = {"token2wav": t1 - t0, "asr": time.perf_counter() - t1}
+            sims = (self.token2wav.speaker_similarity(audios, prompts) if self.want_sim else None)
+            if sims is not None and len(sims) != len(audios):
+                raise ValueError(f"{self.token2wav.name}: {len(sims)} similarities for {len(audios)} audios")
             for j, i in enumerate(live):
                 out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),
                                     duration_s=audios[j].duration_s, asr_logprob=scores[j],
-                                    prompt=prompts[j].name, audio=audios[j])
+                                    prompt=prompts[j].name, audio=audios[j],
+                                    sim=None if sims is None else sims[j])
         return out  # type: ignore[return-value]

@@ -49,6 +49,8 @@ TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "sp
 #: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
 MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
 YAML_KEEP = ("flow", "hift", "feat_extractor")
+#: shortest 16 kHz audio campplus is given: one 25 ms kaldi fbank frame
+SPK_MIN_SAMPLES = 400
 _CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
 
 
@@ -69,11 +71,18 @@ def load_wav_16k(path: str | Path):
     """Mono float32 tensor (1, T) at 16 kHz, read with soundfile (torchaudio.load needs
     torchcodec in torchaudio >= 2.9) and resampled with torchaudio's pure-Python Resample."""
     import soundfile as sf
+
+    wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    return to_16k(np.ascontiguousarray(wav.mean(axis=1)), rate)
+
+
+def to_16k(wav: np.ndarray, rate: int):
+    """Mono float32 tensor (1, T) at 16 kHz from a waveform at ``rate`` Hz (torchaudio's
+    Resample, as CosyVoice resamples): what its speech tokenizer and campplus read."""
     import torch
     import torchaudio
 
-    wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    t = torch.from_numpy(np.ascontiguousarray(wav.mean(axis=1)))[None]
+    t = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32).reshape(-1))[None]
     if rate != 16000:
         t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(t)
     return t
@@ -195,6 +204,17 @@ def zero_shot_inputs(fe, wav: Path, sample_rate: int) -> dict:
         return _call(fz, **kwargs)
 
 
+def cosine(a, b) -> float | None:
+    """Cosine similarity of two embeddings (tensors or arrays of any shape, flattened);
+    None when either is all zeros."""
+    x = np.asarray(a.detach().cpu() if hasattr(a, "detach") else a, dtype=np.float64).reshape(-1)
+    y = np.asarray(b.detach().cpu() if hasattr(b, "detach") else b, dtype=np.float64).reshape(-1)
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return None
+    return float(np.clip(x @ y / (nx * ny), -1.0, 1.0))
+
+
 class PromptTokenizer:
     """Prompt wav -> the speech tokens CosyVoice2's zero-shot inference gives its LLM
     (``llm_prompt_speech_token`` of ``frontend_zero_shot``: speech_tokenizer_v2.onnx at
@@ -298,6 +318,28 @@ class CosyVoice2Token2Wav(Token2Wav):
             while len(self._cache) > self.cfg.prompt_cache:
                 self._cache.popitem(last=False)
         return p
+
+    # ---- speaker similarity --------------------------------------------------
+    def speaker_similarity(self, audios, prompts):
+        """Cosine of campplus embeddings (CosyVoice's own ``_extract_spk_embedding``, the
+        prompt speaker's path) of each audio at 16 kHz and of its prompt (the prompt's
+        embedding as extracted). None for an audio without a waveform or under 25 ms, or
+        a prompt without features. Not the Seed-TTS eval SIM (WavLM-large)."""
+        import torch
+
+        out: list[float | None] = []
+        with self.device_scope(), torch.inference_mode():
+            for audio, prompt in zip(audios, prompts, strict=True):
+                prompt = prompt if prompt is not None and prompt.data is not None else self.prompts[0]
+                if prompt.data is None or audio.waveform is None:
+                    out.append(None)
+                    continue
+                speech = to_16k(audio.waveform, audio.sample_rate)
+                if speech.shape[1] < SPK_MIN_SAMPLES:
+                    out.append(None)
+                    continue
+                out.append(cosine(self._fe._extract_spk_embedding(speech), prompt.data["embedding"]))
+        return out
 
     # ---- synthesis -----------------------------------------------------------
     def _one(self, codes: Sequence[int], prompt: SpeakerPrompt) -> Audio:
