@@ -56,7 +56,9 @@ def test_stage5_refuses_to_export_a_corrupted_step(merged, tiny_hf, tmp_path):
     weights = next((merged / "step_5").glob("*.safetensors"))
     corrupt(weights)
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps([{"step": 0, "cer": 0.5}, {"step": 5, "cer": 0.1}]))
+    # a sweep whose dev set chooses step 5 (stage 5 chooses on dev rows only)
+    summary.write_text(json.dumps([{"step": s, "test_set": "dev", "role": "dev", "headline": "cer_utt_mean",
+                                    "cer_utt_mean": c, "cer": c} for s, c in ((0, 0.5), (5, 0.1))]))
     out = tmp_path / "llm-new.pt"
     for args in (["--from-sweep", str(summary), "--merged-dir", str(merged), "--start-model", str(tiny_hf)],
                  ["--hf-cosyvoice2-llm-path", str(merged / "step_5")]):
