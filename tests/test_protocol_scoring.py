@@ -23,7 +23,7 @@ from ttsrl.protocol import (
     build_response,
     infer_path,
     model_metadata,
-    parse_infer_request,
+    parse_infer,
     parse_response,
 )
 from ttsrl.scoring import score_codes
@@ -98,8 +98,8 @@ def test_score_codes_marks_empty_speech_as_failure():
 def test_protocol_round_trip():
     codes, text = [5, 6, 7, 6560], "你好，世界"
     body = json.dumps(build_payload(codes, text)).encode()
-    got_codes, got_text, rid, wanted = parse_infer_request(body, 4096)
-    assert (got_codes, got_text, rid, wanted) == (codes, text, None, None)
+    r = parse_infer(body, 4096)
+    assert (r.codes, r.text, r.rid, r.wanted) == (codes, text, None, None)
     resp = build_response("m", 0.25, "ni3 hao3", 0.5, rid="x", wanted=["REWARDS", "ERROR_RATES"])
     assert resp["id"] == "x" and [o["name"] for o in resp["outputs"]] == ["REWARDS", "ERROR_RATES"]
     assert parse_response(json.loads(json.dumps(resp))) == (0.25, 0.5, "")

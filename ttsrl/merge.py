@@ -161,10 +161,6 @@ def check_merged(step_dir: Path, dtype: str | None = None, hashes: bool = True) 
     return None
 
 
-def is_merged(step_dir: Path) -> bool:
-    return check_merged(step_dir) is None
-
-
 def _remote_code_modules(hf_config: dict) -> list[str]:
     """File names of the modules ``auto_map`` points at (``modeling_x.Class`` -> ``modeling_x.py``)."""
     names = []

@@ -254,12 +254,6 @@ class InferRequest:
     binary_outputs: frozenset[str] = frozenset()  # outputs to answer as binary tensor data
 
 
-def parse_infer_request(body: bytes, max_tokens: int) -> tuple[list[int], str, Any, list[str] | None]:
-    """Validate a KServe v2 JSON infer body -> (codes, text, request id, requested outputs)."""
-    r = parse_infer(body, max_tokens)
-    return r.codes, r.text, r.rid, r.wanted
-
-
 def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> bool | None:
     """A boolean parameter of the binary data extension (None when not given)."""
     if params is None:

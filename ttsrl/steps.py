@@ -6,7 +6,6 @@ Layout (stage 2 and 3): ``CKPT_DIR/global_step_N/actor`` (FSDP shards) and
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Callable
@@ -63,17 +62,6 @@ def choose_step(rows: list[dict], metric: str | None = None) -> dict:
             "reason": f"Stage 5 exports step {best}: the lowest {metric} on the dev set(s) {', '.join(names)} "
                       f"({100 * mean[best]:.2f}%; ties go to the earlier step). Test sets are reported for "
                       "every step and never used to choose."}
-
-
-def best_step(summary_path: str | Path, metric: str | None = None) -> int:
-    """``choose_step`` on a stage-4 ``summary.json``; ValueError without a dev set."""
-    rows = json.loads(Path(summary_path).read_text())
-    if not rows:
-        raise ValueError(f"{summary_path}: no rows")
-    choice = choose_step(rows, metric)
-    if choice["step"] is None:
-        raise ValueError(f"{summary_path}: {choice['reason']}")
-    return choice["step"]
 
 
 def model_dir_for(step: int, start_model: str | Path, merged_dir: str | Path) -> Path:
