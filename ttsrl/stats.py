@@ -109,7 +109,8 @@ def paired(model: UttTable, base: UttTable, metric: str, *, resamples: int = DEF
 
     Returns diff (the full-set difference), lo/hi (its interval), p_better (share of
     resamples where ``model`` has the lower error rate), and n (utterances paired)."""
-    common = [u for u in base.ids if u in set(model.ids)]
+    have = set(model.ids)
+    common = [u for u in base.ids if u in have]
     if not common:
         raise ValueError("paired bootstrap: the two models share no utterance")
     m, b = model.subset(common), base.subset(common)
