@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import sys
 
-from ttsrl.pretrain import PretrainConfig, build_base_model
+from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
 
 
 def main(argv=None) -> int:

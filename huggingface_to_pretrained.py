@@ -21,9 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from ttsrl import convert, steps
 from ttsrl.atomic import atomic_write_text
-from ttsrl.merge import MARKER, check_merged
+from ttsrl.model import convert
+from ttsrl.train import steps
+from ttsrl.train.merge import MARKER, check_merged
 
 RECORD_SUFFIX = ".selection.json"
 

@@ -10,7 +10,7 @@ Also runs as plain ``python infer_dataset.py ...`` (one rank). Under torchrun ea
 rank decodes utterances rank::N of every test set (each exactly once; one rank per
 GPU) and rank 0 gathers the results.
 
-Outputs (see ttsrl/evaluate.py):
+Outputs (see ttsrl/eval/evaluate.py):
   OUT/step_N/<set>/results.jsonl, summary.json, wavs/   per model and dev/test set
   OUT/report.md, OUT/summary.json, OUT/cer.png          the sweep
 Models already scored with the same settings are skipped unless --force.
@@ -47,13 +47,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ttsrl.backends.options import add_backend_args, backend_config
-from ttsrl.cosyvoice_lm import SAMPLING_RULES, SamplingConfig
-from ttsrl.evaluate import EvalConfig, run_sweep
-from ttsrl.generate import GenerationConfig
-from ttsrl.report import HEADLINES
+from ttsrl.data.testsets import TestSetError, parse_test_set_arg
+from ttsrl.eval.evaluate import EvalConfig, run_sweep
+from ttsrl.eval.report import HEADLINES
+from ttsrl.model.cosyvoice_lm import SAMPLING_RULES, SamplingConfig
+from ttsrl.model.generate import GenerationConfig
+from ttsrl.reward.backends.options import add_backend_args, backend_config
 from ttsrl.stats import DEFAULT_RESAMPLES
-from ttsrl.testsets import TestSetError, parse_test_set_arg
 
 
 def parse_args(argv=None) -> EvalConfig:

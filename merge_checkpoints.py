@@ -16,7 +16,7 @@ lists is present with its recorded size (weights open as safetensors) at the sam
 --dtype; a damaged, interrupted or differently merged step is merged again.
 
 Security: the model class is built from the project's own modeling file
-(ttsrl/modeling_cosyvoice2.py), never from .py files in the checkpoint folder unless
+(ttsrl/model/modeling_cosyvoice2.py), never from .py files in the checkpoint folder unless
 --use-checkpoint-code is given. verl's merger unpickles the FSDP shards
 (torch.load(weights_only=False)): merging a checkpoint folder you did not produce can
 run its code. Merge only your own checkpoints.
@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ttsrl.merge import DTYPES, MergeConfig, MergeError, merge_all
+from ttsrl.train.merge import DTYPES, MergeConfig, MergeError, merge_all
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ the model's own output as rejected, CosyVoice2's setup):
 
 one JSON object a line: {"id"?: str, "text": str, "chosen": [codes 0..6560],
 "rejected": [codes], "chosen_reward"?: float, "rejected_reward"?: float}. Errors name
-FILE:LINE. Both write the same Parquet schema (ttsrl/pairs.py).
+FILE:LINE. Both write the same Parquet schema (ttsrl/train/pairs.py).
 
 --out is never written over an existing file unless --force, and never over an input
 (--texts, --user-pairs), even with --force.
@@ -32,7 +32,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from ttsrl.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
 
     s = SamplingConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from ttsrl.pairs import PairsError, mine_pairs, read_user_pairs, write_pairs
+    from ttsrl.train.pairs import PairsError, mine_pairs, read_user_pairs, write_pairs
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -107,10 +107,10 @@ def main(argv=None) -> int:
         print(f"[pairs] {len(pairs)} user-supplied pairs -> {a.out}")
         return 0
 
-    from ttsrl.generate import GenerationConfig, HFGenerator
-    from ttsrl.hf_model import load_speech_lm
-    from ttsrl.reward_client import RewardClientConfig
-    from ttsrl.testsets import TestSetError, read_test_set
+    from ttsrl.data.testsets import TestSetError, read_test_set
+    from ttsrl.model.generate import GenerationConfig, HFGenerator
+    from ttsrl.model.hf_model import load_speech_lm
+    from ttsrl.reward.client import RewardClientConfig
 
     try:
         utts = read_test_set("train", a.texts).utterances

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stage 0: turn JSON/JSONL text rows into verl's train.parquet and test.parquet.
 
-The logic lives in ttsrl/data.py; this is its command line."""
+The logic lives in ttsrl/data/prepare.py; this is its command line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ttsrl.data import DEFAULT_ABILITY, DEFAULT_DATA_SOURCE, DataError, PrepareConfig, prepare
+from ttsrl.data.prepare import DEFAULT_ABILITY, DEFAULT_DATA_SOURCE, DataError, PrepareConfig, prepare
 
 DESCRIPTION = """\
 Convert two text corpora (train and held-out test) into the Parquet files verl's

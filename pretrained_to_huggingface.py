@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from ttsrl import convert
-from ttsrl.cosyvoice_lm import Qwen2LM
+from ttsrl.model import convert
+from ttsrl.model.cosyvoice_lm import Qwen2LM
 
 
 def main(argv=None) -> int:

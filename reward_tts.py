@@ -8,7 +8,7 @@ Environment: TTSRL_REWARD_URL (default http://127.0.0.1:8000), TTSRL_REWARD_MODE
 (default token2wav_asr), TTSRL_REWARD_MAX_FAIL_FRACTION (default 0.1: a step in
 which more than this share of rewards cannot be computed fails loudly),
 TTSRL_REWARD_RETRIES, TTSRL_REWARD_BACKOFF_S, TTSRL_REWARD_TIMEOUT_S,
-TTSRL_REWARD_STEP_GAP_S. The logic lives in ttsrl/reward_client.py.
+TTSRL_REWARD_STEP_GAP_S. The logic lives in ttsrl/reward/client.py.
 
 By hand: python reward_tts.py --input rows.jsonl   (rows with "text" and "code"
 [list of speech codes]) prints one reward per line, scored concurrently.
@@ -24,7 +24,7 @@ try:
 except ImportError:  # verl loads this file by path; make the package next to it importable
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ttsrl.reward_client import compute_score  # noqa: E402  (verl looks this name up)
+from ttsrl.reward.client import compute_score  # noqa: E402  (verl looks this name up)
 
 __all__ = ["compute_score"]
 
@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     import json
     import time
 
-    from ttsrl.protocol import DEFAULT_MODEL_NAME, DEFAULT_URL
-    from ttsrl.reward_client import RewardClientConfig, score_all
+    from ttsrl.reward.client import RewardClientConfig, score_all
+    from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, DEFAULT_URL
 
     p = argparse.ArgumentParser(description="Score a JSONL of (text, code) rows against the reward server.")
     p.add_argument("--input", "-i", required=True, help="JSONL with 'text' (str) and 'code' (list of ints 0..6560)")

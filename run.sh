@@ -88,7 +88,7 @@ DEV_SIZE=${DEV_SIZE:-0}
 SPLIT_DIR=$DATA_DIR/split
 if [[ -n $DEV_FILE ]]; then
   DEV_SET=$DEV_FILE TRAIN_TEXTS=$TRAIN_FILE
-elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsrl/devsplit.py)
+elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsrl/data/devsplit.py)
   DEV_SET=$SPLIT_DIR/dev.jsonl TRAIN_TEXTS=$SPLIT_DIR/train.jsonl
 else
   DEV_SET='' TRAIN_TEXTS=$TRAIN_FILE
@@ -123,7 +123,7 @@ if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
   "$CHECK_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
-server_ready() { "$PY" -m ttsrl.health "$REWARD_URL" >/dev/null 2>&1; }
+server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
 start_server() {
   if server_ready; then
     if (( STARTED_SERVER )); then
@@ -144,7 +144,7 @@ start_server() {
     > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
   echo $! > "$SERVER_PID_FILE"
   STARTED_SERVER=1
-  "$PY" -m ttsrl.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
+  "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
   echo "     reward server pid $(cat "$SERVER_PID_FILE") at $REWARD_URL (log $LOG_DIR/reward_server.log)"
 }
 stop_server() {
@@ -193,7 +193,7 @@ if stage 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
   if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
-    "$PY" -m ttsrl.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" | sed 's/^/     /'
+    "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" | sed 's/^/     /'
   fi
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
     --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH"

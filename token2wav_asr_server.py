@@ -3,7 +3,7 @@
 
 Speaks KServe v2 / Triton HTTP JSON: POST /v2/models/<model-name>/infer with inputs
 TOKENS (INT32 [1,N]), TOKEN_LENS (INT32 [1,1]), GT_TEXT (BYTES [1,1]); answers
-REWARDS (FP32), TRANSCRIPTS (BYTES), ERROR_RATES (FP32). See ttsrl/protocol.py.
+REWARDS (FP32), TRANSCRIPTS (BYTES), ERROR_RATES (FP32). See ttsrl/reward/protocol.py.
 
 Backends:
   sim         simulated codec (embedded preset; no audio, no model)
@@ -19,9 +19,9 @@ import argparse
 import logging
 import sys
 
-from ttsrl.backends.options import add_backend_args, backend_config
-from ttsrl.rewards import REWARDS
-from ttsrl.server import ServerConfig, run
+from ttsrl.reward.backends.options import add_backend_args, backend_config
+from ttsrl.reward.rewards import REWARDS
+from ttsrl.reward.server import ServerConfig, run
 
 
 def parse_args(argv=None) -> ServerConfig:

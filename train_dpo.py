@@ -4,7 +4,7 @@
     python train_dpo.py --model exp/hf_model --pairs exp/dpo/pairs.parquet \\
         --out-dir exp/dpo/merged --loss-type sigmoid --beta 0.01 --max-steps 40 --save-steps 10
 
-Loss types (CosyVoice2's DPOLoss family, see ttsrl/dpo.py):
+Loss types (CosyVoice2's DPOLoss family, see ttsrl/train/dpo.py):
   sigmoid   DPO                -log σ(β d)
   cdpo      conservative DPO   -(1-ε) log σ(β d) - ε log σ(-β d)   (--label-smoothing ε)
   ipo       IPO                (d - 1/(2β))²
@@ -40,7 +40,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from ttsrl.dpo import AVERAGES, LOSS_TYPES
+    from ttsrl.train.dpo import AVERAGES, LOSS_TYPES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="converted start model (HF dir); also the reference")
@@ -76,9 +76,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ttsrl.dpo import DPOSettings, make_trainer_class, pairs_to_rows
-    from ttsrl.dpo_out import OutputDirError, make_save_callback, prepare_out_dir, run_settings
-    from ttsrl.pairs import PairsError, read_pairs
+    from ttsrl.train.dpo import DPOSettings, make_trainer_class, pairs_to_rows
+    from ttsrl.train.dpo_out import OutputDirError, make_save_callback, prepare_out_dir, run_settings
+    from ttsrl.train.pairs import PairsError, read_pairs
 
     settings = DPOSettings(loss_type=a.loss_type, beta=a.beta, label_smoothing=a.label_smoothing,
                            sft_weight=a.sft_weight, average=a.average)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     from datasets import Dataset
     from trl import DPOConfig
 
-    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.model.hf_model import load_speech_lm
 
     dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
     lm = load_speech_lm(a.model, dtype=dtype)
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     else:
         from trl import KTOConfig
 
-        from ttsrl.dpo import make_kto_trainer_class, pairs_to_kto_rows
+        from ttsrl.train.dpo import make_kto_trainer_class, pairs_to_kto_rows
 
         ds = Dataset.from_list(pairs_to_kto_rows(pairs, lm.vocab))
         trainer_cls, extra = make_kto_trainer_class(), {}

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Stage 2: GRPO training through verl 0.9.1 (``python -m verl.trainer.main_ppo``).
 
-Every field of ``ttsrl.grpo.GRPOConfig`` is an option (``--train-batch-size 32``);
-``--preset cpu`` selects the embedded CPU path (our verl plugin ``ttsrl.verl_cpu``,
+Every field of ``ttsrl.train.grpo.GRPOConfig`` is an option (``--train-batch-size 32``);
+``--preset cpu`` selects the embedded CPU path (our verl plugin ``ttsrl.verl_plugin``,
 the ``hf`` rollout, one logical GPU). Any verl Hydra override can follow ``--`` and
 is applied last, e.g.
 
@@ -25,11 +25,11 @@ import shlex
 import sys
 import typing
 
-from ttsrl.grpo import ALGORITHMS, DEVICES, GRPOConfig
+from ttsrl.train.grpo import ALGORITHMS, DEVICES, GRPOConfig
 
 REQUIRED = ("model_path", "train_files", "val_files")
 
-# What each GRPOConfig field means (the --help text); the verl key it sets is in ttsrl/grpo.py.
+# What each GRPOConfig field means (the --help text); the verl key it sets is in ttsrl/train/grpo.py.
 HELP = {
     "model_path": "the Hugging Face checkpoint to train (stage -1's hf_model/ or a merged step)",
     "train_files": "training Parquet from stage 0 (train.parquet)",
@@ -38,7 +38,7 @@ HELP = {
     "reward_file": "Python file holding the reward function verl calls",
     "reward_function": "name of the reward function in --reward-file",
     "reward_manager": "verl reward manager (naive: one call per response, batched by the server)",
-    "algorithm": "advantage/loss preset (see ALGORITHMS in ttsrl/grpo.py)",
+    "algorithm": "advantage/loss preset (see ALGORITHMS in ttsrl/train/grpo.py)",
     "train_batch_size": "prompts per training step",
     "ppo_mini_batch_size": "prompts per optimiser update (<= --train-batch-size)",
     "micro_batch_size_per_gpu": "sequences per forward/backward pass on one GPU",

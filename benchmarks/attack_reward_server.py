@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ttsrl import sim  # noqa: E402
-from ttsrl.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path  # noqa: E402
+from ttsrl.embedded import codec  # noqa: E402
+from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path  # noqa: E402
 
 TEXT = "我想喝一杯热茶。"
 
@@ -74,7 +74,7 @@ def main() -> None:
                 refused += 1
         ok = failed = 0
         latencies = []
-        payload = build_payload(sim.encode(TEXT), TEXT)
+        payload = build_payload(codec.encode(TEXT), TEXT)
         t_end = time.time() + a.hold_s
         while time.time() < t_end:
             t0 = time.time()

@@ -23,9 +23,9 @@ def build(d: Path) -> float:
     import torch
     from transformers import Qwen2Config
 
-    from ttsrl.convert import BLANK_EN, atomic_torch_save
-    from ttsrl.cosyvoice_lm import Qwen2LM
-    from ttsrl.tiny_tokenizer import qwen_sized_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
+    from ttsrl.model.convert import BLANK_EN, atomic_torch_save
+    from ttsrl.model.cosyvoice_lm import Qwen2LM
 
     cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,

@@ -37,8 +37,8 @@ def main() -> None:
     import pyarrow.parquet as pq
     from test_grpo_cpu import REWARD, _rows, parse_steps
 
-    from ttsrl.convert import cosyvoice_to_hf
-    from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+    from ttsrl.embedded.tiny_model import TinyConfig, make_tiny_cosyvoice2
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     ws = args.workdir or Path(tempfile.mkdtemp(prefix="bench_grpo_"))
     corpus = ["今天天气很好 the weather is nice today", "我们一起去公园 let us go to the park"] * 40

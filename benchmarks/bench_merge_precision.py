@@ -6,7 +6,7 @@ Trains the given converted model (default: the embedded preset's base model) wit
 (1e-6), merges the last step twice with ``merge_checkpoints.py`` (``--dtype auto``,
 the fp32 master weights, and ``--dtype bf16``, what verl's own merger writes), and
 prints for each merge, against the start model rounded to the merge's dtype
-(definitions in ttsrl.merge.update_survival):
+(definitions in ttsrl.train.merge.update_survival):
 
     survives        of the weights the update changed, the fraction whose merged value
                     differs from the (equally rounded) start value
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def start_server(port: int) -> tuple[subprocess.Popen, str]:
-    from ttsrl.health import launch_server
+    from ttsrl.reward.health import launch_server
 
     return launch_server("--backend", "sim", "--port", str(port), "--log-level", "WARNING")
 
@@ -98,8 +98,8 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args()
 
-    from ttsrl.convert import read_hf_tensors
-    from ttsrl.merge import saved_steps, update_survival
+    from ttsrl.model.convert import read_hf_tensors
+    from ttsrl.train.merge import saved_steps, update_survival
 
     ws = args.workdir or Path(tempfile.mkdtemp(prefix="bench_merge_"))
     ws.mkdir(parents=True, exist_ok=True)

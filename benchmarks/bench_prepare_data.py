@@ -44,8 +44,8 @@ def generate(path: Path, lines: int, seed: int) -> None:
 
 
 def build_tiny_tokenizer(out: Path) -> Path:
-    from ttsrl.tiny_tokenizer import save_blank_en, train_tokenizer
-    from ttsrl.vocab import extend_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
+    from ttsrl.model.vocab import extend_tokenizer
     rng = random.Random(0)
     tok = train_tokenizer([sentence(rng, i) for i in range(2000)], vocab_size=1024)
     extend_tokenizer(tok)

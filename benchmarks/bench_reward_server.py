@@ -31,10 +31,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ttsrl import sim  # noqa: E402
-from ttsrl.health import launch_server  # noqa: E402
-from ttsrl.protocol import DEFAULT_MODEL_NAME as MODEL  # noqa: E402
-from ttsrl.protocol import build_payload, infer_path  # noqa: E402
+from ttsrl.embedded import codec  # noqa: E402
+from ttsrl.reward.health import launch_server  # noqa: E402
+from ttsrl.reward.protocol import DEFAULT_MODEL_NAME as MODEL  # noqa: E402
+from ttsrl.reward.protocol import build_payload, infer_path  # noqa: E402
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。",
          "请把窗户关上，外面风很大。", "明天早上八点我们在学校门口见面。"]
@@ -50,7 +50,7 @@ def stats(url: str) -> dict:
 
 
 def workload(n: int) -> list[tuple[list[int], str]]:
-    return [(sim.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n)]
+    return [(codec.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n)]
 
 
 def sequential(url: str, jobs) -> float:

@@ -35,7 +35,7 @@ def main() -> None:
     import torch
     from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav
 
-    from ttsrl.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
+    from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(a.model_dir) if a.model_dir else build_tiny_cosyvoice2(Path(tmp) / "m")

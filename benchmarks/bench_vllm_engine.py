@@ -36,14 +36,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
 
-    from ttsrl.cosyvoice_lm import SamplingConfig
-    from ttsrl.generate import GenerationConfig, HFGenerator, Request, VLLMGenerator
-    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator, Request, VLLMGenerator
+    from ttsrl.model.hf_model import load_speech_lm
 
     model = a.model
     if model is None:
-        from ttsrl.convert import cosyvoice_to_hf
-        from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+        from ttsrl.embedded.tiny_model import TinyConfig, make_tiny_cosyvoice2
+        from ttsrl.model.convert import cosyvoice_to_hf
 
         tmp = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
         make_tiny_cosyvoice2(tmp / "cv", TEXTS * 8, TinyConfig(num_attention_heads=1, num_key_value_heads=1))

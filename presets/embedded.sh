@@ -2,7 +2,7 @@
 # (sourced by run.sh, which reads these variables)
 # Embedded CPU preset: every stage on a 2-core laptop in minutes.
 # A tiny CosyVoice2-format model is pretrained (stage -1) on the shipped corpus with
-# the simulated speech codec (ttsrl.sim), then GRPO-trained against the `sim` reward.
+# the simulated speech codec (ttsrl.embedded.codec), then GRPO-trained against the `sim` reward.
 PRESET_NAME=embedded
 DEVICE=cpu
 EXP_DIR=${EXP_DIR:-exp/embedded}

@@ -3,7 +3,7 @@
 
 run.sh calls it for presets that set CHECK_INPUTS_ARGS (presets/gpu8.sh). It prints ONE
 message listing everything missing or unusable and exits 1, or prints nothing and exits 0.
-Prompt wavs get the backend's own check (ttsrl/wavcheck.py, soundfile) when this Python
+Prompt wavs get the backend's own check (ttsrl/reward/wavcheck.py, soundfile) when this Python
 has soundfile (run.sh uses the venv's once it exists); before the venv exists only the
 standard library runs, and a non-PCM wav's format is left to that check. See README
 "GPU recipe".
@@ -16,11 +16,11 @@ import sys
 import wave
 from pathlib import Path
 
-# keep in sync with ttsrl.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
+# keep in sync with ttsrl.reward.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
 MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
                      "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ttsrl.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, prompt_wav_problem  # noqa: E402 - stdlib-only import
+from ttsrl.reward.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
 
 def _wav_problem(p: Path) -> str | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The GPU path on a tiny model, end to end, with numbers (run by scripts/gpu_check.sh).
 
-1. GRPO: the GPU preset (``ttsrl.grpo.GRPOConfig`` defaults: vLLM rollout, its sampling,
+1. GRPO: the GPU preset (``ttsrl.train.grpo.GRPOConfig`` defaults: vLLM rollout, its sampling,
    algorithm, lr schedule keys), scaled to one GPU and tiny sizes, for ``--steps`` steps
    against the ``sim`` reward server; prints each step's time, the rollout/actor
    log-prob correlation and verl's memory metrics.
@@ -40,9 +40,9 @@ def setup(ws: Path, n_train: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ttsrl.convert import cosyvoice_to_hf
-    from ttsrl.pretrain import PretrainConfig, build_base_model
-    from ttsrl.tiny_model import TinyConfig
+    from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
+    from ttsrl.embedded.tiny_model import TinyConfig
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     lines = (ROOT / "data/corpus/train.jsonl").read_text(encoding="utf-8").splitlines()[:n_train]
     test = (ROOT / "data/corpus/test.jsonl").read_text(encoding="utf-8").splitlines()[:16]
@@ -61,7 +61,7 @@ def setup(ws: Path, n_train: int) -> None:
 
 
 def reward_server() -> tuple[subprocess.Popen, str]:
-    from ttsrl.health import launch_server
+    from ttsrl.reward.health import launch_server
 
     try:
         return launch_server("--port", "0", "--backend", "sim", "--log-level", "WARNING")
@@ -70,7 +70,7 @@ def reward_server() -> tuple[subprocess.Popen, str]:
 
 
 def grpo_config(ws: Path, device: str, steps: int, batch: int):
-    from ttsrl.grpo import GRPOConfig
+    from ttsrl.train.grpo import GRPOConfig
 
     extra = ["actor_rollout_ref.rollout.load_format=dummy"]  # only the weight sync gives vLLM real weights
     if device == "cpu":

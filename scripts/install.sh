@@ -43,12 +43,12 @@ fi
 STAMP=$VENV/.ttsrl-install-$MODE
 want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
 
-# vllm_check: one line naming the vLLM kernel library this CPU loaded (ttsrl/vllm_kernels.py).
+# vllm_check: one line naming the vLLM kernel library this CPU loaded (ttsrl/model/vllm_kernels.py).
 # vllm_rc: 0 loaded, 4 this CPU cannot run vLLM's CPU build (scripts/test.sh then reports the
 # vLLM tests as skipped with that line), anything else a broken install.
 vllm_check() {
   vllm_rc=0
-  "$VENV/bin/python" -m ttsrl.vllm_kernels --probe || vllm_rc=$?
+  "$VENV/bin/python" -m ttsrl.model.vllm_kernels --probe || vllm_rc=$?
 }
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$want" ]]; then
   echo "[install] $(basename "$VENV") is up to date ($MODE)"

@@ -24,8 +24,8 @@ from pathlib import Path
 # this checkout's ttsrl, even where another checkout's is installed
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ttsrl.records import iter_text_lines  # noqa: E402
-from ttsrl.testsets import PROMPT_TOKENS_FILE  # noqa: E402
+from ttsrl.data.testsets import PROMPT_TOKENS_FILE  # noqa: E402
+from ttsrl.jsonl import iter_text_lines  # noqa: E402
 
 
 def read_wav_list(path: Path) -> tuple[list[tuple[str, Path]], Path]:
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from ttsrl.atomic import atomic_write_text
-    from ttsrl.backends.cosyvoice2 import PromptTokenizer
+    from ttsrl.reward.backends.cosyvoice2 import PromptTokenizer
 
     items, base = read_wav_list(Path(a.input))
     out = Path(a.output) if a.output else base / PROMPT_TOKENS_FILE
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         if uid in seen:
             raise SystemExit(f"{a.input}: id {uid!r} listed twice")
         seen.add(uid)
-    from ttsrl.wavcheck import prompt_wav_problem
+    from ttsrl.reward.wavcheck import prompt_wav_problem
 
     bad = [f"{uid}: {why}" for uid, wav in items if (why := prompt_wav_problem(wav))]
     if bad:  # all of them, before loading the model

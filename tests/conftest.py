@@ -22,7 +22,7 @@ SENTENCES = [
 @pytest.fixture(scope="session")
 def tiny_cosyvoice2(tmp_path_factory):
     """(dir, Qwen2LM) of a random tiny model saved as DIR/llm.pt + DIR/CosyVoice-BlankEN/."""
-    from ttsrl.tiny_model import make_tiny_cosyvoice2
+    from ttsrl.embedded.tiny_model import make_tiny_cosyvoice2
 
     d = tmp_path_factory.mktemp("cosyvoice2")
     model = make_tiny_cosyvoice2(d, SENTENCES)
@@ -32,7 +32,7 @@ def tiny_cosyvoice2(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
     """The tiny model converted to the HF layout (fp32)."""
-    from ttsrl.convert import cosyvoice_to_hf
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     out = tmp_path_factory.mktemp("hf") / "hf_model"
     cosyvoice_to_hf(tiny_cosyvoice2[0], out, log=lambda _: None)
@@ -52,8 +52,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def lm(tiny_hf):
-    """The tiny converted model loaded with its speech head (ttsrl.hf_model)."""
-    from ttsrl.hf_model import load_speech_lm
+    """The tiny converted model loaded with its speech head (ttsrl.model.hf_model)."""
+    from ttsrl.model.hf_model import load_speech_lm
 
     return load_speech_lm(tiny_hf)
 
@@ -61,7 +61,7 @@ def lm(tiny_hf):
 def start_reward_server(*args: str) -> tuple[subprocess.Popen, str]:
     """Start the reward server CLI as a user does, on a free loopback port; returns
     (process, URL) once it prints that it is ready. Its output keeps being drained."""
-    from ttsrl.health import launch_server
+    from ttsrl.reward.health import launch_server
 
     try:
         return launch_server("--port", "0", *args)

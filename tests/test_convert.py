@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
-from ttsrl import convert
-from ttsrl.cosyvoice_lm import Qwen2LM
-from ttsrl.hf_model import load_speech_lm
+from ttsrl.model import convert
+from ttsrl.model.cosyvoice_lm import Qwen2LM
+from ttsrl.model.hf_model import load_speech_lm
 
 
 def hf_logits(lm, text_ids, speech):

@@ -24,8 +24,8 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav  # noqa: E402
 
-from ttsrl.backends import BackendConfig, build_pipeline  # noqa: E402
-from ttsrl.backends.cosyvoice2 import (  # noqa: E402
+from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
+from ttsrl.reward.backends.cosyvoice2 import (  # noqa: E402
     CosyVoice2Config,
     CosyVoice2Token2Wav,
     check_model_dir,
@@ -112,9 +112,9 @@ def test_model_folder_and_prompt_checks(folders, tmp_path):
 
 
 def test_evaluator_zero_shot_path(folders, t2w, tmp_path):
-    from ttsrl.evaluate import score
-    from ttsrl.generate import Generated
-    from ttsrl.testsets import Utterance
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.eval.evaluate import score
+    from ttsrl.model.generate import Generated
 
     model, prompts = folders
     pipe = build_pipeline(BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model),
@@ -140,7 +140,7 @@ def test_evaluator_zero_shot_path(folders, t2w, tmp_path):
 def test_two_replicas_behind_the_http_server(folders):
     import requests
 
-    from ttsrl.server import BackgroundServer, ServerConfig
+    from ttsrl.reward.server import BackgroundServer, ServerConfig
 
     model, prompts = folders
     backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
@@ -173,7 +173,7 @@ def test_prompt_token_tool_writes_what_stage4_reads(folders, tmp_path):
     import json
     import subprocess
 
-    from ttsrl.testsets import read_test_set
+    from ttsrl.data.testsets import read_test_set
 
     model, _ = folders
     d = tmp_path / "zh"
@@ -210,7 +210,7 @@ def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, 
     import torch
     import torchaudio
 
-    from ttsrl.backends import Audio
+    from ttsrl.reward.backends import Audio
 
     p = t2w.prompts[0]
     audio = t2w.synthesize([codes(30)], [p])[0]
@@ -236,8 +236,8 @@ def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, 
 
 
 def test_pipeline_measures_sim_only_when_asked(folders, t2w):
-    from ttsrl.backends import SpeechPipeline
-    from ttsrl.backends.sim import SimASR
+    from ttsrl.reward.backends import SpeechPipeline
+    from ttsrl.reward.backends.sim import SimASR
 
     off = SpeechPipeline(t2w, SimASR())  # the reward server's default: no SIM
     assert [t.sim for t in off.transcribe_tokens([codes(12)], ["你好"])] == [None]
@@ -254,9 +254,9 @@ def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     import json
     import shutil
 
-    from ttsrl.evaluate import EvalConfig, run_sweep
-    from ttsrl.generate import GenerationConfig
-    from ttsrl.merge import write_marker
+    from ttsrl.eval.evaluate import EvalConfig, run_sweep
+    from ttsrl.model.generate import GenerationConfig
+    from ttsrl.train.merge import write_marker
 
     model, prompts = folders
     merged = tmp_path / "merged"

@@ -17,7 +17,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav  # noqa: E402
 
-from ttsrl.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
+from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
 
 #: the largest |batched - serial| sample seen on CPU: 1.04e-07 (float32 sums in another order)
 TOLERANCE = 1e-4

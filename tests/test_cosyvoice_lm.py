@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ttsrl import vocab as V
-from ttsrl.cosyvoice_lm import (
+from ttsrl.model import vocab as V
+from ttsrl.model.cosyvoice_lm import (
     RULE_2024,
     RULE_2026,
     SamplingConfig,

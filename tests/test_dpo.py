@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from ttsrl.dpo import (
+from ttsrl.model.hf_model import load_speech_lm
+from ttsrl.train.dpo import (
     add_speech_lm_head,
     batch_logps,
     pairs_to_rows,
@@ -25,8 +26,7 @@ from ttsrl.dpo import (
     sft_loss,
     split_chosen_rejected,
 )
-from ttsrl.hf_model import load_speech_lm
-from ttsrl.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pairs, write_pairs
+from ttsrl.train.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pairs, write_pairs
 
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
 
@@ -104,7 +104,7 @@ def _rows(lm, n=3):
 
 
 def _fused_logps(model, batch, average):
-    """What the trainer computes (ttsrl.dpo.batch_logps)."""
+    """What the trainer computes (ttsrl.train.dpo.batch_logps)."""
     with torch.no_grad():
         out, _, _, logps = batch_logps(model, batch, average)
     return out, logps
@@ -180,19 +180,19 @@ def test_choose_pair():
 
 
 def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_path, sim_server_url, tiny_hf):
-    from ttsrl import sim
-    from ttsrl.cosyvoice_lm import SamplingConfig
-    from ttsrl.generate import GenerationConfig, HFGenerator
-    from ttsrl.pairs import mine_pairs
-    from ttsrl.reward_client import RewardClientConfig, request_reward
-    from ttsrl.testsets import Utterance
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.embedded import codec
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator
+    from ttsrl.reward.client import RewardClientConfig, request_reward
+    from ttsrl.train.pairs import mine_pairs
 
     # A random tiny model says nothing the sim codec can read (every reward ~0). Raise
     # the head bias of the 4 sim codes of 你好 (n, i3, h, ao3) and of the end of speech:
     # samples then mix right and wrong syllables and a text's candidates differ in reward.
     lm = load_speech_lm(tiny_hf)
     with torch.no_grad():
-        for c in set(sim.encode("你好")):
+        for c in set(codec.encode("你好")):
             lm.model.lm_head.bias[lm.vocab.to_hf(c)] += 12.0
         lm.model.lm_head.bias[lm.vocab.eos_id] += 10.0
     texts = ["你好", "你好你好", "好你", "你", "好"]
@@ -274,7 +274,7 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     trainer = "kto" if loss_type == "kto" else "dpo"
     assert f"[{trainer}] saved" in p.stdout and f"[{'dpo' if trainer == 'kto' else 'kto'}] saved" not in p.stdout
-    from ttsrl.steps import merged_steps
+    from ttsrl.train.steps import merged_steps
 
     steps = merged_steps(merged)
     assert sorted(steps) == [1, 2]
@@ -360,7 +360,7 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     from safetensors import safe_open
 
-    from ttsrl.steps import merged_steps
+    from ttsrl.train.steps import merged_steps
 
     step = merged_steps(merged)[1]
     for f in step.glob("*.safetensors"):  # the dtype written, before any loader casts it

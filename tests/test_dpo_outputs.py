@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from ttsrl.merge import MARKER, check_merged, write_marker
-from ttsrl.pairs import Pair, read_pairs, write_pairs
+from ttsrl.train.merge import MARKER, check_merged, write_marker
+from ttsrl.train.pairs import Pair, read_pairs, write_pairs
 
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "重庆"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")

@@ -1,13 +1,13 @@
 """Stage 4's engine choice: vLLM decodes greedily only (it has no CosyVoice2
 repetition-aware sampling), so sampled evaluation always runs on the transformers
-engine, whose draws go through ttsrl.cosyvoice_lm.pick_token."""
+engine, whose draws go through ttsrl.model.cosyvoice_lm.pick_token."""
 
 import importlib.util
 
 import pytest
 
-from ttsrl.evaluate import EvalConfig, _choose_engine
-from ttsrl.generate import GenerationConfig
+from ttsrl.eval.evaluate import EvalConfig, _choose_engine
+from ttsrl.model.generate import GenerationConfig
 
 
 def cfg(engine: str, greedy: bool) -> EvalConfig:

@@ -1,5 +1,5 @@
-"""Stage 4: batched generation (ttsrl.generate), test sets, scoring and the sweep
-(ttsrl.evaluate, infer_dataset.py), on the tiny random checkpoint of conftest.py."""
+"""Stage 4: batched generation (ttsrl.model.generate), test sets, scoring and the sweep
+(ttsrl.eval.evaluate, infer_dataset.py), on the tiny random checkpoint of conftest.py."""
 
 import json
 import os
@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttsrl import sim
-from ttsrl import vocab as V
-from ttsrl.backends import BackendConfig, build_pipeline
-from ttsrl.cosyvoice_lm import RULE_2026, SAMPLING_RULES, SamplingConfig
-from ttsrl.dist import shard
-from ttsrl.evaluate import EvalConfig, run_sweep, score
-from ttsrl.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
-from ttsrl.hf_model import load_speech_lm
-from ttsrl.merge import write_marker
-from ttsrl.report import summarize
-from ttsrl.testsets import TestSetError, Utterance, read_test_set
+from ttsrl.data.testsets import TestSetError, Utterance, read_test_set
+from ttsrl.embedded import codec
+from ttsrl.eval.dist import shard
+from ttsrl.eval.evaluate import EvalConfig, run_sweep, score
+from ttsrl.eval.report import summarize
+from ttsrl.model import vocab as V
+from ttsrl.model.cosyvoice_lm import RULE_2026, SAMPLING_RULES, SamplingConfig
+from ttsrl.model.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
+from ttsrl.model.hf_model import load_speech_lm
+from ttsrl.reward.backends import BackendConfig, build_pipeline
+from ttsrl.train.merge import write_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
@@ -196,7 +196,7 @@ def test_cv3_layout(tmp_path):
 def test_missing_outputs_count_as_full_errors():
     pipeline = build_pipeline(BackendConfig(backend="sim"))
     utts = [Utterance("ok", "今天天气很好"), Utterance("empty", "银行的行长"), Utterance("broken", "你好吗")]
-    gens = [Generated(codes=sim.encode("今天天气很好"), stopped=True), Generated(codes=[]),
+    gens = [Generated(codes=codec.encode("今天天气很好"), stopped=True), Generated(codes=[]),
             Generated(error="SamplingError: only stop tokens")]
     rows = score(pipeline, utts, gens)
     assert [r["failure"] for r in rows] == [False, True, True]
@@ -240,19 +240,19 @@ def test_summary_of_several_seeds_by_hand():
 
 def test_length_ratio_by_hand():
     """Codes generated / codes expected for the text, per utterance and its mean over a
-    set. The simulated codec speaks 2 codes per syllable (sim.TOKEN_RATE = 9 codes/s at
-    4.5 syllables/s): the codes sim.encode makes for a text without pauses."""
-    from ttsrl.report import format_table
-    from ttsrl.rewards import length_ratio
+    set. The simulated codec speaks 2 codes per syllable (codec.TOKEN_RATE = 9 codes/s at
+    4.5 syllables/s): the codes codec.encode makes for a text without pauses."""
+    from ttsrl.eval.report import format_table
+    from ttsrl.reward.rewards import length_ratio
 
     pipeline = build_pipeline(BackendConfig(backend="sim"))
-    assert pipeline.token_rate == sim.TOKEN_RATE == 9.0
+    assert pipeline.token_rate == codec.TOKEN_RATE == 9.0
     utts = [Utterance("normal", "今天天气很好"), Utterance("slow", "你好吗"), Utterance("clipped", "银行"),
             Utterance("none", "重庆")]
-    assert sim.expected_len("今天天气很好") == 12  # 6 syllables
-    gens = [Generated(codes=sim.encode("今天天气很好")),                  # 12 of 12 codes
-            Generated(codes=sim.encode("你好吗") * 2),                   # 12 of 6: twice as long
-            Generated(codes=sim.encode("银行")[:2]),                     # 2 of 4: cut in half
+    assert codec.expected_len("今天天气很好") == 12  # 6 syllables
+    gens = [Generated(codes=codec.encode("今天天气很好")),                  # 12 of 12 codes
+            Generated(codes=codec.encode("你好吗") * 2),                   # 12 of 6: twice as long
+            Generated(codes=codec.encode("银行")[:2]),                     # 2 of 4: cut in half
             Generated(codes=[])]                                        # a failure, no ratio
     rows = score(pipeline, utts, gens)
     assert [r["length_ratio"] for r in rows] == [pytest.approx(1.0), pytest.approx(2.0), pytest.approx(0.5), None]
@@ -407,7 +407,7 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
 
     pipeline = build_pipeline(BackendConfig(backend="whisper", asr="sim"))
     utts = [Utterance("a/1", "今天天气很好"), Utterance("b", "你好")]
-    gens = [Generated(codes=sim.encode(u.text), stopped=True) for u in utts[:1]] + [Generated()]
+    gens = [Generated(codes=codec.encode(u.text), stopped=True) for u in utts[:1]] + [Generated()]
     rows = score(pipeline, utts, gens, wav_dir=tmp_path / "wavs")
     assert rows[0]["cer_errors"] == 0 and rows[1]["failure"]
     wavs = sorted(p.name for p in (tmp_path / "wavs").iterdir())

@@ -16,7 +16,7 @@ import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ttsrl.grpo import ALGORITHMS, GRPOConfig
+from ttsrl.train.grpo import ALGORITHMS, GRPOConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -99,7 +99,7 @@ def test_cpu_preset_overrides():
     assert a.rollout.name == "hf" and a.rollout.calculate_log_probs is True
     assert cfg.trainer.n_gpus_per_node == 1 and list(cfg.trainer.logger) == ["console"]
     env = c.env()
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_cpu.plugin" and env["VERL_PLATFORM"] == "cpu"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_plugin.plugin" and env["VERL_PLATFORM"] == "cpu"
     assert env["VERL_ENGINE_DEVICE"] == "cuda" and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert "VERL_PLATFORM" not in gpu().env()
 
@@ -140,7 +140,7 @@ def test_plugin_registers_rollout_and_platform():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    import ttsrl.verl_cpu.plugin  # noqa: F401  (what VERL_USE_EXTERNAL_MODULES imports)
+    import ttsrl.verl_plugin.plugin  # noqa: F401  (what VERL_USE_EXTERNAL_MODULES imports)
 
     assert get_rollout_replica_class("hf").__name__ == "HFReplica"
     assert get_rollout_class("hf", "async").__name__ == "HFServerAdapter"
@@ -148,7 +148,7 @@ def test_plugin_registers_rollout_and_platform():
 
 
 def test_backend_dedup():
-    from ttsrl.verl_cpu.patches import dedup_backend
+    from ttsrl.verl_plugin.patches import dedup_backend
 
     assert dedup_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"
     assert dedup_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
@@ -158,7 +158,7 @@ def test_backend_dedup():
 
 
 def test_hf_rollout_sampling_params():
-    from ttsrl.verl_cpu.hf_rollout import parse_sampling
+    from ttsrl.verl_plugin.hf_rollout import parse_sampling
 
     s = parse_sampling({"temperature": 0.8, "top_p": 0.95, "top_k": 25, "logprobs": True,
                         "repetition_penalty": 1.0}, default_max_tokens=512, room=100)
@@ -173,10 +173,10 @@ def test_hf_rollout_sampling_params():
 
 def test_reading_the_run_environment_imports_neither_verl_nor_ray():
     """GRPOConfig.env() only names environment variables; the plugin is installed by
-    importing ttsrl.verl_cpu.plugin (what verl does), never as a side effect."""
-    code = ("import sys; from ttsrl.grpo import GRPOConfig; import ttsrl.verl_cpu; "
+    importing ttsrl.verl_plugin.plugin (what verl does), never as a side effect."""
+    code = ("import sys; from ttsrl.train.grpo import GRPOConfig; import ttsrl.verl_plugin; "
             "env = GRPOConfig.cpu_preset(model_path='m', train_files='t', val_files='v').env(); "
-            "assert env['VERL_USE_EXTERNAL_MODULES'] == 'ttsrl.verl_cpu.plugin'; "
+            "assert env['VERL_USE_EXTERNAL_MODULES'] == 'ttsrl.verl_plugin.plugin'; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'ray')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -210,7 +210,7 @@ def test_verl_model_setup_survives_trl_without_value_head():
     from verl.models.transformers import monkey_patch
     from verl.utils.import_utils import is_trl_available
 
-    from ttsrl.verl_cpu import trl_compat
+    from ttsrl.verl_plugin import trl_compat
 
     for mod in (monkey_patch, model_utils):  # verl's own check (another test may have installed ours)
         mod.is_trl_available = is_trl_available

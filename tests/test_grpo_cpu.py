@@ -54,9 +54,9 @@ def parse_steps(log: str) -> dict[int, dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, sim_server_url):
-    from ttsrl.convert import cosyvoice_to_hf
-    from ttsrl.pretrain import PretrainConfig, build_base_model
-    from ttsrl.tiny_model import TinyConfig
+    from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
+    from ttsrl.embedded.tiny_model import TinyConfig
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     ws = tmp_path_factory.mktemp("grpo")
     # A few seconds of supervised pretraining on 12 shipped sentences, so that sampled
@@ -118,7 +118,7 @@ def _fsdp_tensor(actor: Path, name: str) -> torch.Tensor:
 def test_merge_and_reload(run):
     from transformers import AutoModelForCausalLM
 
-    from ttsrl.merge import MARKER
+    from ttsrl.train.merge import MARKER
 
     ws, _, _ = run
     out = ws / "merged"
@@ -203,11 +203,11 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
     changed, only 9.6% differ from the bf16-rounded start model; the bf16 model's
     distance to the master weights is 99x the update's norm, and its delta from the
     rounded start model misses the update by 5.5x the update's norm. The fp32 merge:
-    100%, 0, 0. (ttsrl.merge.update_survival defines the numbers.)"""
+    100%, 0, 0. (ttsrl.train.merge.update_survival defines the numbers.)"""
     from safetensors.torch import load_file
 
-    from ttsrl.convert import read_hf_tensors
-    from ttsrl.merge import update_survival
+    from ttsrl.model.convert import read_hf_tensors
+    from ttsrl.train.merge import update_survival
 
     ws, _, _ = run
     master = _master_state(ws / "ckpt" / f"global_step_{SAVE_FREQ}" / "actor")
@@ -249,7 +249,7 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
 def test_merge_does_not_run_the_checkpoint_folders_code(run):
     """Issue 11 item 7: a modeling_cosyvoice2.py planted in the checkpoint folder is not
     imported by default (the project's own is used); --use-checkpoint-code runs it."""
-    from ttsrl.convert import MODELING_FILE
+    from ttsrl.model.convert import MODELING_FILE
 
     ws, _, _ = run
     hf = ws / "ckpt" / f"global_step_{SAVE_FREQ}" / "actor" / "huggingface"

@@ -16,11 +16,11 @@ import pytest
 import requests
 from conftest import start_reward_server, stop_process
 
-from ttsrl import sim
-from ttsrl.backends import SpeechPipeline
-from ttsrl.backends.sim import SimASR, SimToken2Wav
-from ttsrl.reward_client import RequestFailed, RewardClientConfig, request_reward
-from ttsrl.server import BackgroundServer, ServerConfig
+from ttsrl.embedded import codec
+from ttsrl.reward.backends import SpeechPipeline
+from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.client import RequestFailed, RewardClientConfig, request_reward
+from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.text import normalize, pinyin, unreadable
 
 MODEL = "token2wav_asr"
@@ -89,8 +89,8 @@ def batching_server():
 
 
 def test_twenty_valid_and_five_poison_requests_at_once(batching_server):
-    valid = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(20)]
-    poison = [(sim.encode(normalize(t)), t) for t in POISON]
+    valid = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(20)]
+    poison = [(codec.encode(normalize(t)), t) for t in POISON]
     jobs = valid[:10] + poison + valid[10:]
     rsps = post_all(batching_server, jobs)
     codes = [r.status_code for r in rsps]
@@ -106,7 +106,7 @@ def test_twenty_valid_and_five_poison_requests_at_once(batching_server):
 
 def test_a_text_the_normaliser_cannot_read_gets_422_alone(batching_server):
     bad = ("第〡名", [5, 6, 7, 8])
-    jobs = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(6)] + [(bad[1], bad[0])]
+    jobs = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(6)] + [(bad[1], bad[0])]
     rsps = post_all(batching_server, jobs)
     assert [r.status_code for r in rsps] == [200] * 6 + [422]
     assert "U+3021" in rsps[-1].json()["error"]
@@ -133,7 +133,7 @@ class Fragile(SimToken2Wav):
 def test_an_item_whose_scoring_raises_fails_alone(exc, status):
     cfg = ServerConfig(port=0, max_batch=64, max_delay_ms=300)
     with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(exc), SimASR())]) as srv:
-        jobs = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(20)]
+        jobs = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(20)]
         jobs[7:7] = [(BOOM, "坏的请求")] * 5
         rsps = post_all(srv.url, jobs)
         got = [r.status_code for r in rsps]
@@ -157,11 +157,11 @@ def test_the_server_has_the_readers_length_limits(batching_server):
     from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS
 
     url = f"{batching_server}/v2/models/{MODEL}/infer"
-    r = requests.post(url, json=payload(sim.encode("你好"), "好" * (MAX_TEXT_CHARS + 1)), timeout=60)
+    r = requests.post(url, json=payload(codec.encode("你好"), "好" * (MAX_TEXT_CHARS + 1)), timeout=60)
     assert r.status_code == 422 and f"more than the limit of {MAX_TEXT_CHARS}" in r.json()["error"]
     r = requests.post(url, json=payload([1] * (MAX_SPEECH_CODES + 1), "你好"), timeout=60)
     assert 400 <= r.status_code < 500 and str(MAX_SPEECH_CODES) in r.json()["error"]
-    r = requests.post(url, json=payload(sim.encode("好" * MAX_TEXT_CHARS)[:MAX_SPEECH_CODES], "好" * MAX_TEXT_CHARS),
+    r = requests.post(url, json=payload(codec.encode("好" * MAX_TEXT_CHARS)[:MAX_SPEECH_CODES], "好" * MAX_TEXT_CHARS),
                       timeout=60)
     assert r.status_code == 200
 
@@ -169,10 +169,10 @@ def test_the_server_has_the_readers_length_limits(batching_server):
 def test_a_grpo_step_with_eight_poison_rows_among_64_trains(batching_server):
     """The issue's GRPO scenario: verl's reward function over one step's 64 responses,
     8 of them for a reference text with Arabic-Indic digits. None fails."""
-    from ttsrl.reward_client import score_all
+    from ttsrl.reward.client import score_all
 
-    rows = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)]
-    rows += [(sim.encode(normalize(POISON[i % 5])), POISON[i % 5]) for i in range(8)]
+    rows = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)]
+    rows += [(codec.encode(normalize(POISON[i % 5])), POISON[i % 5]) for i in range(8)]
     cfg = RewardClientConfig(url=batching_server, retries=1, backoff_s=0.01, max_fail_fraction=0.1)
     out = asyncio.run(score_all(rows, cfg))
     assert [r["reward_failed"] for r in out] == [0.0] * 64
@@ -180,11 +180,11 @@ def test_a_grpo_step_with_eight_poison_rows_among_64_trains(batching_server):
 
 
 def test_a_step_failed_by_refused_requests_blames_the_data_not_the_server():
-    from ttsrl.reward_client import RewardServiceError, score_all
+    from ttsrl.reward.client import RewardServiceError, score_all
 
     cfg = ServerConfig(port=0, max_batch=64, max_delay_ms=100)
     with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(ValueError), SimASR())]) as srv:
-        rows = [(sim.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)] + [(BOOM, "坏的请求")] * 8
+        rows = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)] + [(BOOM, "坏的请求")] * 8
         ccfg = RewardClientConfig(url=srv.url, retries=2, backoff_s=0.01, max_fail_fraction=0.1,
                                   step_gap_s=0.0)  # its own step window, whatever ran before
         with pytest.raises(RewardServiceError) as ei:

@@ -12,11 +12,11 @@ import requests
 from conftest import start_reward_server, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 
-from ttsrl import sim
-from ttsrl.backends import SpeechPipeline
-from ttsrl.backends.sim import SimASR, SimToken2Wav
-from ttsrl.protocol import build_payload, infer_path
-from ttsrl.server import BackgroundServer, ServerConfig
+from ttsrl.embedded import codec
+from ttsrl.reward.backends import SpeechPipeline
+from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.protocol import build_payload, infer_path
+from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
 MODEL = "token2wav_asr"
@@ -43,8 +43,8 @@ def test_metrics_count_exactly_what_was_sent():
         assert before[("ttsrl_batch_size_count", ())] == 0
         n_ok = 40
         barrier = threading.Barrier(n_ok)
-        # built here: sim.encode's first calls in 40 threads at once take half a minute on 2 cores
-        payloads = [build_payload(sim.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n_ok)]
+        # built here: codec.encode's first calls in 40 threads at once take half a minute on 2 cores
+        payloads = [build_payload(codec.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n_ok)]
 
         def one(i):
             barrier.wait()
@@ -100,7 +100,7 @@ def test_queue_depth_and_stage_time_are_live():
     cfg = ServerConfig(port=0, max_batch=1, max_delay_ms=0)
     with BackgroundServer(cfg, pipelines=[SpeechPipeline(SlowSim(), SimASR())]) as srv:
         n = 5
-        payload = build_payload(sim.encode(TEXTS[0]), TEXTS[0])
+        payload = build_payload(codec.encode(TEXTS[0]), TEXTS[0])
         with ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(requests.post, srv.url + infer_path(), json=payload, timeout=60) for _ in range(n)]
             time.sleep(0.45)  # one batch in the backend, the rest waiting

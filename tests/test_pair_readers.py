@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS
-from ttsrl.pairs import Pair, PairsError, read_pairs, read_user_pairs, write_pairs
+from ttsrl.train.pairs import Pair, PairsError, read_pairs, read_user_pairs, write_pairs
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
 GOOD = {"id": "a", "text": "你好", "chosen": [1, 2, 3], "rejected": [4, 5]}

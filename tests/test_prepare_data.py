@@ -1,4 +1,4 @@
-"""Stage 0 data preparation: JSON/JSONL text rows -> verl RL Parquet (ttsrl.data, prepare_data.py).
+"""Stage 0 data preparation: JSON/JSONL text rows -> verl RL Parquet (ttsrl.data.prepare, prepare_data.py).
 
 Everything here runs the real pieces: real files, real Parquet read back with pyarrow,
 verl's own RLHFDataset and prompt builder, a real (tiny) tokenizer, the real CLI."""
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ttsrl.data import DataError, PrepareConfig, output_schema, prepare
-from ttsrl.records import RecordReader
-from ttsrl.rowchecks import normalise_for_dedup
-from ttsrl.vocab import extend_tokenizer, vocab_of
+from ttsrl.data.prepare import DataError, PrepareConfig, output_schema, prepare
+from ttsrl.data.rowchecks import normalise_for_dedup
+from ttsrl.jsonl import RecordReader
+from ttsrl.model.vocab import extend_tokenizer, vocab_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "prepare_data.py"
@@ -65,7 +65,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def tok_dir(tmp_path_factory) -> Path:
     """A tiny Qwen-style tokenizer with the speech vocabulary and chat template, saved
     like the converted model's folder."""
-    from ttsrl.tiny_tokenizer import save_blank_en, train_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
     texts = SENTENCES * 4
     if (CORPUS / "train.jsonl").exists():
         texts += [json.loads(line)["text"] for line in (CORPUS / "train.jsonl").read_text().splitlines()
@@ -192,7 +192,7 @@ def test_prepared_parquet_loads_in_verl_rlhf_dataset_and_renders_sos_text_task(t
 
 
 def test_tokenizer_without_chat_template_is_refused(tmp_path):
-    from ttsrl.tiny_tokenizer import save_blank_en, train_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
     tok = train_tokenizer(SENTENCES * 3, vocab_size=300)  # no speech vocab, no template
     save_blank_en(tok, tmp_path / "plain")
     with pytest.raises(DataError, match="no chat template"):
@@ -202,7 +202,7 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path):
 def test_template_that_does_not_copy_the_text_is_counted_row_by_row(tokenizer):
     import copy
 
-    from ttsrl.rowchecks import TokenizerPromptLength
+    from ttsrl.data.rowchecks import TokenizerPromptLength
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = ("{% for m in messages %}{{ '<|sos|>' + m['content'] + '。' + m['content'] "
                          "+ '<|task_id|>' }}{% endfor %}")
@@ -213,7 +213,7 @@ def test_template_that_does_not_copy_the_text_is_counted_row_by_row(tokenizer):
 
 
 def test_estimate_without_tokenizer_is_an_upper_bound(tmp_path, tokenizer):
-    from ttsrl.rowchecks import EstimatedPromptLength, TokenizerPromptLength
+    from ttsrl.data.rowchecks import EstimatedPromptLength, TokenizerPromptLength
     counter = TokenizerPromptLength(tokenizer)
     assert counter.batched  # our template: <|sos|> text <|task_id|>
     exact = counter.count(SENTENCES)

@@ -1,11 +1,11 @@
-"""The embedded base model records a hash of the weights it built (ttsrl.pretrain)."""
+"""The embedded base model records a hash of the weights it built (ttsrl.embedded.pretrain)."""
 
 import json
 
 import torch
 
-from ttsrl.pretrain import INFO_FILE, PretrainConfig, build_base_model, weights_sha256
-from ttsrl.tiny_model import TinyConfig
+from ttsrl.embedded.pretrain import INFO_FILE, PretrainConfig, build_base_model, weights_sha256
+from ttsrl.embedded.tiny_model import TinyConfig
 
 TEXTS = ["今天天气很好。", "我们去公园散步吧。", "你吃过早饭了吗？"]
 CFG = PretrainConfig(model=TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

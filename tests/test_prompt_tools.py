@@ -1,6 +1,6 @@
 """Prompt wav checks agree with the backend, and the prompt tools give messages, not
 tracebacks (issue 22, findings 7 and 8): scripts/check_inputs.py, scripts/prompt_tokens.py
-and the CosyVoice2 backend share ttsrl/wavcheck.py. Real wav files written by soundfile."""
+and the CosyVoice2 backend share ttsrl/reward/wavcheck.py. Real wav files written by soundfile."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from ttsrl.backends.cosyvoice2 import check_prompt_wav
-from ttsrl.testsets import TestSetError, read_test_set
+from ttsrl.data.testsets import TestSetError, read_test_set
+from ttsrl.reward.backends.cosyvoice2 import check_prompt_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 

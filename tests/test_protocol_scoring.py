@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from ttsrl import sim
-from ttsrl.backends import BackendConfig, SpeechPipeline, build_pipeline
-from ttsrl.backends.sim import SimASR, SimToken2Wav
-from ttsrl.evaluate import score
-from ttsrl.generate import Generated
-from ttsrl.protocol import (
+from ttsrl.data.testsets import Utterance
+from ttsrl.embedded import codec
+from ttsrl.eval.evaluate import score
+from ttsrl.model.generate import Generated
+from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline
+from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.protocol import (
     INPUT_SPECS,
     OUTPUT_SPECS,
     build_payload,
@@ -26,9 +27,8 @@ from ttsrl.protocol import (
     parse_infer,
     parse_response,
 )
-from ttsrl.scoring import score_codes
-from ttsrl.server import BackgroundServer, ServerConfig
-from ttsrl.testsets import Utterance
+from ttsrl.reward.scoring import score_codes
+from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.text import error_counts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def _cases():
     """Exact, slightly wrong, far too long and empty speech for each text."""
     out = []
     for t in TEXTS:
-        codes = sim.encode(t)
+        codes = codec.encode(t)
         out += [(codes, t), (codes[:-4], t), (codes * 4, t), ([], t)]
     return out
 
@@ -90,7 +90,7 @@ def test_failure_unit_comes_from_the_backend_not_its_name():
 
 def test_score_codes_marks_empty_speech_as_failure():
     pipeline = build_pipeline(BackendConfig(backend="sim"))
-    out = score_codes(pipeline, [sim.encode(TEXTS[0]), []], TEXTS[:2])
+    out = score_codes(pipeline, [codec.encode(TEXTS[0]), []], TEXTS[:2])
     assert out[0].failure is None and out[0].reward == pytest.approx(1.0)
     assert out[1].failure and out[1].reward == 0.0 and out[1].error_rate == 1.0 and out[1].transcript == ""
 
@@ -119,7 +119,7 @@ def _options(script: str) -> set[str]:
 def test_backend_options_are_shared_by_every_cli():
     import argparse
 
-    from ttsrl.backends.options import add_backend_args
+    from ttsrl.reward.backends.options import add_backend_args
 
     p = argparse.ArgumentParser()
     add_backend_args(p)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from ttsrl.grpo import GRPOConfig
+from ttsrl.train.grpo import GRPOConfig
 
 SCRIPT = r"""
 import json, os, psutil, ray
@@ -59,7 +59,7 @@ def test_cpu_preset_ray_listens_on_loopback_only():
 GROUP_SCRIPT = r"""
 import json, os, psutil, torch, torch.distributed as dist
 if os.environ["PATCHED"] == "1":
-    from ttsrl.verl_cpu.patches import _patch_init_process_group
+    from ttsrl.verl_plugin.patches import _patch_init_process_group
     _patch_init_process_group()
 # as verl.utils.distributed.initialize_global_process_group_ray calls it on CPU
 dist.init_process_group(backend="cpu:gloo,cpu:gloo" if os.environ["PATCHED"] == "1" else "cpu:gloo",

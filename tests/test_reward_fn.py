@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from ttsrl import sim
-from ttsrl.reward_client import ENV_MAX_FAIL, ENV_URL, RewardClientConfig, RewardServiceError, StepWindow, compute_score
-from ttsrl.server import BackgroundServer, ServerConfig
-from ttsrl.vocab import SpeechVocab
+from ttsrl.embedded import codec
+from ttsrl.model.vocab import SpeechVocab
+from ttsrl.reward.client import ENV_MAX_FAIL, ENV_URL, RewardClientConfig, RewardServiceError, StepWindow, compute_score
+from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
@@ -45,7 +45,7 @@ def cfg_for(url: str, **kw) -> RewardClientConfig:
 
 
 def speech(text: str) -> str:
-    return SpeechVocab.codes_to_text(sim.encode(text))
+    return SpeechVocab.codes_to_text(codec.encode(text))
 
 
 async def gather_scores(items, cfg):
@@ -121,8 +121,8 @@ def test_step_window_groups_bursts():
 
 def test_server_retry_after_is_honoured():
     """A tiny queue that answers 503: the client retries and every reward arrives."""
-    from ttsrl.backends import SpeechPipeline
-    from ttsrl.backends.sim import SimASR, SimToken2Wav
+    from ttsrl.reward.backends import SpeechPipeline
+    from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
 
     class Slow(SimToken2Wav):
         def synthesize(self, batch, prompts):
@@ -145,8 +145,8 @@ def test_server_retry_after_is_honoured():
 
 def _tokenizer():
     """A tiny tokenizer extended by the vocabulary module, exactly as the converter does."""
-    from ttsrl.tiny_tokenizer import train_tokenizer
-    from ttsrl.vocab import extend_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import train_tokenizer
+    from ttsrl.model.vocab import extend_tokenizer
 
     tok = train_tokenizer(TEXTS * 5, 300)
     return tok, extend_tokenizer(tok)
@@ -165,7 +165,7 @@ def _verl_scores(tok, sv, server_url, monkeypatch):
     manager = NaiveRewardManager(config, tok, fn)
     assert manager.is_async_reward_score
 
-    pairs = [(t, sim.encode(t)) for t in TEXTS] + [(TEXTS[0], sim.encode(TEXTS[2]))]
+    pairs = [(t, codec.encode(t)) for t in TEXTS] + [(TEXTS[0], codec.encode(TEXTS[2]))]
     prompt_len, resp_len = 4, max(len(c) for _, c in pairs) + 2
     prompts = torch.zeros(len(pairs), prompt_len, dtype=torch.long)
     responses = torch.full((len(pairs), resp_len), tok.pad_token_id, dtype=torch.long)
@@ -202,7 +202,7 @@ def test_through_verl_naive_reward_manager(server, monkeypatch):
 
 def test_by_hand_cli(server, tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": t, "code": sim.encode(t)}, ensure_ascii=False) + "\n"
+    rows.write_text("".join(json.dumps({"text": t, "code": codec.encode(t)}, ensure_ascii=False) + "\n"
                             for t in TEXTS[:3]) +
                     json.dumps({"text": TEXTS[0], "code": []}, ensure_ascii=False) + "\n", encoding="utf-8")
     res = subprocess.run([sys.executable, str(ROOT / "reward_tts.py"), "--input", str(rows), "--url", server.url],

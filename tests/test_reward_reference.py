@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("tn.chinese.normalizer", reason="wetextprocessing is not installed (requirements-cpu.txt)")
 
-from ttsrl.rewards import REWARDS, compute_reward, reference_pinyin_wer  # noqa: E402
+from ttsrl.reward.rewards import REWARDS, compute_reward, reference_pinyin_wer  # noqa: E402
 
 
 def test_reference_normalisation_and_reward():

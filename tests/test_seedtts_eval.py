@@ -1,4 +1,4 @@
-"""The Seed-TTS eval convention (ttsrl.seedtts_eval) against values worked out by hand.
+"""The Seed-TTS eval convention (ttsrl.eval.seedtts_eval) against values worked out by hand.
 
 Every expected number below was counted by hand from the rules of seed-tts-eval's
 run_wer.py / average_wer.py (commit 752f4297), never by calling our code twice.
@@ -6,7 +6,7 @@ run_wer.py / average_wer.py (commit 752f4297), never by calling our code twice.
 
 import pytest
 
-from ttsrl.seedtts_eval import PUNCTUATION, detect_lang, score_utterance, share_above, utt_mean
+from ttsrl.eval.seedtts_eval import PUNCTUATION, detect_lang, score_utterance, share_above, utt_mean
 
 # (reference, transcript, errors, reference tokens), worked out by hand
 ZH_CASES = [

@@ -18,12 +18,12 @@ import pytest
 import requests
 from conftest import start_reward_server, stop_process
 
-from ttsrl import sim
-from ttsrl.backends import SpeakerPrompt, SpeechPipeline
-from ttsrl.backends.sim import SimASR, SimToken2Wav
-from ttsrl.server import BackgroundServer, ServerConfig
+from ttsrl.embedded import codec
+from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.reward.backends import SpeakerPrompt, SpeechPipeline
+from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.text import normalize
-from ttsrl.vocab import SPEECH_TOKEN_SIZE
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "token2wav_asr"
@@ -64,7 +64,7 @@ def stats(url):
 
 def test_reference_request_scores_correct_speech_high_and_garbage_low(server_url):
     for text in TEXTS:
-        rsp = post(server_url, reference_payload(sim.encode(text), text), params={"request_id": "0"})
+        rsp = post(server_url, reference_payload(codec.encode(text), text), params={"request_id": "0"})
         assert rsp.status_code == 200, rsp.text
         result = rsp.json()
         # the reference client reads outputs[0].data[0] as the reward
@@ -72,19 +72,19 @@ def test_reference_request_scores_correct_speech_high_and_garbage_low(server_url
         assert float(result["outputs"][0]["data"][0]) == pytest.approx(1.0, abs=1e-6)
         outs = {o["name"]: o for o in result["outputs"]}
         assert outs["TRANSCRIPTS"]["datatype"] == "BYTES" and outs["TRANSCRIPTS"]["shape"] == [1, 1]
-        assert outs["TRANSCRIPTS"]["data"][0] == sim.decode(sim.encode(text))
+        assert outs["TRANSCRIPTS"]["data"][0] == codec.decode(codec.encode(text))
         assert outs["ERROR_RATES"]["data"][0] == 0.0
     rng = np.random.default_rng(0)
     garbage = rng.integers(0, SPEECH_TOKEN_SIZE, size=40).tolist()
     r = post(server_url, reference_payload(garbage, TEXTS[0])).json()
     assert r["outputs"][0]["data"][0] < 0.2
     # a wrong sentence's correct speech scores low too
-    r = post(server_url, reference_payload(sim.encode(TEXTS[1]), TEXTS[0])).json()
+    r = post(server_url, reference_payload(codec.encode(TEXTS[1]), TEXTS[0])).json()
     assert r["outputs"][0]["data"][0] < 0.3
 
 
 def test_flat_data_and_versioned_route_and_requested_outputs(server_url):
-    codes = sim.encode(TEXTS[1])
+    codes = codec.encode(TEXTS[1])
     payload = {"id": "abc", "inputs": [
         {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXTS[1]]},
         {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": codes},
@@ -102,8 +102,8 @@ def test_flat_data_and_versioned_route_and_requested_outputs(server_url):
 
 
 def test_token_lens_shorter_than_tokens_uses_the_prefix(server_url):
-    codes = sim.encode(TEXTS[1])
-    p = reference_payload(codes + sim.encode(TEXTS[0]), TEXTS[1])
+    codes = codec.encode(TEXTS[1])
+    p = reference_payload(codes + codec.encode(TEXTS[0]), TEXTS[1])
     p["inputs"][1]["data"] = [[len(codes)]]
     assert post(server_url, p).json()["outputs"][0]["data"][0] == pytest.approx(1.0)
 
@@ -130,7 +130,7 @@ def test_health_and_metadata(server_url):
 def test_concurrent_requests_are_batched(server_url):
     before = stats(server_url)
     n = 64
-    jobs = [(sim.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n)]
+    jobs = [(codec.encode(TEXTS[i % len(TEXTS)]), TEXTS[i % len(TEXTS)]) for i in range(n)]
     barrier = threading.Barrier(n)
 
     def one(job):
@@ -152,7 +152,7 @@ def test_concurrent_requests_are_batched(server_url):
 
 def _malformed_requests():
     """(description, body bytes or dict, extra kwargs) — 100 bad requests."""
-    good = reference_payload(sim.encode(TEXTS[0]), TEXTS[0])
+    good = reference_payload(codec.encode(TEXTS[0]), TEXTS[0])
 
     def mutate(fn):
         p = json.loads(json.dumps(good))
@@ -252,7 +252,7 @@ def test_malformed_requests_get_4xx_with_a_message(server_url):
     assert "6560" in dict(extra)["id 6561"].json()["error"]
     # still healthy, still correct
     assert requests.get(f"{server_url}/v2/health/ready", timeout=5).status_code == 200
-    r = post(server_url, reference_payload(sim.encode(TEXTS[2]), TEXTS[2]))
+    r = post(server_url, reference_payload(codec.encode(TEXTS[2]), TEXTS[2]))
     assert r.json()["outputs"][0]["data"][0] == pytest.approx(1.0)
     after = stats(server_url)
     assert after["client_errors"] - before["client_errors"] >= len(cases)
@@ -280,7 +280,7 @@ def test_full_queue_answers_503_with_retry_after():
 
         def one(i):
             barrier.wait()
-            return post(srv.url, reference_payload(sim.encode(TEXTS[i % 4]), TEXTS[i % 4]))
+            return post(srv.url, reference_payload(codec.encode(TEXTS[i % 4]), TEXTS[i % 4]))
 
         with ThreadPoolExecutor(n) as pool:
             rsps = list(pool.map(one, range(n)))
@@ -311,7 +311,7 @@ def test_speaker_prompt_is_fixed_per_text():
         assert p.name == f"v{int.from_bytes(digest[:8], 'big') % 3}"
     # texts that normalise the same get the same speaker
     assert pipe.prompt_for("我想喝一杯热茶。") == pipe.prompt_for("我想喝一杯热茶")
-    tr = pipe.transcribe_tokens([sim.encode(TEXTS[0]), []], [TEXTS[0], TEXTS[1]])
+    tr = pipe.transcribe_tokens([codec.encode(TEXTS[0]), []], [TEXTS[0], TEXTS[1]])
     assert tr[0].prompt == chosen[TEXTS[0]] and tr[1].text == "" and tr[1].n_tokens == 0
 
 

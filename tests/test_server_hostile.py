@@ -15,8 +15,8 @@ import pytest
 import requests
 from conftest import stop_process
 
-from ttsrl import sim
-from ttsrl.protocol import build_payload, infer_path
+from ttsrl.embedded import codec
+from ttsrl.reward.protocol import build_payload, infer_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "我想喝一杯热茶。"
@@ -57,13 +57,13 @@ def stats(url: str) -> dict:
 
 
 def good() -> dict:
-    return build_payload(sim.encode(TEXT), TEXT)
+    return build_payload(codec.encode(TEXT), TEXT)
 
 
 def hostile_bodies() -> dict[str, bytes]:
     g = json.dumps(good())
-    codes = json.dumps([sim.encode(TEXT)])
-    n = len(sim.encode(TEXT))
+    codes = json.dumps([codec.encode(TEXT)])
+    n = len(codec.encode(TEXT))
     out = {
         "100k-deep nesting": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         "100k-deep nesting in data": g.replace(codes, "[" * 100_000 + "1" + "]" * 100_000).encode(),
@@ -105,9 +105,9 @@ def test_500s_are_counted_and_a_repeated_error_is_logged_once(tmp_path):
     BackgroundServer with a pipeline that raises)."""
     import logging
 
-    from ttsrl.backends import SpeechPipeline
-    from ttsrl.backends.sim import SimASR, SimToken2Wav
-    from ttsrl.server import BackgroundServer, ServerConfig
+    from ttsrl.reward.backends import SpeechPipeline
+    from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+    from ttsrl.reward.server import BackgroundServer, ServerConfig
 
     class Broken(SimToken2Wav):
         calls = 0
@@ -121,7 +121,7 @@ def test_500s_are_counted_and_a_repeated_error_is_logged_once(tmp_path):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("ttsrl.server").addHandler(handler)
+    logging.getLogger("ttsrl.reward.server").addHandler(handler)
     try:
         with BackgroundServer(ServerConfig(port=0, max_batch=1, max_delay_ms=0),
                               pipelines=[SpeechPipeline(Broken(), SimASR())]) as srv:
@@ -131,7 +131,7 @@ def test_500s_are_counted_and_a_repeated_error_is_logged_once(tmp_path):
             s = stats(srv.url)
             assert s["server_errors"] == n and s["backend_errors"] == n
     finally:
-        logging.getLogger("ttsrl.server").removeHandler(handler)
+        logging.getLogger("ttsrl.reward.server").removeHandler(handler)
     with_trace = [r for r in records if r.exc_info]
     # one traceback for the backend failure, one for the 500 it caused; the rest counted
     assert len(with_trace) == 2, [r.getMessage() for r in with_trace]
@@ -232,7 +232,7 @@ def post_binary(url: str, header: dict | bytes, binary: bytes, length: str | Non
 
 def hostile_binary() -> dict[str, tuple[dict | bytes, bytes, str | None]]:
     """description -> (header, binary part, Inference-Header-Content-Length or "auto"/None)."""
-    codes = sim.encode(TEXT)
+    codes = codec.encode(TEXT)
     h, b = binary_request(codes, TEXT)
     head = json.dumps(h).encode()
 
@@ -284,7 +284,7 @@ def hostile_binary() -> dict[str, tuple[dict | bytes, bytes, str | None]]:
 def test_malformed_binary_bodies_get_400_not_500_and_no_hang(tmp_path):
     proc, url, log = start(tmp_path, "--log-level", "WARNING", "--max-tokens", "512")
     try:
-        h, b = binary_request(sim.encode(TEXT), TEXT)
+        h, b = binary_request(codec.encode(TEXT), TEXT)
         r = post_binary(url, h, b)
         assert r.status_code == 200, r.text
         n = int(r.headers["Inference-Header-Content-Length"])
@@ -303,9 +303,9 @@ def test_malformed_binary_bodies_get_400_not_500_and_no_hang(tmp_path):
         h, b = binary_request(list(range(513)), TEXT)
         r = post_binary(url, h, b)
         assert r.status_code == 413 and "exceed the limit of 512" in r.json()["error"], r.text
-        h, b = binary_request(sim.encode(TEXT), "字" * 2001)
+        h, b = binary_request(codec.encode(TEXT), "字" * 2001)
         assert post_binary(url, h, b).status_code == 413
-        h, b = binary_request(sim.encode(TEXT), TEXT, tail=b"\0" * (1 << 20))
+        h, b = binary_request(codec.encode(TEXT), TEXT, tail=b"\0" * (1 << 20))
         assert post_binary(url, h, b).status_code == 413
         r = infer(url, good())
         assert r.status_code == 200 and r.json()["outputs"][0]["data"][0] == pytest.approx(1.0)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ttsrl.merge import MARKER, check_merged, write_marker
-from ttsrl.steps import merged_steps, model_dir_for
+from ttsrl.train.merge import MARKER, check_merged, write_marker
+from ttsrl.train.steps import merged_steps, model_dir_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_a_marker_without_hashes_is_not_trusted(merged):
 def test_stage3_does_not_skip_a_corrupted_step(merged, tmp_path):
     """Stage 3's skip trusts the same check: a corrupted step_N is merged again (here the
     actor folder is empty, so the new merge stops with a MergeError after saying why)."""
-    from ttsrl.merge import MergeConfig, MergeError, merge_step
+    from ttsrl.train.merge import MergeConfig, MergeError, merge_step
 
     (merged / "step_5" / MARKER).unlink()
     write_marker(merged / "step_5", {"step": 5, "dtype_option": "auto"})  # as stage 3 writes it

@@ -1,4 +1,4 @@
-"""Mandarin normalisation, pinyin, error rates (ttsrl.text) and reward variants (ttsrl.rewards)."""
+"""Mandarin normalisation, pinyin, error rates (ttsrl.text) and reward variants (ttsrl.reward.rewards)."""
 
 import json
 import math
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ttsrl import rewards
-from ttsrl.rewards import REWARDS, RewardResult, compute_reward, expected_tokens
+from ttsrl.reward import rewards
+from ttsrl.reward.rewards import REWARDS, RewardResult, compute_reward, expected_tokens
 from ttsrl.text import cer, error_counts, is_pinyin_transcript, normalize, pinyin, pinyin_error_rate
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"

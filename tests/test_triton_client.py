@@ -9,17 +9,17 @@ import pytest
 import requests
 import tritonclient.http as http
 
-from ttsrl import sim
-from ttsrl.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path, parse_response
-from ttsrl.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.embedded import codec
+from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path, parse_response
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。"]
 
 
 def _cases() -> list[tuple[list[int], str]]:
     garbage = np.random.default_rng(0).integers(0, SPEECH_TOKEN_SIZE, size=40).tolist()
-    return ([(sim.encode(t), t) for t in TEXTS] + [(garbage, TEXTS[0]), (sim.encode(TEXTS[1]), TEXTS[0]),
-                                                   (sim.encode(TEXTS[2])[:-4], TEXTS[2]), ([], TEXTS[1])])
+    return ([(codec.encode(t), t) for t in TEXTS] + [(garbage, TEXTS[0]), (codec.encode(TEXTS[1]), TEXTS[0]),
+                                                   (codec.encode(TEXTS[2])[:-4], TEXTS[2]), ([], TEXTS[1])])
 
 
 def _inputs(codes: list[int], text: str, binary: bool) -> list:
@@ -71,7 +71,7 @@ def test_tritonclient_binary_and_json_give_the_json_paths_rewards(sim_server_url
             assert _read(got) == want
         # the client's compressed requests: the JSON length it sends is that of the uncompressed body
         for alg in ("gzip", "deflate"):
-            got = client.infer(DEFAULT_MODEL_NAME, _inputs(sim.encode(TEXTS[0]), TEXTS[0], True),
+            got = client.infer(DEFAULT_MODEL_NAME, _inputs(codec.encode(TEXTS[0]), TEXTS[0], True),
                                request_compression_algorithm=alg, response_compression_algorithm=alg)
             assert _read(got)[0] == 1.0
     finally:

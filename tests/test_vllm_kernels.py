@@ -1,4 +1,4 @@
-"""The vLLM kernel check (ttsrl/vllm_kernels.py) on any machine, without vLLM: reading CPU
+"""The vLLM kernel check (ttsrl/model/vllm_kernels.py) on any machine, without vLLM: reading CPU
 flags and mapped libraries from files of the real formats, and surviving a child process
 that dies of SIGILL the way vLLM's AVX-512 library dies on an AVX2-only CPU (a real
 signal, raised by the child itself). tests/gpu_stack/test_vllm_kernels.py runs vLLM's own
@@ -7,7 +7,7 @@ selection with the CPU's answers faked."""
 import signal
 import sys
 
-from ttsrl import vllm_kernels as vk
+from ttsrl.model import vllm_kernels as vk
 
 # /proc/cpuinfo of an AVX2-only AMD EPYC (abridged: the flags line is what is read)
 CPUINFO_AVX2 = """processor\t: 0
@@ -73,7 +73,7 @@ def test_cli_without_vllm_is_a_clear_failure_not_unsupported():
     # the main venv has no vLLM: --probe must exit 1 (broken install), never 4 (unsupported CPU)
     import subprocess
 
-    res = subprocess.run([sys.executable, "-m", "ttsrl.vllm_kernels", "--probe"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "ttsrl.model.vllm_kernels", "--probe"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "vllm" in res.stdout.lower()

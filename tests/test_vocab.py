@@ -4,13 +4,13 @@ chat template on a tiny one."""
 import pytest
 from tokenizers import Tokenizer, models
 
-from ttsrl import vocab as V
+from ttsrl.model import vocab as V
 
 
 @pytest.fixture(scope="module")
 def qwen_sized_tokenizer():
     """Exactly Qwen2's size: 151643 regular entries + its 3 specials (synthetic entries)."""
-    from ttsrl.tiny_tokenizer import qwen_sized_tokenizer
+    from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
 
     return qwen_sized_tokenizer()
 

@@ -12,10 +12,10 @@ if shutil.which("espeak-ng") is None:
     pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no audio to transcribe",
                 allow_module_level=True)
 
-from ttsrl import sim  # noqa: E402
 from ttsrl.atomic import sha256_file  # noqa: E402
-from ttsrl.backends import BackendConfig, build_pipeline  # noqa: E402
-from ttsrl.backends.whisper import MISSING_MERGE, WHEEL_MODEL_SHA256, prepare_wheel_model  # noqa: E402
+from ttsrl.embedded import codec  # noqa: E402
+from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
+from ttsrl.reward.backends.whisper import MISSING_MERGE, WHEEL_MODEL_SHA256, prepare_wheel_model  # noqa: E402
 from ttsrl.text import cer  # noqa: E402
 
 TEXTS = ["我想喝一杯热茶。", "今天天气很好，我们去公园散步。"]
@@ -39,7 +39,7 @@ def test_wheel_model_is_assembled_verified_and_patched(pipeline):
 
 
 def test_whisper_transcribes_espeak_speech(pipeline):
-    codes = [sim.encode(t) for t in TEXTS]
+    codes = [codec.encode(t) for t in TEXTS]
     out = pipeline.transcribe_tokens(codes, TEXTS)
     rates = [cer(t, o.text) for t, o in zip(TEXTS, out)]
     print("transcripts", [o.text for o in out], "CER", rates)
@@ -50,7 +50,7 @@ def test_whisper_transcribes_espeak_speech(pipeline):
 
 
 def test_forced_score_prefers_the_right_text(pipeline):
-    audio = pipeline.token2wav.synthesize([sim.encode(TEXTS[0])], [None])
+    audio = pipeline.token2wav.synthesize([codec.encode(TEXTS[0])], [None])
     right, wrong = pipeline.asr.score(audio * 2, [TEXTS[0], "这本书非常有意思。"])
     assert right > wrong
 
@@ -58,10 +58,10 @@ def test_forced_score_prefers_the_right_text(pipeline):
 def test_reward_server_with_whisper(pipeline):
     import requests
 
-    from ttsrl.server import BackgroundServer, ServerConfig
+    from ttsrl.reward.server import BackgroundServer, ServerConfig
 
     with BackgroundServer(ServerConfig(port=0), pipelines=[pipeline]) as srv:
-        codes = sim.encode(TEXTS[0])
+        codes = codec.encode(TEXTS[0])
         payload = {"inputs": [
             {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [codes]},
             {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
@@ -81,14 +81,14 @@ def test_corpus_cer_through_the_server(pipeline):
 
     import requests
 
-    from ttsrl.server import BackgroundServer, ServerConfig
+    from ttsrl.reward.server import BackgroundServer, ServerConfig
     from ttsrl.text import error_counts
 
     corpus = Path(__file__).resolve().parents[1] / "data" / "corpus" / "test.jsonl"
     texts = [json.loads(x)["text"] for x in corpus.read_text(encoding="utf-8").splitlines()[:8]]
 
     def ask(url, text):
-        codes = sim.encode(text)
+        codes = codec.encode(text)
         payload = {"inputs": [
             {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [codes]},
             {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},

@@ -1,4 +1,15 @@
 """ttsrl: GRPO post-training for speech-token LLM text-to-speech (CosyVoice2 first).
 
-The top-level scripts of the repository are thin CLIs over this package; see the
-README's code map for which module owns what."""
+The top-level scripts of the repository are thin CLIs over this package. Its layers, each
+importing only from layers below it (``tests/test_layers.py`` checks this):
+
+0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``console``,
+   ``jsonl`` (the one JSONL reader), ``text`` (normaliser, pinyin, error counts),
+   ``limits``, ``stats``; and ``verl_plugin`` (our verl plugin, which imports no ttsrl code)
+1. ``model``    - the CosyVoice2 LLM: token ids, conversion, HF/vLLM classes, generation
+2. ``embedded`` - the CPU preset's simulated codec and tiny model;
+   ``data``     - stage 0, test sets, the dev split
+3. ``reward``   - the reward service, its backends, protocol and client (stage 1)
+4. ``train``    - GRPO, DPO/KTO, merging, step choice (stages 2, 3, 5)
+5. ``eval``     - the CER sweep and its report (stage 4)
+"""

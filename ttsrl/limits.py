@@ -1,7 +1,7 @@
 """Length limits on texts and speech codes, the same in every reader.
 
-Stage 0 (``ttsrl.rowchecks``), the pair readers (``ttsrl.pairs``: mining, user pairs,
-DPO/KTO) and the reward server (``ttsrl.protocol``) check texts and code sequences
+Stage 0 (``ttsrl.data.rowchecks``), the pair readers (``ttsrl.train.pairs``: mining, user pairs,
+DPO/KTO) and the reward server (``ttsrl.reward.protocol``) check texts and code sequences
 here, so a row one of them accepts is never refused (or, worse, run out of memory)
 by another. Each message names the limit.
 
@@ -15,7 +15,7 @@ by another. Each message names the limit.
 
 from __future__ import annotations
 
-from .text import unreadable
+from ttsrl.text import unreadable
 
 MAX_TEXT_CHARS = 1000
 MAX_SPEECH_CODES = 4096

@@ -1,7 +1,7 @@
 """Uncertainty of a set's error rate: bootstrap intervals over utterances.
 
 A set's figure is a function of per-utterance numbers (``UttTable``): the mean of the
-per-utterance rates (Seed-TTS convention, ``ttsrl.seedtts_eval``) or the pooled rate
+per-utterance rates (Seed-TTS convention, ``ttsrl.eval.seedtts_eval``) or the pooled rate
 (total errors / total reference tokens). Resampling utterances with replacement B times
 gives a percentile interval of the figure (``bootstrap``); resampling the SAME
 utterance indices for two models scored on the same utterances gives the interval of

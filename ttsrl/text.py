@@ -10,9 +10,9 @@ Everything here is a pure function of its arguments. The pieces build on each ot
                                 with BOTH sides normalised the same way (the reference
                                 recipe normalised only the reference)
 
-The reward variants and the length guard built on these live in ``ttsrl.rewards``.
+The reward variants and the length guard built on these live in ``ttsrl.reward.rewards``.
 
-Transcripts of the simulated codec (``ttsrl.sim``) are space-separated toned pinyin
+Transcripts of the simulated codec (``ttsrl.embedded.codec``) are space-separated toned pinyin
 ("ni2 hao3 ma5"), so ``normalize`` and ``pinyin`` pass a token that already is a
 toned syllable through unchanged: ``pinyin(" ".join(pinyin(t))) == pinyin(t)``.
 One consequence: an ASCII token made of a valid pinyin syllable followed by one
@@ -32,6 +32,10 @@ import zhconv
 from pypinyin import Style, lazy_pinyin
 from pypinyin.contrib.tone_convert import to_tone3
 from pypinyin.pinyin_dict import pinyin_dict
+
+#: typical Mandarin speaking rate (4-5 syllables/s): the reward's expected length and the
+#: simulated codec's token rate both derive from it
+SYLLABLES_PER_SECOND = 4.5
 
 # ---------------------------------------------------------------------------
 # character classes and syllables

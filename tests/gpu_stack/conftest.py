@@ -4,7 +4,7 @@ stack's own torch / vLLM / transformers / verl versions, with vLLM's CPU build
 ``tests/gpu_stack`` in it; in the main venv (no vLLM) they are skipped.
 
 Before collecting, vLLM's kernels are loaded once in a child process through vLLM's own
-choice of library for this CPU (``ttsrl/vllm_kernels.py``). On a CPU that vLLM's CPU build
+choice of library for this CPU (``ttsrl/model/vllm_kernels.py``). On a CPU that vLLM's CPU build
 cannot run (SIGILL) every test is skipped with that one line as the reason; the terminal
 summary always says which kernels loaded and how many vLLM tests ran and were skipped.
 """
@@ -26,7 +26,7 @@ _state: dict = {"probe": None, "ids": set()}
 
 def _kernel_probe():
     if _state["probe"] is None:
-        from ttsrl.vllm_kernels import probe
+        from ttsrl.model.vllm_kernels import probe
 
         _state["probe"] = probe()
     return _state["probe"]

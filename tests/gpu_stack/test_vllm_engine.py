@@ -29,7 +29,7 @@ TINY = dict(num_attention_heads=1, num_key_value_heads=1)
 @pytest.fixture(scope="module")
 def tiny64(tmp_path_factory):
     """(dir, Qwen2LM): a random tiny CosyVoice2 of the released layout, head_dim 64."""
-    from ttsrl.tiny_model import TinyConfig, make_tiny_cosyvoice2
+    from ttsrl.embedded.tiny_model import TinyConfig, make_tiny_cosyvoice2
 
     d = tmp_path_factory.mktemp("cosyvoice2_hd64")
     return d, make_tiny_cosyvoice2(d, TEXTS * 8, TinyConfig(**TINY)).eval()
@@ -40,8 +40,8 @@ def _merged_like(src, out, seed=1):
     model), bf16, one model.safetensors without an index, the rest of the folder copied."""
     from safetensors.torch import save_file
 
-    from ttsrl.convert import EXTRA_FILE
-    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.model.convert import EXTRA_FILE
+    from ttsrl.model.hf_model import load_speech_lm
 
     lm = load_speech_lm(src)
     g = torch.Generator().manual_seed(seed)
@@ -57,7 +57,7 @@ def _merged_like(src, out, seed=1):
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny64, tmp_path_factory):
-    from ttsrl.convert import EXTRA_FILE, cosyvoice_to_hf
+    from ttsrl.model.convert import EXTRA_FILE, cosyvoice_to_hf
 
     d = tmp_path_factory.mktemp("vllm_ckpt")
     start = d / "hf_model"
@@ -69,7 +69,7 @@ def checkpoints(tiny64, tmp_path_factory):
 
 
 def _requests(tokenizer):
-    from ttsrl.generate import Request
+    from ttsrl.model.generate import Request
 
     return [Request(key=f"u{i}", text_ids=tuple(tokenizer.encode(t, add_special_tokens=False)))
             for i, t in enumerate(TEXTS)]
@@ -78,8 +78,8 @@ def _requests(tokenizer):
 @pytest.fixture(scope="module", params=["start", "merged"])
 def engines(request, checkpoints):
     """(name, dir, VLLMGenerator, SpeechLM) for one checkpoint; one vLLM engine at a time."""
-    from ttsrl.generate import VLLMGenerator
-    from ttsrl.hf_model import load_speech_lm
+    from ttsrl.model.generate import VLLMGenerator
+    from ttsrl.model.hf_model import load_speech_lm
 
     path = checkpoints[request.param]
     lm = load_speech_lm(path, device=DEVICE)
@@ -100,8 +100,8 @@ def test_plugin_class_is_served(engines):
 
 
 def test_greedy_equals_transformers_and_qwen2lm(engines, tiny64):
-    from ttsrl.cosyvoice_lm import SamplingConfig
-    from ttsrl.generate import GenerationConfig, HFGenerator
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator
 
     name, path, gen, lm = engines
     reqs = _requests(lm.tokenizer)
@@ -124,7 +124,7 @@ def test_logprobs_agree(engines, checkpoints):
     from vllm import SamplingParams
 
     name, path, gen, lm = engines
-    from ttsrl.generate import build_input_ids
+    from ttsrl.model.generate import build_input_ids
 
     reqs = _requests(lm.tokenizer)
     prompts = [build_input_ids(lm.vocab, r) for r in reqs]
@@ -132,7 +132,7 @@ def test_logprobs_agree(engines, checkpoints):
     outs = gen.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     other = None
     if name == "merged":  # vLLM serves the merged weights, not the start model's
-        from ttsrl.hf_model import load_speech_lm
+        from ttsrl.model.hf_model import load_speech_lm
 
         other = load_speech_lm(checkpoints["start"], device=DEVICE)
     worst, n, apart = 0.0, 0, 0.0
@@ -160,7 +160,7 @@ def test_samples_stay_in_speech_range(engines):
     from vllm import SamplingParams
 
     name, path, gen, lm = engines
-    from ttsrl.generate import build_input_ids
+    from ttsrl.model.generate import build_input_ids
 
     lo, hi = lm.vocab.output_range
     prompts = [{"prompt_token_ids": build_input_ids(lm.vocab, r)} for r in _requests(lm.tokenizer)] * 4
@@ -174,7 +174,7 @@ def test_samples_stay_in_speech_range(engines):
 
 def test_sampling_refused(engines):
     """vLLM has no repetition-aware sampling: the vLLM engine is greedy-only."""
-    from ttsrl.generate import GenerationConfig
+    from ttsrl.model.generate import GenerationConfig
 
     _, _, gen, lm = engines
     with pytest.raises(ValueError, match="greedily only"):

@@ -2,7 +2,7 @@
 actor, server mode as on GPUs) for 2 steps on CPU, then stage 3 (merge) and stage 4
 (infer_dataset.py with the vLLM engine) on the merged step.
 
-The configuration is the GPU preset's own (``ttsrl.grpo.GRPOConfig`` defaults, the
+The configuration is the GPU preset's own (``ttsrl.train.grpo.GRPOConfig`` defaults, the
 builder behind ``train_grpo.py --preset gpu``) with only: ``device="cpu"`` (the CPU
 platform overrides every CPU run needs), one logical GPU, tiny batch/length sizes,
 ``enable_sleep_mode=False`` (vLLM's CPU platform has no sleep mode) and
@@ -33,7 +33,7 @@ STEPS = 2
 def gpu_preset_for_cpu(ws: Path):
     """The GPU preset (rollout vllm, its sampling, lr, algorithm, ...) with the fewest
     changes that let it run on 2 CPU cores with a tiny model."""
-    from ttsrl.grpo import GRPOConfig
+    from ttsrl.train.grpo import GRPOConfig
 
     cfg = GRPOConfig(
         model_path=str(ws / "hf_model"), train_files=str(ws / "train.parquet"), val_files=str(ws / "test.parquet"),
@@ -50,9 +50,9 @@ def gpu_preset_for_cpu(ws: Path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, sim_server_url):
-    from ttsrl.convert import cosyvoice_to_hf
-    from ttsrl.pretrain import PretrainConfig, build_base_model
-    from ttsrl.tiny_model import TinyConfig
+    from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
+    from ttsrl.embedded.tiny_model import TinyConfig
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     ws = tmp_path_factory.mktemp("grpo_vllm")
     lines = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]

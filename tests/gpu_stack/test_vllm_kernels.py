@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ttsrl import vllm_kernels as vk
+from ttsrl.model import vllm_kernels as vk
 
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                                 reason="vLLM's three CPU kernel builds are x86 only")
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
 CHILD = """import sys, torch
 torch.cpu._is_avx512_supported = lambda: {avx512}
 torch.cpu._is_avx512_bf16_supported = lambda: {bf16}
-from ttsrl.vllm_kernels import main
+from ttsrl.model.vllm_kernels import main
 sys.exit(main([]))
 """
 
@@ -60,12 +60,12 @@ def test_the_real_choice_matches_this_cpu():
 
 def test_an_unsupported_cpu_skips_every_vllm_test_with_one_line_and_counts_them(tmp_path):
     """A CPU without AVX2 cannot exist on this machine, so the probe's answer is faked (a
-    pytest plugin replaces ttsrl.vllm_kernels.probe); the rest is the real conftest: every
+    pytest plugin replaces ttsrl.model.vllm_kernels.probe); the rest is the real conftest: every
     vLLM test is skipped with the probe's line as the reason, pytest exits 0, and the summary
     counts what ran and what was skipped."""
     root = Path(__file__).resolve().parents[2]
     (tmp_path / "fake_no_avx2.py").write_text(
-        "import ttsrl.vllm_kernels as vk\n"
+        "import ttsrl.model.vllm_kernels as vk\n"
         "FLAGS = dict.fromkeys(vk.CPU_FLAGS, False)\n"
         "vk.probe = lambda *a, **k: vk.Probe(False, vk.failure_line(-4, FLAGS, ''), [], FLAGS, True)\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{root}"}

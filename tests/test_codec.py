@@ -1,0 +1,119 @@
+"""The simulated speech codec (ttsrl.embedded.codec): round trip, robustness, determinism."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ttsrl import text
+from ttsrl.embedded import codec
+from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "data" / "corpus"
+
+
+def load(name):
+    return [json.loads(line) for line in (CORPUS / name).read_text(encoding="utf-8").splitlines()]
+
+
+def test_corpus_is_split_and_short():
+    train, test = load("train.jsonl"), load("test.jsonl")
+    # about 280 held-out sentences: the paired interval of a CER drop is a few points wide
+    assert 250 <= len(train) <= 400 and 250 <= len(test) <= 320
+    ids = [r["id"] for r in train + test]
+    assert len(set(ids)) == len(ids)
+    assert [r["id"] for r in test] == [f"test_{i:04d}" for i in range(len(test))]
+    held_out = [text.normalize(r["text"]) for r in test]
+    assert len(set(held_out)) == len(held_out)
+    assert not set(held_out) & {text.normalize(r["text"]) for r in train}
+    # the tiny tokenizer and the base model are built from the training texts only
+    known = set("".join(r["text"] for r in train))
+    unknown = {(r["id"], c) for r in test for c in r["text"] if c not in known}
+    assert not unknown, sorted(unknown)
+    for r in train + test:
+        assert 5 <= len(text.pinyin(r["text"])) <= 20, r
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "test.jsonl"])
+def test_round_trip_on_whole_corpus(name):
+    for row in load(name):
+        codes = codec.encode(row["text"])
+        assert all(0 <= c < SPEECH_TOKEN_SIZE for c in codes)
+        assert text.pinyin(codec.decode(codes)) == text.pinyin(row["text"]), row
+
+
+def test_encode_shape():
+    hao = codec.encode("好")
+    assert len(hao) == 2 and codec.decode(hao) == "hao3"
+    assert codec.encode("你好") == codec.encode("ni2 hao3")  # sandhi done by text.pinyin
+    # zero-initial syllables, ü written v, 儿-type finals
+    assert codec.decode(codec.encode("嗯，绿色的耳朵")) == "n2 lv4 se4 de5 er3 duo3"
+    # a pause at the comma, a word end after the English word
+    codes = codec.encode("好，OK")
+    assert codes == hao + [codec.PAUSE] + [codec.LETTER_CODES["o"], codec.LETTER_CODES["k"], codec.WORD_END]
+    assert codec.decode(codes) == "hao3 ok"
+    assert codec.expected_len("你好，我用iPhone拍照。") == len(codec.encode("你好，我用iPhone拍照。"))
+    assert codec.encode("") == [] and codec.decode([]) == ""
+
+
+def test_pause_not_inserted_inside_numbers():
+    codes = codec.encode("圆周率约等于3.14。")
+    assert codec.PAUSE not in codes
+    assert codec.decode(codes).split() == text.pinyin("圆周率约等于三点一四")
+
+
+def test_code_book_is_a_small_subset_of_the_codec():
+    assert codec.NUM_CODES == len(codec.USED_CODES) < SPEECH_TOKEN_SIZE // 10
+    assert all(0 <= c < SPEECH_TOKEN_SIZE for c in codec.USED_CODES)
+    assert set(codec.SILENCE_CODES) <= codec.USED_CODES and len(set(codec.SILENCE_CODES)) == 4
+
+
+def test_silence_and_noise_decode_to_nothing():
+    assert codec.decode(list(codec.SILENCE_CODES) * 5) == ""
+    unused = sorted(set(range(SPEECH_TOKEN_SIZE)) - codec.USED_CODES)[:50]
+    assert codec.decode(unused) == ""
+    hello = codec.encode("你好吗")
+    noisy = [unused[0]] + hello[:2] + list(codec.SILENCE_CODES[2:]) + hello[2:] + [-1, 10**9]
+    # silence between the syllables does not matter; noise is skipped
+    assert codec.decode(noisy) == "ni2 hao3 ma5"
+    # an initial cut off by silence is dropped; a lone final is dropped
+    assert codec.decode([hello[0], codec.PAUSE, hello[1]]) == ""
+    assert codec.decode(hello[1:]) == "hao3 ma5"
+
+
+def test_decode_never_raises_on_garbage():
+    rng = random.Random(1234)
+    used = sorted(codec.USED_CODES)
+    for _ in range(1000):
+        n = rng.randint(0, 60)
+        stream = [rng.choice((rng.randint(-10**6, 10**6), rng.randint(-5, SPEECH_TOKEN_SIZE + 5),
+                              rng.choice(used), rng.choice(used)))
+                  for _ in range(n)]
+        out = codec.decode(stream)
+        assert isinstance(out, str)
+        # whatever comes out is something the reward can score
+        assert text.pinyin(" ".join(text.pinyin(out))) == text.pinyin(out)
+    assert codec.decode([1.5, "7", None, object(), 2**70]) == ""
+    # integer-like arrays (what a sampler hands over) are accepted
+    numpy = pytest.importorskip("numpy")
+    assert codec.decode(numpy.array(codec.encode("你好吗"), dtype=numpy.int32)) == "ni2 hao3 ma5"
+
+
+def test_mapping_is_deterministic_across_processes():
+    script = ("import json; from ttsrl.embedded import codec; "
+              "print(json.dumps([codec.encode(t) for t in ['你好，世界', '我用iPhone拍照', "
+              "'今天是2024年3月5日']] + [sorted(codec.SILENCE_CODES)]))")
+    outs = []
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT))
+        res = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, check=True)
+        outs.append(json.loads(res.stdout))
+    assert outs[0] == outs[1]
+    here = [codec.encode(t) for t in ["你好，世界", "我用iPhone拍照", "今天是2024年3月5日"]]
+    assert outs[0][:3] == here and outs[0][3] == sorted(codec.SILENCE_CODES)

@@ -1,0 +1,88 @@
+"""The default dev set: a fixed slice of the training texts, held out of training.
+
+Stage 5 chooses the step to export on a dev set, never on a test set. Unless the user
+names one (``DEV_FILE``), stage 0 takes ``size`` texts out of the training JSONL
+before anything trains on it: the texts whose SHA-256 is smallest (the same slice for
+the same file on any machine, whatever the line order; copies of one text stay on one
+side), and writes
+
+    OUT_DIR/train.jsonl   the training rows left (what stage 0 turns into Parquet)
+    OUT_DIR/dev.jsonl     the dev rows (what stage 4 scores as the dev set)
+
+    python -m ttsrl.data.devsplit --train data/corpus/train.jsonl --size 64 --out-dir exp/embedded/data/split
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from ttsrl.atomic import atomic_write_text
+from ttsrl.jsonl import iter_objects
+
+TRAIN_FILE = "train.jsonl"
+DEV_FILE = "dev.jsonl"
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+
+
+def split_dev(train: str | Path, size: int, out_dir: str | Path) -> tuple[int, int]:
+    """Write OUT_DIR/train.jsonl and OUT_DIR/dev.jsonl; returns (train rows, dev rows)."""
+    if size < 1:
+        raise ValueError(f"dev size must be >= 1, got {size}")
+    rows = []
+    for where, obj in iter_objects(train):
+        text = obj.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{where}: expected a non-empty string 'text'")
+        rows.append(obj)
+    by_text: dict[str, int] = {}
+    for r in rows:
+        k = _key(r["text"])
+        by_text[k] = by_text.get(k, 0) + 1
+    if len(by_text) <= size:
+        raise ValueError(f"{train}: {len(by_text)} distinct texts, cannot hold out {size} for a dev set "
+                         "and still train (lower the dev size or give a dev file)")
+    dev_keys, taken = set(), 0
+    for k in sorted(by_text):
+        if taken >= size:
+            break
+        dev_keys.add(k)
+        taken += by_text[k]
+    out = Path(out_dir)
+    dev = [r for r in rows if _key(r["text"]) in dev_keys]
+    rest = [r for r in rows if _key(r["text"]) not in dev_keys]
+    for i, r in enumerate(dev):  # stage 4 needs unique ids; rows without one get the dev set's own
+        r.setdefault("id", f"dev_{i:05d}")
+
+    def dump(rs):
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rs)
+
+    atomic_write_text(out / TRAIN_FILE, dump(rest))
+    atomic_write_text(out / DEV_FILE, dump(dev))
+    return len(rest), len(dev)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", required=True, help="training texts (JSONL with 'text')")
+    p.add_argument("--size", type=int, required=True, help="rows to hold out as the dev set")
+    p.add_argument("--out-dir", required=True, help="where train.jsonl and dev.jsonl go")
+    a = p.parse_args(argv)
+    try:
+        n_train, n_dev = split_dev(a.train, a.size, a.out_dir)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"dev set: {n_dev} of {n_train + n_dev} training rows held out of training -> "
+          f"{Path(a.out_dir) / DEV_FILE}; training on {Path(a.out_dir) / TRAIN_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""Stage 0: a text corpus (JSON or JSONL rows with a ``text`` field) -> verl RL Parquet.
+
+Every valid input row becomes one row of verl's RL schema::
+
+    data_source   str                 --data-source (default "ttsrl")
+    prompt        list<struct>        [{"role": "user", "content": text}]; verl renders it
+                                      with the tokenizer's chat template, which
+                                      ``ttsrl.model.vocab.CHAT_TEMPLATE`` defines as
+                                      <|sos|> + text + <|task_id|>
+    ability       str                 "tts"
+    reward_model  struct              {"style": "rule", "ground_truth": text}
+    extra_info    struct              {"split": "train"|"test", "index": row number in
+                                      the output file (0-based), "text": text}
+    <other keys>  kept as columns     (see "Extra columns" below)
+
+``text`` is stripped of surrounding whitespace; everything else is taken as given.
+
+Input
+    A file whose first non-blank character is ``[`` is one JSON array of objects
+    (read whole: use JSONL for a corpus that does not fit in memory; JSONL is
+    streamed line by line). Anything else is JSONL: one object per line,
+    blank lines ignored. Line numbers in messages are 1-based; for an array element
+    they are the line the element starts on.
+
+Validation (pass 1 reads the whole file before anything is written)
+    A row is invalid when it is malformed JSON, not an object, has no ``text``, a
+    non-string or empty ``text`` or one without any letter or digit, a key that clashes with an output column, or a
+    prompt longer than ``max_prompt_length`` tokens. The prompt length is counted on
+    the rendered chat prompt with the tokenizer when one is given; without one it is
+    estimated as UTF-8 bytes of the text + 2 (<|sos|>, <|task_id|>): a byte-level BPE
+    (Qwen's, and ours) never emits more tokens than bytes, so the estimate is an
+    upper bound - it never lets through a prompt that verl would drop, but may
+    reject one that fits (give the tokenizer for the exact count). Invalid rows are
+    an error naming every file and line, unless ``skip_invalid`` is set, in which
+    case they are skipped and reported. A malformed JSON *array* cannot be resumed
+    after the error, so it is fatal even with ``skip_invalid`` (use JSONL).
+
+Duplicates and leaks
+    Two texts are duplicates when their normalised forms are equal: Unicode NFKC,
+    case-folded, with whitespace, punctuation and control characters removed (the
+    reward ignores punctuation too, so such rows train on the same target). Forms
+    are compared by a 64-bit hash kept with its first line number for each distinct
+    text: about 200 bytes per distinct text, the only memory that grows with the
+    input (about 300 MiB peak RSS for 1M rows).
+    Duplicates within a split are reported and kept, or dropped after the first
+    occurrence with ``drop_duplicates``. A test text that also occurs in train is
+    reported as a leak (kept).
+
+Extra columns
+    Every other key of the input objects becomes a column; a row that lacks it gets
+    null. Its Arrow type comes from all values in the file (pass 1): only booleans
+    -> bool, only integers -> int64, integers and floats -> float64, only strings ->
+    string. Any other column (lists, objects, integers beyond int64, or a mix of
+    kinds such as a string ``id`` in one row and a number in another) is a string
+    column: strings as they are, other values as JSON text (``json.loads`` reads
+    them back); a mix of kinds is reported.
+
+Output
+    Pass 2 re-reads the input and writes ``chunk_size`` rows at a time with
+    ``pyarrow.parquet.ParquetWriter`` (one row group per chunk), so memory does not
+    grow with the file. Both files are written to temporary files in the output
+    directory and moved into place with ``os.replace`` only after both are complete:
+    a crash or error leaves the previous files (or none) and no partial file
+    (``ttsrl.atomic``); the temporary file of a run that was killed (kill -9) is
+    removed by the next run. An output folder that cannot be written (a file in its
+    place, no permission, read-only) is an error before any input is read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ttsrl.atomic import atomic_path, remove_stale_temps
+from ttsrl.jsonl import DataError, Invalid, RecordReader
+from ttsrl.data.rowchecks import (
+    OUTPUT_COLUMNS,
+    ExtraColumn,
+    PromptLength,
+    extract_text,
+    make_prompt_length,
+    normalise_for_dedup,
+    value_kind,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+DEFAULT_DATA_SOURCE = "ttsrl"
+DEFAULT_ABILITY = "tts"
+REWARD_STYLE = "rule"
+SPLITS = ("train", "test")
+__all__ = ["OUTPUT_COLUMNS", "DataError", "PrepareConfig", "PrepareReport", "output_schema", "prepare"]
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    train_file: Path
+    test_file: Path
+    local_dir: Path
+    # HF tokenizer folder, or a loaded tokenizer; None: estimate prompt lengths
+    tokenizer: Union[str, Path, "PreTrainedTokenizerBase", None] = None
+    max_prompt_length: int = 1024
+    skip_invalid: bool = False
+    drop_duplicates: bool = False
+    data_source: str = DEFAULT_DATA_SOURCE
+    ability: str = DEFAULT_ABILITY
+    chunk_size: int = 10_000  # rows per Parquet row group / in memory at once
+    max_listed: int = 20  # line numbers listed per kind of problem
+    progress: bool = True  # tqdm bars on stderr (only shown on a terminal)
+
+
+# ---------------------------------------------------------------------------
+# Pass 1: scan
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Problem:
+    line: int
+    reason: str
+
+
+@dataclass
+class ProblemList:
+    """A count of problems of one sort, and the first few of them."""
+
+    limit: int
+    count: int = 0
+    first: list[Problem] = field(default_factory=list)
+
+    def add(self, line: int, reason: str) -> None:
+        self.count += 1
+        if len(self.first) < self.limit:
+            self.first.append(Problem(line, reason))
+
+
+@dataclass
+class SplitScan:
+    """What pass 1 learnt about one input file."""
+
+    split: str
+    path: Path
+    records: int = 0
+    rows: int = 0  # rows that will be written
+    skip_lines: set[int] = field(default_factory=set)  # lines not written
+    invalid: ProblemList = field(default_factory=lambda: ProblemList(20))
+    invalid_kinds: Counter = field(default_factory=Counter)
+    duplicates: ProblemList = field(default_factory=lambda: ProblemList(20))
+    leaks: ProblemList = field(default_factory=lambda: ProblemList(20))
+    columns: dict[str, ExtraColumn] = field(default_factory=dict)
+    max_prompt_tokens: int = 0
+    sum_prompt_tokens: int = 0
+    seen: dict[int, int] = field(default_factory=dict, repr=False)  # text hash -> first line
+
+    def extra_schema(self) -> list[pa.Field]:
+        return [pa.field(c.name, c.arrow_type) for c in self.columns.values()]
+
+
+def scan_split(split: str, path: Path, cfg: PrepareConfig, length: PromptLength,
+               train_seen: dict[int, int] | None = None,
+               on_progress: Callable[[int], None] | None = None) -> SplitScan:
+    """Pass 1 over one file: validate every row, count prompt tokens, find duplicates,
+    leaks (against ``train_seen``) and the types of the extra columns."""
+    reader = RecordReader(path)
+    scan = SplitScan(split, Path(path), invalid=ProblemList(cfg.max_listed),
+                     duplicates=ProblemList(cfg.max_listed), leaks=ProblemList(cfg.max_listed))
+
+    def invalid(line: int, why: Invalid) -> None:
+        scan.invalid.add(line, why.message)
+        scan.invalid_kinds[why.kind] += 1
+        scan.skip_lines.add(line)
+
+    def flush(batch: list[tuple[int, str, dict]]) -> None:
+        counts = length.count([text for _, text, _ in batch])
+        for (line, text, obj), n in zip(batch, counts):
+            if n > cfg.max_prompt_length:
+                invalid(line, Invalid("too long", f"prompt has {n} tokens, more than "
+                                      f"--max_prompt_length {cfg.max_prompt_length} "
+                                      f"({length.description})"))
+                continue
+            key = hash(normalise_for_dedup(text))
+            first = scan.seen.get(key)
+            if first is not None:
+                scan.duplicates.add(line, f"same text as line {first}")
+                if cfg.drop_duplicates:
+                    scan.skip_lines.add(line)
+                    continue
+            else:
+                scan.seen[key] = line
+            if train_seen is not None and key in train_seen:
+                scan.leaks.add(line, f"same text as train line {train_seen[key]}")
+            for k, v in obj.items():
+                if k == "text":
+                    continue
+                col = scan.columns.get(k) or scan.columns.setdefault(k, ExtraColumn(k))
+                kind = value_kind(v)
+                if kind is not None and kind not in col.kinds:
+                    col.kinds[kind] = line
+            scan.rows += 1
+            scan.max_prompt_tokens = max(scan.max_prompt_tokens, n)
+            scan.sum_prompt_tokens += n
+        if on_progress:
+            on_progress(reader.bytes_read)
+
+    batch: list[tuple[int, str, dict]] = []
+    for rec in reader:
+        scan.records += 1
+        if rec.error is not None:
+            invalid(rec.line, rec.error)
+            continue
+        text, why = extract_text(rec.value)
+        if why is not None:
+            invalid(rec.line, why)
+            continue
+        batch.append((rec.line, text, rec.value))
+        if len(batch) >= cfg.chunk_size:
+            flush(batch)
+            batch = []
+    flush(batch)
+    return scan
+
+
+# ---------------------------------------------------------------------------
+# Pass 2: write
+# ---------------------------------------------------------------------------
+
+def output_schema(extra: list[pa.Field]) -> pa.Schema:
+    message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    return pa.schema([
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(message)),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("text", pa.string())])),
+        *extra,
+    ])
+
+
+def _build_batch(schema: pa.Schema, scan: SplitScan, cfg: PrepareConfig, first_index: int,
+                 texts: list[str], extras: dict[str, list[Any]]) -> pa.RecordBatch:
+    n = len(texts)
+    text_arr = pa.array(texts, type=pa.string())
+    prompt = pa.ListArray.from_arrays(
+        pa.array(range(n + 1), type=pa.int32()),
+        pa.StructArray.from_arrays([pa.array(["user"] * n, type=pa.string()), text_arr],
+                                   names=["role", "content"]))
+    reward = pa.StructArray.from_arrays([pa.array([REWARD_STYLE] * n, type=pa.string()), text_arr],
+                                        names=["style", "ground_truth"])
+    info = pa.StructArray.from_arrays(
+        [pa.array([scan.split] * n, type=pa.string()),
+         pa.array(range(first_index, first_index + n), type=pa.int64()), text_arr],
+        names=["split", "index", "text"])
+    arrays = [pa.array([cfg.data_source] * n, type=pa.string()), prompt,
+              pa.array([cfg.ability] * n, type=pa.string()), reward, info]
+    arrays += [col.convert(extras[name]) for name, col in scan.columns.items()]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def write_split(scan: SplitScan, cfg: PrepareConfig, out_path: Path,
+                on_chunk: Callable[[int, int], None] | None = None) -> int:
+    """Pass 2: re-read the input and write the rows pass 1 accepted to ``out_path``,
+    ``cfg.chunk_size`` rows per row group. ``on_chunk(rows_in_chunk, bytes_read)`` is
+    called after each chunk is written. Returns the number of rows written."""
+    reader = RecordReader(scan.path)
+    schema = output_schema(scan.extra_schema())
+    written = 0
+    texts: list[str] = []
+    extras: dict[str, list[Any]] = {name: [] for name in scan.columns}
+
+    with pq.ParquetWriter(str(out_path), schema) as writer:
+        def flush() -> None:
+            nonlocal written, texts
+            if not texts:
+                return
+            writer.write_batch(_build_batch(schema, scan, cfg, written, texts, extras))
+            written += len(texts)
+            if on_chunk:
+                on_chunk(len(texts), reader.bytes_read)
+            texts = []
+            for values in extras.values():
+                values.clear()
+
+        for rec in reader:
+            if rec.line in scan.skip_lines:
+                continue
+            text, why = (None, rec.error) if rec.error else extract_text(rec.value)
+            if why is not None:
+                raise DataError(f"{scan.path}:{rec.line}: {why.message} - the file changed while it was "
+                                "being converted; run again")
+            texts.append(text)
+            for name, values in extras.items():
+                values.append(rec.value.get(name))
+            if len(texts) >= cfg.chunk_size:
+                flush()
+        flush()
+    if written != scan.rows:
+        raise DataError(f"{scan.path}: {written} rows on the second read, {scan.rows} on the first "
+                        "- the file changed while it was being converted; run again")
+    return written
+
+
+# ---------------------------------------------------------------------------
+# The whole stage
+# ---------------------------------------------------------------------------
+
+@dataclass
+class PrepareReport:
+    scans: dict[str, SplitScan]
+    outputs: dict[str, Path]
+    length_description: str
+    drop_duplicates: bool
+
+    def warnings(self) -> list[str]:
+        out = []
+        for scan in self.scans.values():
+            if scan.invalid.count:
+                kinds = ", ".join(f"{n} {k}" for k, n in scan.invalid_kinds.most_common())
+                out.append(f"skipped {scan.invalid.count} invalid rows of {scan.path} ({kinds}):\n"
+                           + _list_problems(scan.path, scan.invalid))
+            if scan.duplicates.count:
+                what = "dropped" if self.drop_duplicates else "kept; --drop-duplicates drops them"
+                out.append(f"duplicates: {scan.duplicates.count} rows of {scan.path} repeat an "
+                           f"earlier text (equal after normalisation; {what}):\n"
+                           + _list_problems(scan.path, scan.duplicates))
+            if scan.leaks.count:
+                out.append(f"train/test leak: {scan.leaks.count} of the test texts also occur in "
+                           "the train file (kept):\n" + _list_problems(scan.path, scan.leaks))
+            mixed = [c for c in scan.columns.values() if c.mixed]
+            for c in mixed:
+                kinds = ", ".join(f"{k} at line {line}" for k, line in c.kinds.items())
+                out.append(f"column {c.name!r} of {scan.path} mixes kinds of value ({kinds}); "
+                           "stored as a string column (strings as they are, other values as "
+                           "JSON text)")
+        return out
+
+    def summary(self) -> str:
+        lines = []
+        for split, scan in self.scans.items():
+            mean = scan.sum_prompt_tokens / scan.rows if scan.rows else 0.0
+            lines.append(f"{split}: {scan.rows} rows from {scan.records} records of {scan.path} -> "
+                         f"{self.outputs[split]} (prompt tokens max {scan.max_prompt_tokens}, "
+                         f"mean {mean:.1f})")
+        lines.append(f"prompt lengths {self.length_description}")
+        return "\n".join(lines)
+
+
+def _list_problems(path: Path, problems: ProblemList) -> str:
+    lines = [f"  {path}:{p.line}: {p.reason}" for p in sorted(problems.first, key=lambda p: p.line)]
+    if problems.count > len(problems.first):
+        lines.append(f"  ... and {problems.count - len(problems.first)} more")
+    return "\n".join(lines)
+
+
+def _bar(enabled: bool, total: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False, file=sys.stderr,
+                disable=not (enabled and sys.stderr.isatty()))
+
+
+def check_output_dir(out_dir: Path) -> Path:
+    """Raise :class:`DataError` when ``out_dir`` cannot be created or written (a file in
+    its place or above it, no permission, read-only filesystem). Creates nothing."""
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "exists and is not a directory" if existing == out_dir else f"{existing} is not a directory"
+        raise DataError(f"--local_dir {out_dir}: {what}")
+    try:  # a probe file tells what os.access cannot (root, read-only mounts, /proc)
+        fd, probe = tempfile.mkstemp(prefix=".ttsrl-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = "" if existing == out_dir else f" in {existing}"
+        raise DataError(f"--local_dir {out_dir}: cannot write{where} ({e.strerror or e})") from None
+    return out_dir
+
+
+def prepare(cfg: PrepareConfig,
+            on_chunk: Callable[[str, int], None] | None = None) -> PrepareReport:
+    """Run stage 0. Raises ``DataError`` on bad input (nothing is written then).
+
+    ``on_chunk(split, rows)`` is called after each chunk written (progress)."""
+    if cfg.max_prompt_length <= 0:
+        raise DataError(f"--max_prompt_length must be positive, got {cfg.max_prompt_length}")
+    if cfg.chunk_size <= 0:
+        raise DataError(f"--chunk-size must be positive, got {cfg.chunk_size}")
+    files = {"train": Path(cfg.train_file), "test": Path(cfg.test_file)}
+    for path in files.values():
+        RecordReader(path)  # fails early on a missing or empty file
+    out_dir = check_output_dir(Path(cfg.local_dir))  # fails early, before the long pass 1
+    length = make_prompt_length(cfg.tokenizer)
+
+    scans: dict[str, SplitScan] = {}
+    for split, path in files.items():
+        with _bar(cfg.progress, path.stat().st_size, f"check {path.name}") as bar:
+            scans[split] = scan_split(split, path, cfg, length,
+                                      train_seen=scans["train"].seen if split == "test" else None,
+                                      on_progress=lambda b: bar.update(b - bar.n))
+    scans["train"].seen.clear()  # the hashes are not needed any more
+    scans["test"].seen.clear()
+
+    bad = [s for s in scans.values() if s.invalid.count]
+    if bad and not cfg.skip_invalid:
+        parts = [f"{s.invalid.count} invalid rows in {s.path}:\n" + _list_problems(s.path, s.invalid)
+                 for s in bad]
+        raise DataError("\n".join(parts) + "\nEach row must be a JSON object with a non-empty "
+                        "string \"text\" whose prompt fits --max_prompt_length; fix the rows or pass "
+                        "--skip-invalid to skip them.")
+    for s in scans.values():
+        if s.rows == 0:
+            raise DataError(f"{s.path}: no valid rows ({s.records} records read)")
+
+    outputs = {split: out_dir / f"{split}.parquet" for split in SPLITS}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out_dir)  # left by a run that was killed
+        # both files are complete before either replaces its old version
+        with atomic_path(outputs["train"]) as train_tmp, atomic_path(outputs["test"]) as test_tmp:
+            for split, tmp in (("train", train_tmp), ("test", test_tmp)):
+                with _bar(cfg.progress, scans[split].path.stat().st_size,
+                          f"write {outputs[split].name}") as bar:
+                    def chunk_done(rows: int, bytes_read: int, split=split, bar=bar) -> None:
+                        bar.update(bytes_read - bar.n)
+                        if on_chunk:
+                            on_chunk(split, rows)
+                    write_split(scans[split], cfg, tmp, on_chunk=chunk_done)
+    except OSError as e:
+        raise DataError(f"{e.filename or out_dir}: cannot write the output: {e.strerror or e}") from None
+
+    return PrepareReport(scans, outputs, length.description, cfg.drop_duplicates)

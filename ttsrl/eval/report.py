@@ -1,0 +1,282 @@
+"""Stage 4's files and report: per-pair results and summaries, the sweep table and plot.
+
+    OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
+    OUT/step_N/<set>/summary.json    both error-rate conventions with 95% intervals, ...
+    OUT/report.md, OUT/summary.json (one row per step and set) and OUT/cer.png
+
+Two conventions, named (``ttsrl.eval.seedtts_eval`` owns the first):
+
+* ``cer_utt_mean``: Seed-TTS eval, the MEAN of per-utterance rates (CER for zh sets, WER
+  for en sets), with ``above_50`` the share of utterances above 50% (what papers report);
+* ``cer_pooled``: total errors / total reference characters over the set, on
+  ``ttsrl.text``'s normalised text (what the CosyVoice GRPO recipe reports); ``cer`` is
+  the same number under its old name.
+
+Where the token2wav backend has a speaker model (CosyVoice2), ``sim_mean`` is the mean
+over utterances of the cosine of its campplus embeddings of the generated speech and the
+prompt (``Token2Wav.speaker_similarity``), NOT the Seed-TTS eval SIM (WavLM-large).
+
+Every figure has a bootstrap 95% interval over utterances (``ttsrl.stats``); each step
+is also compared with the start model on the same utterances (paired bootstrap).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ttsrl.atomic import atomic_path, atomic_write_text
+from ttsrl.eval.seedtts_eval import share_above
+from ttsrl.stats import (
+    DEFAULT_RESAMPLES,
+    METRICS,
+    UttTable,
+    bootstrap,
+    bootstrap_mean,
+    figure,
+    paired,
+    paired_mean,
+    seed_spread,
+)
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOT_FILE = "cer.png"
+HEADLINES = {"utt_mean": "cer_utt_mean", "pooled": "cer_pooled"}
+NAMES = {"cer_utt_mean": "mean of per-utterance rates (Seed-TTS eval)",
+         "cer_pooled": "pooled: total errors / total reference characters"}
+
+
+def pair_dir(out_dir: Path, step: int, test_set: str) -> Path:
+    return out_dir / f"step_{step}" / test_set
+
+
+def _rate(e: float, n: float) -> float:
+    return e / n if n else (0.0 if e == 0 else 1.0)
+
+
+def _mean(xs: Iterable[float | None]) -> float | None:
+    """Mean of the values that are not None; None when there are none."""
+    got = [x for x in xs if x is not None]
+    return sum(got) / len(got) if got else None
+
+
+def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """Both conventions, their intervals and (several seeds) their spread across seeds.
+    ``n`` counts utterances; with K seeds there are K rows (decodes) per utterance."""
+    ce, cn = sum(r["cer_errors"] for r in rows), sum(r["ref_len"] for r in rows)
+    pe, pn = sum(r["pinyin_errors"] for r in rows), sum(r["pinyin_ref_len"] for r in rows)
+    failed = [r["id"] for r in rows if r["failure"]]
+    d = len(rows)
+    t = UttTable.from_rows(rows)
+    out = {"n": len(t.ids), "decodes": d, "failures": len(failed), "failed_ids": failed,
+           "cer_utt_mean": float(figure(t, "cer_utt_mean")) if d else 0.0,
+           "above_50": share_above([r["utt_rate"] for r in rows]),
+           "utt_unit": sorted({r["utt_unit"] for r in rows}),
+           "cer_pooled": _rate(ce, cn), "cer": _rate(ce, cn), "cer_errors": ce, "cer_ref_len": cn,
+           "pinyin_error": _rate(pe, pn), "pinyin_errors": pe, "pinyin_ref_len": pn,
+           "reward": sum(r["reward"] for r in rows) / d if d else 0.0,
+           "mean_codes": sum(r["n_codes"] for r in rows) / d if d else 0.0,
+           "length_ratio_mean": _mean(r.get("length_ratio") for r in rows),
+           "stopped": sum(1 for r in rows if r["stopped"])}
+    if d:
+        out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
+        out["resamples"] = resamples
+    out.update(sim_summary(rows, resamples=resamples))
+    seeds = sorted({r.get("seed", 0) for r in rows})
+    out["seeds"] = seeds
+    if len(seeds) > 1:
+        per = [UttTable.from_rows([r for r in rows if r.get("seed", 0) == s]) for s in seeds]
+        out["seed_spread"] = {m: seed_spread([float(figure(p, m)) for p in per]) for m in METRICS}
+    return out
+
+
+def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """``sim_mean``: mean over the utterances with a speaker similarity (each the mean of
+    its seeds' values), ``sim_n`` of them, ``sim_ci`` its bootstrap 95% interval; None
+    (and 0) when no utterance has one (no speaker model, or every decode failed)."""
+    v = list(sim_by_utt(rows).values())
+    if not v:
+        return {"sim_mean": None, "sim_n": 0, "sim_ci": None}
+    return {"sim_mean": sum(v) / len(v), "sim_n": len(v),
+            "sim_ci": list(bootstrap_mean(v, resamples=resamples))}
+
+
+def sim_by_utt(rows: Sequence[dict]) -> dict[str, float]:
+    """Utterance id -> the mean of its decodes' speaker similarities (those not None)."""
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("sim") is not None:
+            per.setdefault(r["id"], []).append(float(r["sim"]))
+    return {u: sum(x) / len(x) for u, x in per.items()}
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
+              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "n", "failures",
+              "sim_mean", "sim_n", "sim_ci")
+
+
+def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
+                headline: str = "cer_utt_mean", resamples: int = DEFAULT_RESAMPLES) -> list[dict]:
+    """report.md, summary.json and cer.png from the per-model summaries on disk.
+    ``roles``: set name -> "dev" (chooses the step for stage 5) or "test" (reported only)."""
+    from ttsrl.train.steps import choose_step
+
+    roles = roles or {}
+    rows, tables, settings, sims = [], {}, {}, {}
+    for step in sorted(models):
+        for name in names:
+            where = pair_dir(out_dir, step, name)
+            if not (where / SUMMARY_FILE).is_file():
+                continue
+            s = json.loads((where / SUMMARY_FILE).read_text())
+            row = {**{k: s.get(k) for k in SWEEP_KEYS}, **sampling_of(s), "role": roles.get(name, "test"),
+                   "headline": headline}
+            results = read_jsonl(where / RESULTS_FILE) if (where / RESULTS_FILE).is_file() else []
+            if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
+                tables[(step, name)] = UttTable.from_rows(results)
+            sims[(step, name)] = sim_by_utt(results)
+            settings[(step, name)] = s.get("settings")
+            base = tables.get((0, name))
+            if step != 0 and base is not None and (step, name) in tables:
+                if settings[(step, name)] == settings.get((0, name)):
+                    row["vs_start"] = {m: paired(tables[(step, name)], base, m, resamples=resamples)
+                                       for m in METRICS}
+                    row["sim_vs_start"] = paired_mean(sims[(step, name)], sims.get((0, name), {}),
+                                                      resamples=resamples)
+                else:  # a difference of decoding settings is no difference of models
+                    row["vs_start_note"] = "not compared: the start model was scored with other settings"
+            rows.append(row)
+    write_json(out_dir / SUMMARY_FILE, rows)
+    choice = choose_step(rows)
+    atomic_write_text(out_dir / REPORT_FILE, "# CER sweep (stage 4)\n\n" + format_table(rows, choice) + "\n")
+    plot_cer(rows, out_dir / PLOT_FILE, chosen=choice.get("step"))
+    return rows
+
+
+def sampling_of(summary: dict) -> dict:
+    """How a pair was decoded: sampling rule (or greedy) and min/max token-text ratios.
+    Summaries written before the rule was recorded used the cosyvoice2-2024 rule."""
+    st = summary.get("settings") or {}
+    sp = st.get("sampling") or {}
+    return {"rule": "greedy" if st.get("greedy") else sp.get("rule", "cosyvoice2-2024"),
+            "min_ratio": sp.get("min_token_text_ratio"), "max_ratio": sp.get("max_token_text_ratio")}
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def _with_ci(r: dict, m: str) -> str:
+    ci = (r.get("ci") or {}).get(m)
+    spread = (r.get("seed_spread") or {}).get(m)
+    s = _pct(r.get(m)) + (f" [{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]" if ci else "")
+    return s + (f" ±{100 * spread['std']:.2f} sd/seed" if spread else "")
+
+
+def _ratio(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _sim(r: dict) -> str:
+    if r.get("sim_mean") is None:
+        return "n/a"
+    ci = r.get("sim_ci")
+    d = r.get("sim_vs_start")
+    return (f"{r['sim_mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" (n {r.get('sim_n')})"
+            + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
+
+
+def _delta(r: dict, m: str) -> tuple[str, str]:
+    v = (r.get("vs_start") or {}).get(m)
+    if not v:
+        return "", ""
+    return (f"{100 * v['diff']:+.2f} [{100 * v['lo']:+.2f}, {100 * v['hi']:+.2f}]", f"{v['p_better']:.3f}")
+
+
+def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
+    h = rows[0]["headline"] if rows and rows[0].get("headline") else "cer_utt_mean"
+    other = "cer_pooled" if h == "cer_utt_mean" else "cer_utt_mean"
+    short = {"cer_utt_mean": "utt-mean CER/WER", "cer_pooled": "pooled CER"}
+    head = (f"| step | test set | role | {short[h]} [95% CI] | {short[other]} [95% CI] | >50% "
+            f"| Δ {short[h]} vs start [95% CI] | P(better) | pinyin error | mean reward | length ratio | n "
+            "| failures | sampling | min/max ratio |")
+    rule = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    with_sim = any(r.get("sim_mean") is not None for r in rows)
+    if with_sim:
+        head, rule = head + " SIM (campplus) [95% CI] |", rule + "---:|"
+    head += "\n" + rule
+    lines = [head]
+    chosen = choice["step"] if choice and choice.get("step") is not None else None
+    for r in rows:
+        label = "0 (start)" if r["step"] == 0 else str(r["step"])
+        mark = " *" if r["step"] == chosen and r.get("role") == "dev" else ""
+        d, p = _delta(r, h)
+        lines.append(f"| {label} | {r['test_set']} | {r.get('role', 'test')} | {_with_ci(r, h)}{mark} "
+                     f"| {_with_ci(r, other)} | {_pct(r.get('above_50'))} | {d} | {p} | {_pct(r['pinyin_error'])} "
+                     f"| {r['reward']:.3f} | {_ratio(r.get('length_ratio_mean'))} | {r['n']} | {r['failures']} "
+                     f"| {r.get('rule', '?')} "
+                     f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |"
+                     + (f" {_sim(r)} |" if with_sim else ""))
+    notes = [f"Headline: `{h}`, {NAMES[h]}; also `{other}`, {NAMES[other]}. Error rates are CER on "
+             "Chinese sets, WER on English ones (syllables under the simulated ASR). Brackets: bootstrap "
+             "95% interval over utterances; Δ: this step minus the start model on the same utterances "
+             "(paired bootstrap), P(better): share of resamples in which this step's error is lower. "
+             "Length ratio: mean of speech codes generated / codes expected for the text (about 1 at a "
+             "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
+    if with_sim:
+        notes.append("SIM (campplus): mean over utterances of the cosine of CosyVoice2's campplus speaker "
+                     "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
+                     "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
+                     "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
+    if choice:
+        notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
+
+
+def plot_cer(rows: Sequence[dict], path: Path, chosen: int | None = None) -> None:
+    """The headline error rate of every set by step with its 95% interval; dev sets dashed,
+    the step chosen on the dev set (``chosen``) as a vertical line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h = rows[0]["headline"] if rows and rows[0].get("headline") else "cer_utt_mean"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r["test_set"] for r in rows):
+        mine = sorted((r for r in rows if r["test_set"] == name), key=lambda r: r["step"])
+        xs = [r["step"] for r in mine]
+        ys = [100 * (r.get(h) or 0.0) for r in mine]
+        cis = [(r.get("ci") or {}).get(h) for r in mine]
+        err = [[max(0.0, y - 100 * c[0]) if c else 0.0 for y, c in zip(ys, cis)],
+               [max(0.0, 100 * c[1] - y) if c else 0.0 for y, c in zip(ys, cis)]]
+        role = mine[0].get("role", "test")
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle="--" if role == "dev" else "-",
+                    label=f"{name} ({role})")
+    if chosen is not None:
+        ax.axvline(chosen, color="grey", linestyle=":", label=f"chosen on dev: step {chosen}")
+    ax.set_xlabel("training step (0 = start model)")
+    ax.set_ylabel(f"{h} (%), 95% interval")
+    ax.set_title("held-out error rate by step")
+    ax.grid(alpha=0.3)
+    if rows:
+        ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)

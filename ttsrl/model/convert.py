@@ -1,0 +1,447 @@
+"""Exact conversion between CosyVoice2's ``llm.pt`` and a Hugging Face checkpoint.
+
+``llm.pt`` -> HF (:func:`cosyvoice_to_hf`):
+
+    embed_tokens rows [0, offset)          <- llm.model.model.embed_tokens (text rows)
+    embed_tokens rows offset + 0..6563     <- speech_embedding
+    embed_tokens rows sos_id, task_id      <- llm_embedding rows 0, 1
+    lm_head.weight/.bias rows offset+0..6563 <- llm_decoder.weight/.bias (others 0, masked)
+    model.layers.*, model.norm.weight      <- llm.model.model.*
+
+Inner-embedding rows at and beyond ``offset`` are unused by CosyVoice2 (no text id
+reaches them) and have no place in the HF layout; they are kept in a side file
+(``cosyvoice2_extra/inner_embed_tail.safetensors``) so that llm.pt -> HF -> llm.pt is
+bit-exact. It sits in a sub-folder because vLLM loads every ``*.safetensors`` at the top
+of a checkpoint folder as model weights.
+
+Tensors are streamed: ``llm.pt`` is memory-mapped and the output is written in
+safetensors shards, so peak memory stays near one copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ttsrl.atomic import atomic_dir, atomic_path
+from ttsrl.model import vocab as V
+from ttsrl.model.cosyvoice_lm import Qwen2LM, load_llm_state_dict
+
+MODELING_FILE = Path(__file__).with_name("modeling_cosyvoice2.py")
+ARCH = "CosyVoice2Qwen2ForCausalLM"
+EXTRA_FILE = "cosyvoice2_extra/inner_embed_tail.safetensors"
+LEGACY_EXTRA_FILE = "cosyvoice2_extra.safetensors"  # written before; vLLM cannot load a folder with it
+BLANK_EN = "CosyVoice-BlankEN"
+CONVERTED_MARKER = ".ttsrl-converted.json"  # marks a folder written by cosyvoice_to_hf
+SHARD_BYTES = 1 << 30
+
+INNER = "llm.model.model."
+
+
+# ---- small file helpers ---------------------------------------------------------
+
+def atomic_torch_save(obj, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+class ShardWriter:
+    """Write tensors into safetensors shards of about ``max_bytes`` each, plus the
+    standard ``model.safetensors.index.json`` when there is more than one shard."""
+
+    def __init__(self, out_dir: Path, max_bytes: int = SHARD_BYTES):
+        self.out_dir, self.max_bytes = out_dir, max_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shards: list[dict[str, torch.Tensor] | list[str]] = []
+        self.total = 0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        nbytes = t.numel() * t.element_size()
+        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
+            self._flush()
+        self.pending[name] = t.contiguous()
+        self.pending_bytes += nbytes
+        self.total += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        idx = len(self.shards)
+        save_file(self.pending, str(self.out_dir / f"shard-{idx:05d}.safetensors"), metadata={"format": "pt"})
+        self.shards.append(list(self.pending))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> None:
+        if self.pending:
+            self._flush()
+        n = len(self.shards)
+        names = []
+        for i in range(n):
+            final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(self.out_dir / f"shard-{i:05d}.safetensors", self.out_dir / final)
+            names.append(final)
+        if n > 1:
+            weight_map = {k: names[i] for i, keys in enumerate(self.shards) for k in keys}
+            index = {"metadata": {"total_size": self.total}, "weight_map": weight_map}
+            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+# ---- llm.pt -> HF ----------------------------------------------------------------
+
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from ``path``, or ValueError naming the file and the place."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); expected {what}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected {what}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: a JSON {type(obj).__name__}, expected {what} (an object)")
+    return obj
+
+
+def load_blank_en(cosyvoice_dir: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    blank = cosyvoice_dir / BLANK_EN
+    if not (blank / "config.json").is_file():
+        raise FileNotFoundError(f"{blank}/config.json not found: expected the released layout "
+                                f"DIR/llm.pt + DIR/{BLANK_EN}/ (Qwen2 config and tokenizer)")
+    read_json_file(blank / "config.json", "the Qwen2 config of CosyVoice-BlankEN")
+    try:
+        config = AutoConfig.from_pretrained(blank)
+    except Exception as e:
+        raise ValueError(f"{blank}/config.json: not a usable Qwen2 config ({type(e).__name__}: {e})") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(blank)
+    except Exception as e:
+        raise ValueError(f"{blank}: Qwen's tokenizer files cannot be loaded ({type(e).__name__}: {e})") from e
+    return config, tokenizer
+
+
+def is_converter_output(folder: Path) -> bool:
+    """A folder this converter wrote: it has CONVERTED_MARKER, or (written before the
+    marker existed) a config.json with our ``cosyvoice2_inner_vocab_size`` key and no
+    stage-3 marker."""
+    if (folder / CONVERTED_MARKER).is_file():
+        return True
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "cosyvoice2_inner_vocab_size" in cfg and not (folder / "MERGED.json").exists()
+
+
+def check_output_path(source: Path, out: Path, force: bool = False) -> None:
+    """Refuse an output the conversion must not replace: one that overlaps the input
+    (is it, inside it, or holds it), a file, or a non-empty folder that is not a
+    previous output of this converter (the last two allowed with ``force``)."""
+    src, dst = Path(source).resolve(), Path(out).resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise ValueError(f"--save-path {out} overlaps the input folder {source}: the output folder is replaced "
+                         "as a whole, which would delete the input. Choose a folder outside it.")
+    if not (dst.exists() or dst.is_symlink()):
+        return
+    if not dst.is_dir():
+        if not force:
+            raise ValueError(f"--save-path {out} is an existing file; the output is a folder that would replace "
+                             "it. Remove it, choose another path, or pass --force to replace it.")
+        return
+    entries = sorted(p.name for p in dst.iterdir())
+    if entries and not is_converter_output(dst) and not force:
+        raise ValueError(f"--save-path {out} is a non-empty folder ({len(entries)} entries, e.g. "
+                         f"{', '.join(entries[:3])}) that is not an output of this converter; it would be "
+                         "replaced as a whole. Choose a new or empty folder, or pass --force to replace it.")
+
+
+def expected_llm_shapes(inner_config) -> dict[str, torch.Size]:
+    """Key -> shape of a ``Qwen2LM`` for this inner config (built on the meta device)."""
+    with torch.device("meta"):
+        model = Qwen2LM(inner_config)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def check_llm_state(state: dict, inner_config, source: str) -> None:
+    expected = expected_llm_shapes(inner_config)
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise ValueError(f"{source}: missing tensor {missing[0]!r} (and {len(missing) - 1} more); "
+                         "is this CosyVoice2's llm.pt for this CosyVoice-BlankEN config?")
+    if extra:
+        raise ValueError(f"{source}: unexpected tensor {extra[0]!r} (and {len(extra) - 1} more)")
+    for k, shape in expected.items():
+        if state[k].shape != shape:
+            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(state[k].shape)}, "
+                             f"expected {tuple(shape)} for this config")
+
+
+def hf_config_dict(inner_config, sv: V.SpeechVocab, pad_id: int, dtype: torch.dtype, stock: bool) -> dict:
+    cfg = inner_config.to_dict()
+    for k in ("auto_map", "_name_or_path", "transformers_version"):
+        cfg.pop(k, None)
+    cfg.update(
+        model_type="qwen2",
+        vocab_size=sv.padded_vocab_size,
+        tie_word_embeddings=False,
+        bos_token_id=sv.sos_id,
+        eos_token_id=sv.stop_ids,
+        pad_token_id=pad_id,
+        dtype=str(dtype).removeprefix("torch."),
+        cosyvoice2_inner_vocab_size=inner_config.vocab_size,
+    )
+    if stock:
+        cfg["architectures"] = ["Qwen2ForCausalLM"]
+    else:
+        cfg["architectures"] = [ARCH]
+        cfg["auto_map"] = {"AutoModelForCausalLM": f"{MODELING_FILE.stem}.{ARCH}"}
+        cfg["speech_output_range"] = list(sv.output_range)
+    return cfg
+
+
+def generation_config_dict(sv: V.SpeechVocab, pad_id: int) -> dict:
+    return {"bos_token_id": sv.sos_id, "eos_token_id": sv.stop_ids, "pad_token_id": pad_id,
+            "do_sample": True, "top_p": 0.8, "top_k": 25}
+
+
+def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool):
+    """Yield (name, tensor) of the HF checkpoint, one tensor at a time."""
+    inner_vocab, hidden = state[INNER + "embed_tokens.weight"].shape
+    if inner_vocab < sv.speech_offset:
+        raise ValueError(f"inner embedding has {inner_vocab} rows but the tokenizer has "
+                         f"{sv.speech_offset} text ids")
+    lo, hi = sv.output_range
+
+    embed = torch.zeros(sv.padded_vocab_size, hidden, dtype=dtype)
+    embed[:lo] = state[INNER + "embed_tokens.weight"][:lo]
+    embed[lo:hi] = state["speech_embedding.weight"]
+    embed[sv.sos_id] = state["llm_embedding.weight"][V.SOS_ROW]
+    embed[sv.task_id] = state["llm_embedding.weight"][V.TASK_ID_ROW]
+    yield "model.embed_tokens.weight", embed
+    del embed
+
+    for k, t in state.items():
+        if k.startswith(INNER) and k != INNER + "embed_tokens.weight":
+            yield "model." + k[len(INNER):], t.to(dtype)
+
+    head = torch.zeros(sv.padded_vocab_size, hidden, dtype=dtype)
+    head[lo:hi] = state["llm_decoder.weight"]
+    yield "lm_head.weight", head
+    del head
+    if not stock:
+        bias = torch.zeros(sv.padded_vocab_size, dtype=dtype)
+        bias[lo:hi] = state["llm_decoder.bias"]
+        yield "lm_head.bias", bias
+
+
+def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: torch.dtype = torch.float32,
+                    stock: bool = False, shard_bytes: int = SHARD_BYTES,
+                    log: Callable[[str], None] = print, force: bool = False) -> V.SpeechVocab:
+    """Convert ``DIR/llm.pt`` + ``DIR/CosyVoice-BlankEN`` into an HF checkpoint at
+    ``save_path`` (written atomically; see :func:`check_output_path` for what it
+    refuses to replace). Returns the speech vocabulary."""
+    from safetensors.torch import save_file
+
+    cosyvoice_dir = Path(cosyvoice_dir)
+    check_output_path(cosyvoice_dir, Path(save_path), force)
+    inner_config, tokenizer = load_blank_en(cosyvoice_dir)
+    llm_pt = cosyvoice_dir / "llm.pt"
+    state = load_llm_state_dict(llm_pt)
+    check_llm_state(state, inner_config, str(llm_pt))
+    sv = V.extend_tokenizer(tokenizer)
+    log(f"speech vocabulary: <|s_0|>={sv.speech_offset}, eos={sv.eos_id}, sos={sv.sos_id}, "
+        f"task_id={sv.task_id}, tokenizer {sv.tokenizer_size}, embedding {sv.padded_vocab_size}")
+
+    with atomic_dir(save_path) as out:
+        writer = ShardWriter(out, shard_bytes)
+        for name, t in hf_tensors(state, inner_config, sv, dtype, stock):
+            writer.add(name, t)
+        writer.close()
+        tail = state[INNER + "embed_tokens.weight"][sv.speech_offset:]
+        (out / EXTRA_FILE).parent.mkdir()
+        save_file({"inner_embed_tail": tail.contiguous()}, str(out / EXTRA_FILE), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(hf_config_dict(inner_config, sv, tokenizer.pad_token_id, dtype, stock), indent=2))
+        (out / "generation_config.json").write_text(json.dumps(generation_config_dict(sv, tokenizer.pad_token_id), indent=2))
+        tokenizer.save_pretrained(out)
+        if not stock:
+            shutil.copy2(MODELING_FILE, out / MODELING_FILE.name)
+        (out / CONVERTED_MARKER).write_text(json.dumps(
+            {"tool": "pretrained_to_huggingface.py", "source": str(cosyvoice_dir.resolve()),
+             "dtype": str(dtype).removeprefix("torch."), "stock_qwen2": stock}, indent=2))
+    return sv
+
+
+# ---- HF -> llm.pt ----------------------------------------------------------------
+
+def read_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a single-file or sharded safetensors checkpoint (lazy per file)."""
+    from safetensors import safe_open
+
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json_file(index, "a safetensors shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index}: no \"weight_map\" object of tensor name -> shard file")
+        files = sorted(set(weight_map.values()))
+    elif (hf_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json")
+    out = {}
+    for f in files:
+        path = hf_dir / f
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: shard named by {index.name} not found")
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                for k in fh.keys():
+                    out[k] = fh.get_tensor(k)
+        except Exception as e:  # SafetensorError: truncated, header damaged, not safetensors
+            raise ValueError(f"{path}: cannot be read as safetensors, truncated or damaged? "
+                             f"({type(e).__name__}: {e})") from e
+    return out
+
+
+def inner_config_of(hf_config: dict):
+    from transformers import Qwen2Config
+
+    cfg = {k: v for k, v in hf_config.items()
+           if k not in ("architectures", "auto_map", "speech_output_range", "cosyvoice2_inner_vocab_size",
+                        "bos_token_id", "eos_token_id", "pad_token_id")}
+    cfg.update(vocab_size=hf_config.get("cosyvoice2_inner_vocab_size", hf_config["vocab_size"]),
+               tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"])
+    return Qwen2Config(**cfg)
+
+
+def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, torch.Tensor]:
+    """Rebuild CosyVoice2's ``llm.pt`` state dict (fp32) from an HF checkpoint."""
+    from transformers import AutoTokenizer
+
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}/config.json not found: is {hf_dir} a Hugging Face checkpoint folder?")
+    hf_config = read_json_file(hf_dir / "config.json", "the model's Hugging Face config")
+    sv = V.vocab_of(AutoTokenizer.from_pretrained(hf_dir))
+    inner = inner_config_of(hf_config)
+    t = read_hf_tensors(hf_dir)
+    f32 = torch.float32
+
+    def need(name: str, shape: tuple) -> torch.Tensor:
+        if name not in t:
+            raise ValueError(f"{hf_dir}: tensor {name!r} missing")
+        if tuple(t[name].shape) != tuple(shape):
+            raise ValueError(f"{hf_dir}: tensor {name!r} has shape {tuple(t[name].shape)}, expected {tuple(shape)}")
+        return t.pop(name).to(f32)
+
+    lo, hi = sv.output_range
+    H, P = inner.hidden_size, sv.padded_vocab_size
+    embed = need("model.embed_tokens.weight", (P, H))
+    head = need("lm_head.weight", (P, H))
+    bias = t.pop("lm_head.bias", None)
+    if bias is None:
+        log("warning: checkpoint has no lm_head.bias (stock Qwen2 layout): llm_decoder.bias is written as zeros")
+        bias = torch.zeros(P)
+    elif tuple(bias.shape) != (P,):
+        raise ValueError(f"{hf_dir}: tensor 'lm_head.bias' has shape {tuple(bias.shape)}, expected {(P,)}")
+    n_tail = inner.vocab_size - lo
+    extra = hf_dir / EXTRA_FILE
+    if not extra.is_file() and (hf_dir / LEGACY_EXTRA_FILE).is_file():
+        extra = hf_dir / LEGACY_EXTRA_FILE
+    if extra.is_file():
+        from safetensors.torch import load_file
+
+        tail = load_file(str(extra))["inner_embed_tail"].to(f32)
+        if tuple(tail.shape) != (n_tail, H):
+            raise ValueError(f"{extra}: tensor 'inner_embed_tail' has shape {tuple(tail.shape)}, expected {(n_tail, H)}")
+    else:
+        log(f"note: {EXTRA_FILE} absent: unused inner-embedding rows {lo}..{inner.vocab_size - 1} written as zeros")
+        tail = torch.zeros(n_tail, H)
+
+    inner_embed = torch.cat([embed[:lo], tail])
+    state = {
+        "llm_embedding.weight": torch.stack([embed[sv.sos_id], embed[sv.task_id]]).clone(),
+        INNER + "embed_tokens.weight": inner_embed,
+    }
+    for k in list(t):
+        if k.startswith("model."):
+            state[INNER + k[len("model."):]] = t.pop(k).to(f32)
+    if t:
+        raise ValueError(f"{hf_dir}: unexpected tensor {sorted(t)[0]!r}")
+    state["llm.model.lm_head.weight"] = inner_embed  # tied in Qwen2LM's inner model
+    state["llm_decoder.weight"] = head[lo:hi].clone()
+    state["llm_decoder.bias"] = bias[lo:hi].to(f32).clone()
+    state["speech_embedding.weight"] = embed[lo:hi].clone()
+    del embed, head
+    check_llm_state(state, inner, str(hf_dir))
+    expected_order = list(expected_llm_shapes(inner))
+    return {k: state[k] for k in expected_order}
+
+
+def hf_to_cosyvoice(hf_dir: str | Path, output_path: str | Path, log: Callable[[str], None] = print) -> None:
+    if Path(output_path).is_dir():
+        raise ValueError(f"--output-path {output_path} is a folder; it names the llm.pt file to write "
+                         f"(e.g. {Path(output_path) / 'llm.pt'})")
+    state = hf_to_cosyvoice_state(hf_dir, log)
+    atomic_torch_save(state, output_path)
+
+
+# ---- what a stock Qwen2 load loses ----------------------------------------------
+
+@torch.no_grad()
+def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: int = 12,
+                    speech_len: int = 48, seed: int = 0) -> dict[str, float]:
+    """Compare CosyVoice2's head with what a stock Qwen2 load of the converted
+    checkpoint computes (no bias; non-speech rows at logit 0 instead of masked) on a
+    random probe batch. Returns mean KL(ours || stock) per position (nats), the same
+    with only the bias removed, and the probability mass stock puts on tokens that
+    are not speech/stop tokens."""
+    g = torch.Generator().manual_seed(seed)
+    kls, kls_bias, leaks = [], [], []
+    for _ in range(n_seqs):
+        text = torch.randint(0, text_vocab, (text_len,), generator=g).tolist()
+        speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (speech_len,), generator=g).tolist()
+        hidden, _ = model.llm(model.build_inputs(text, speech))
+        h = hidden[0].float()
+        ours = model.llm_decoder(h).log_softmax(-1)
+        no_bias = h @ model.llm_decoder.weight.float().T
+        n_other = V.SpeechVocab(text_vocab).padded_vocab_size - V.NUM_OUTPUTS
+        # stock: the 6564 rows without bias + n_other rows with logit exactly 0
+        full = torch.cat([no_bias, torch.zeros(h.shape[0], n_other)], dim=-1).log_softmax(-1)
+        stock = full[:, : V.NUM_OUTPUTS]
+        kls.append((ours.exp() * (ours - stock)).sum(-1))
+        kls_bias.append((ours.exp() * (ours - no_bias.log_softmax(-1))).sum(-1))
+        leaks.append(1 - stock.exp().sum(-1))
+    return {"kl_stock": torch.cat(kls).mean().item(), "kl_no_bias": torch.cat(kls_bias).mean().item(),
+            "non_speech_mass_stock": torch.cat(leaks).mean().item()}
+
+
+@torch.no_grad()
+def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed: int = 0) -> float:
+    """Max |logit difference| between the HF checkpoint and the exported llm.pt
+    (loaded strictly into ``Qwen2LM``), both in fp32, over a random probe batch."""
+    from ttsrl.model.hf_model import load_speech_lm
+
+    hf = load_speech_lm(hf_dir, dtype=torch.float32)
+    sv = V.vocab_of(hf.tokenizer)
+    inner = inner_config_of(json.loads((Path(hf_dir) / "config.json").read_text()))
+    ref = Qwen2LM(inner)
+    ref.load_state_dict(load_llm_state_dict(llm_pt), strict=True)
+    ref.eval()
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = sv.output_range
+    worst = 0.0
+    for _ in range(n_seqs):
+        text = torch.randint(0, sv.text_vocab_size, (10,), generator=g).tolist()
+        speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (30,), generator=g).tolist()
+        a = ref.forward_logits(text, speech)
+        ids = [sv.sos_id] + text + [sv.task_id] + sv.codes_to_ids(speech)
+        b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]
+        worst = max(worst, (a - b).abs().max().item())
+    return worst

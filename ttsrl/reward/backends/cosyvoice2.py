@@ -1,0 +1,404 @@
+"""CosyVoice2's own token2wav (flow matching + HiFT vocoder), run with CosyVoice's code.
+
+Code: the installed ``cosyvoice`` package (PyPI ``cosyvoice-minicpmo==0.1.0``, whose
+``cosyvoice/flow``, ``cosyvoice/hifigan``, ``cosyvoice/transformer`` and ``cosyvoice/utils`` are
+byte-identical to upstream FunAudioLLM/CosyVoice at commit 46dfe043, 2025-06-25; its
+``cli/`` drops the LLM and text normaliser) or, with ``checkout``, a CosyVoice source
+checkout put first on ``sys.path``. Weights: a CosyVoice2 model folder (``CosyVoice2-0.5B``).
+
+Only what token2wav needs is built: the yaml is loaded with every top-level object
+except ``flow``, ``hift`` and ``feat_extractor`` overridden to None, so the 0.5B LLM
+(and the training-data processors, which import ``pyworld``) are never constructed.
+CosyVoice's own ``CosyVoice2Model.token2wav`` and ``CosyVoiceFrontEnd.frontend_zero_shot``
+do the work; keyword arguments are matched to the installed version's signatures.
+
+Devices are explicit and right by construction: every call into a replica (building it,
+prompt extraction, synthesis) runs under ``torch.cuda.device(dev)``, so CosyVoice's bare
+``torch.device('cuda')`` means this replica's GPU in whatever thread runs it; the model's and
+frontend's ``device`` attributes are set to ``dev``; ``cuda`` without index means the current
+device. HiFT's source excitation is random: each synthesis seeds the replica's generator from
+the codes (sha1), so the same codes and prompt give the same waveform.
+
+Speakers: the reward voices each text with one of the ``*.wav`` of ``prompt_dir`` (chosen by
+the pipeline from the text); zero-shot evaluation passes each utterance's own prompt wav
+(:meth:`prompt_from_wav`). Prompt wavs must be >= 16 kHz and <= 30 s (CosyVoice's limits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import io
+import re
+import sys
+import threading
+import uuid as uuidlib
+from collections import OrderedDict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
+from ttsrl.reward.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, check_prompt_wav  # noqa: F401 - the one wav check
+
+#: what token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)
+TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx")
+#: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
+MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
+YAML_KEEP = ("flow", "hift", "feat_extractor")
+#: shortest 16 kHz audio campplus is given: one 25 ms kaldi fbank frame
+SPK_MIN_SAMPLES = 400
+_CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
+
+
+def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> list[str]:
+    d = Path(model_dir)
+    return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
+
+
+def check_model_dir(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> None:
+    """One error naming every missing file of a CosyVoice2 model folder."""
+    missing = missing_model_entries(model_dir, entries)
+    if missing:
+        raise FileNotFoundError(f"CosyVoice2 model folder {model_dir} lacks {', '.join(missing)} "
+                                f"(needs {', '.join(entries)}; from the released CosyVoice2-0.5B)")
+
+
+def load_wav_16k(path: str | Path):
+    """Mono float32 tensor (1, T) at 16 kHz, read with soundfile (torchaudio.load needs
+    torchcodec in torchaudio >= 2.9) and resampled with torchaudio's pure-Python Resample."""
+    import soundfile as sf
+
+    wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    return to_16k(np.ascontiguousarray(wav.mean(axis=1)), rate)
+
+
+def to_16k(wav: np.ndarray, rate: int):
+    """Mono float32 tensor (1, T) at 16 kHz from a waveform at ``rate`` Hz (torchaudio's
+    Resample, as CosyVoice resamples): what its speech tokenizer and campplus read."""
+    import torch
+    import torchaudio
+
+    t = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32).reshape(-1))[None]
+    if rate != 16000:
+        t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(t)
+    return t
+
+
+@dataclass
+class CosyVoice2Config:
+    model_dir: str  # CosyVoice2 model folder (CosyVoice2-0.5B)
+    prompt_dir: str | None = None  # *.wav speaker prompts for requests without their own prompt wav
+    checkout: str | None = None  # CosyVoice source checkout; None = the installed `cosyvoice` package
+    device: str = "cuda:0"
+    fp16: bool = False
+    prompt_cache: int = 256  # prompt wavs whose features are kept
+    batch_flow: bool = False  # flow over the whole batch at once (ttsrl.reward.backends.cosyvoice2_batch); False: one by one
+
+
+def _seed(codes: Sequence[int]) -> int:
+    """HiFT's noise seed for a code sequence (sha1): the same codes give the same waveform."""
+    return int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
+
+
+def _check_prompt(prompt: SpeakerPrompt) -> None:
+    if prompt.data is None:
+        raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
+                         "or each utterance's prompt wav (zero-shot evaluation)")
+
+
+def _import_cosyvoice(checkout: str | None):
+    if checkout:
+        root = Path(checkout)
+        if not (root / "cosyvoice" / "cli" / "model.py").is_file():
+            raise FileNotFoundError(f"{root} is not a CosyVoice checkout (no cosyvoice/cli/model.py)")
+        for p in (root / "third_party" / "Matcha-TTS", root):
+            if str(p) not in sys.path:
+                sys.path.insert(0, str(p))
+    try:
+        from cosyvoice.cli.frontend import CosyVoiceFrontEnd  # type: ignore
+        from cosyvoice.cli.model import CosyVoice2Model  # type: ignore
+    except ImportError as e:
+        where = checkout or "the installed packages"
+        raise ImportError(f"cannot import CosyVoice from {where}: {e}. `bash scripts/install.sh` installs "
+                          "cosyvoice-minicpmo==0.1.0 and what it needs (see requirements*.txt)") from e
+    return CosyVoiceFrontEnd, CosyVoice2Model
+
+
+def _call(fn, **kwargs):
+    """Call ``fn`` with the subset of ``kwargs`` its signature accepts."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+class _NoText:
+    """Text tokenizer stand-in: token2wav never reads text tokens (the LLM does)."""
+
+    def encode(self, text, **_):
+        return []
+
+
+def resolve_device(spec: str):
+    import torch
+
+    dev = torch.device(spec)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {spec!r} asked for but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {spec!r} (cpu, cuda or cuda:N)")
+    return dev
+
+
+def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
+    """CosyVoice's yaml with every top-level object not in ``keep`` set to None."""
+    from hyperpyyaml import load_hyperpyyaml
+
+    text = path.read_text(encoding="utf-8")
+    keys = re.findall(r"^([A-Za-z_]\w*)\s*:\s*!(?:new|name|apply):", text, flags=re.M)
+    overrides = {k: None for k in keys if k not in keep}
+    cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
+    for k in keep:
+        if cfg.get(k) is None:
+            raise ValueError(f"{path}: no '{k}' entry in the yaml")
+    return cfg
+
+
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
+    """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
+    and the speech tokenizer never read text), its device set to ``dev``."""
+    fe = _call(FrontEnd, get_tokenizer=_NoText, feat_extractor=feat_extractor,
+               campplus_model=str(model_dir / "campplus.onnx"),
+               speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
+               allowed_special="all")
+    fe.device = dev
+    sess = getattr(fe, "speech_tokenizer_session", None)
+    if dev.type == "cuda" and sess is not None and "CUDAExecutionProvider" in sess.get_providers():
+        import onnxruntime  # CosyVoice opens it on CUDA device 0: use this replica's GPU
+
+        fe.speech_tokenizer_session = onnxruntime.InferenceSession(
+            str(model_dir / "speech_tokenizer_v2.onnx"),
+            providers=[("CUDAExecutionProvider", {"device_id": dev.index}), "CPUExecutionProvider"])
+    return fe
+
+
+def zero_shot_inputs(fe, wav: Path, sample_rate: int) -> dict:
+    """CosyVoice's ``frontend_zero_shot`` on a prompt wav (checked: >= 16 kHz, <= 30 s)."""
+    import torch
+
+    check_prompt_wav(wav)
+    fz = fe.frontend_zero_shot
+    kwargs = dict(tts_text="", prompt_text="", resample_rate=sample_rate, zero_shot_spk_id="")
+    if "prompt_wav" in inspect.signature(fz).parameters:  # newer CosyVoice loads the file itself
+        kwargs["prompt_wav"] = str(wav)
+    else:
+        kwargs["prompt_speech_16k"] = load_wav_16k(wav)
+    with torch.inference_mode():
+        return _call(fz, **kwargs)
+
+
+def cosine(a, b) -> float | None:
+    """Cosine similarity of two embeddings (tensors or arrays of any shape, flattened);
+    None when either is all zeros."""
+    x = np.asarray(a.detach().cpu() if hasattr(a, "detach") else a, dtype=np.float64).reshape(-1)
+    y = np.asarray(b.detach().cpu() if hasattr(b, "detach") else b, dtype=np.float64).reshape(-1)
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return None
+    return float(np.clip(x @ y / (nx * ny), -1.0, 1.0))
+
+
+class PromptTokenizer:
+    """Prompt wav -> the speech tokens CosyVoice2's zero-shot inference gives its LLM
+    (``llm_prompt_speech_token`` of ``frontend_zero_shot``: speech_tokenizer_v2.onnx at
+    25 Hz, trimmed to the prompt's mel length as CosyVoice2 does)."""
+
+    def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu"):
+        check_model_dir(model_dir)
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(device)
+        FrontEnd, _ = _import_cosyvoice(checkout)
+        conf = load_yaml_without_llm(self.model_dir / "cosyvoice2.yaml", keep=("feat_extractor",))
+        self.sample_rate = int(conf.get("sample_rate", 24000))
+        with self._scope():
+            self._fe = make_frontend(FrontEnd, self.model_dir, conf["feat_extractor"], self.device)
+
+    def _scope(self):
+        import torch
+
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+
+    def __call__(self, wav: str | Path) -> list[int]:
+        with self._scope():
+            inp = zero_shot_inputs(self._fe, Path(wav), self.sample_rate)
+        return [int(t) for t in inp["llm_prompt_speech_token"].reshape(-1).tolist()]
+
+
+class CosyVoice2Token2Wav(Token2Wav):
+    name = "cosyvoice2"
+
+    def __init__(self, cfg: CosyVoice2Config):
+        check_model_dir(cfg.model_dir)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, SpeakerPrompt] = OrderedDict()
+        self.n_synthesized = 0  # code sequences voiced by this replica
+        with self.device_scope():
+            self._build()
+            self._prompts = self._load_prompt_dir(cfg.prompt_dir)
+
+    def device_scope(self):
+        import torch
+
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+
+    def _build(self) -> None:
+        import torch
+
+        FrontEnd, Model = _import_cosyvoice(self.cfg.checkout)
+        d, dev = Path(self.cfg.model_dir), self.device
+        conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
+        flow, hift = conf["flow"], conf["hift"]
+        flow.load_state_dict(torch.load(d / "flow.pt", map_location=dev, weights_only=True), strict=True)
+        hstate = torch.load(d / "hift.pt", map_location=dev, weights_only=True)
+        hift.load_state_dict({k.replace("generator.", ""): v for k, v in hstate.items()}, strict=True)
+        flow.to(dev).eval()
+        hift.to(dev).eval()
+        model = Model(None, flow, hift, False)  # llm None: never built nor loaded
+        model.device = dev
+        if self.cfg.fp16:
+            flow.half()
+            model.fp16 = True
+        self._model = model
+        self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev)
+        self.sample_rate = int(conf.get("sample_rate", 24000))
+        self.token_rate = float(conf.get("token_frame_rate", 25))
+
+    # ---- speaker prompts ----------------------------------------------------
+    def _extract(self, wav: Path, name: str) -> SpeakerPrompt:
+        inp = zero_shot_inputs(self._fe, wav, self.sample_rate)
+        return SpeakerPrompt(name, {"prompt_token": inp["flow_prompt_speech_token"],
+                                    "prompt_feat": inp["prompt_speech_feat"],
+                                    "embedding": inp["flow_embedding"], "wav": str(wav)})
+
+    def _load_prompt_dir(self, prompt_dir: str | None) -> tuple[SpeakerPrompt, ...]:
+        if not prompt_dir:
+            return ()
+        wavs = sorted(Path(prompt_dir).glob("*.wav"))
+        if not wavs:
+            raise FileNotFoundError(f"no speaker prompt *.wav in {prompt_dir}")
+        return tuple(self._extract(w, w.stem) for w in wavs)
+
+    @property
+    def prompts(self):
+        if not self._prompts:
+            return (SpeakerPrompt("none"),)
+        return self._prompts
+
+    def prompt_from_wav(self, path: str | Path) -> SpeakerPrompt:
+        """This wav as the speaker (zero-shot evaluation); features cached per path."""
+        key = str(Path(path).resolve())
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        with self.device_scope():
+            p = self._extract(Path(path), Path(path).stem)
+        with self._lock:
+            self._cache[key] = p
+            while len(self._cache) > self.cfg.prompt_cache:
+                self._cache.popitem(last=False)
+        return p
+
+    # ---- speaker similarity --------------------------------------------------
+    def speaker_similarity(self, audios, prompts):
+        """Cosine of campplus embeddings (CosyVoice's own ``_extract_spk_embedding``, the
+        prompt speaker's path) of each audio at 16 kHz and of its prompt (the prompt's
+        embedding as extracted). None for an audio without a waveform or under 25 ms, or
+        a prompt without features. Not the Seed-TTS eval SIM (WavLM-large)."""
+        import torch
+
+        out: list[float | None] = []
+        with self.device_scope(), torch.inference_mode():
+            for audio, prompt in zip(audios, prompts, strict=True):
+                prompt = prompt if prompt is not None and prompt.data is not None else self.prompts[0]
+                if prompt.data is None or audio.waveform is None:
+                    out.append(None)
+                    continue
+                speech = to_16k(audio.waveform, audio.sample_rate)
+                if speech.shape[1] < SPK_MIN_SAMPLES:
+                    out.append(None)
+                    continue
+                out.append(cosine(self._fe._extract_spk_embedding(speech), prompt.data["embedding"]))
+        return out
+
+    # ---- synthesis -----------------------------------------------------------
+    def _one(self, codes: Sequence[int], prompt: SpeakerPrompt) -> Audio:
+        import torch
+
+        _check_prompt(prompt)
+        model, dev = self._model, self.device
+        uid = str(uuidlib.uuid4())
+        token = torch.tensor([list(codes)], dtype=torch.int32, device=dev)
+        seed = _seed(codes)
+        with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()):
+            model.hift_cache_dict[uid] = None  # token2wav keeps per-uuid caches in the model
+            try:
+                with torch.inference_mode():
+                    if dev.type == "cuda":
+                        torch.cuda.manual_seed(seed)  # this device's generator only
+                    else:
+                        torch.manual_seed(seed)
+                    wav = _call(model.token2wav, token=token, prompt_token=prompt.data["prompt_token"],
+                                prompt_feat=prompt.data["prompt_feat"], embedding=prompt.data["embedding"],
+                                token_offset=0, uuid=uid, stream=False, streaming=False, finalize=True,
+                                speed=1.0)
+            finally:
+                model.hift_cache_dict.pop(uid, None)
+            self.n_synthesized += 1
+        return Audio(waveform=wav.float().cpu().numpy().reshape(-1).astype(np.float32),
+                     sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes),
+                     token_rate=self.token_rate)
+
+    def _batched(self, batch: Sequence[Sequence[int]], prompts: Sequence[SpeakerPrompt]) -> list[Audio]:
+        """The flow over the batch at once (padded, masked), then HiFT per utterance with the
+        same per-utterance seed as :meth:`_one`: the same audio up to float error."""
+        import torch
+
+        from ttsrl.reward.backends.cosyvoice2_batch import flow_mels
+
+        model, dev = self._model, self.device
+        for p in prompts:
+            _check_prompt(p)
+        out = []
+        with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()), torch.inference_mode():
+            with torch.autocast(dev.type, enabled=bool(self.cfg.fp16 and dev.type == "cuda")):
+                mels = flow_mels(model.flow, batch, [p.data for p in prompts], dev)
+            for codes, mel in zip(batch, mels):
+                seed = _seed(codes)
+                if dev.type == "cuda":
+                    torch.cuda.manual_seed(seed)
+                else:
+                    torch.manual_seed(seed)
+                wav, _ = model.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0, device=dev))
+                self.n_synthesized += 1
+                out.append(Audio(waveform=wav.float().cpu().numpy().reshape(-1).astype(np.float32),
+                                 sample_rate=self.sample_rate, codes=tuple(int(c) for c in codes),
+                                 token_rate=self.token_rate))
+        return out
+
+    def synthesize(self, batch, prompts):
+        prompts = [p if p is not None and p.data is not None else self.prompts[0] for p in prompts]
+        with self.device_scope():
+            if self.cfg.batch_flow and len(batch) > 1:
+                return self._batched(batch, prompts)
+            return [self._one(c, p) for c, p in zip(batch, prompts)]

@@ -1,0 +1,340 @@
+"""The KServe v2 / Triton HTTP wire protocol of the reward server, in one place.
+
+Used by the server (``ttsrl.reward.server``), the client verl calls (``ttsrl.reward.client``),
+the health check (``ttsrl.reward.health``) and the benchmarks::
+
+    POST /v2/models/{name}/infer            (also .../versions/{v}/infer)
+      inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
+              TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
+              GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
+      outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1]
+              (REWARDS first: the reference client reads outputs[0].data[0])
+    GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
+    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
+    GET /metrics                  the same and stage latencies for Prometheus (``ttsrl.reward.metrics``)
+
+A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)
+works unchanged: JSON data, or Triton's binary tensor data extension (what
+``tritonclient.http`` sends by default; the codec is ``ttsrl.reward.triton_binary``). Every
+bad request is a :class:`RequestError` (a 4xx answer with ``{"error": message}``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.reward.triton_binary import BinaryDataError, attach_inputs, split_body
+
+DEFAULT_MODEL_NAME = "token2wav_asr"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+MODEL_VERSION = "1"
+INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("GT_TEXT", "BYTES", [1, 1]))
+OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]))
+MAX_GT_CHARS = 2000
+READY_PATH = "/v2/health/ready"
+
+
+def infer_path(model_name: str = DEFAULT_MODEL_NAME) -> str:
+    return f"/v2/models/{model_name}/infer"
+
+
+# ---------------------------------------------------------------------------
+# client side
+
+
+class ResponseError(ValueError):
+    """An infer response that does not have the outputs this protocol promises."""
+
+
+def build_payload(codes: list[int], text: str) -> dict:
+    """The KServe v2 body the reference recipe's client sends (nested [1,N] data)."""
+    return {"inputs": [
+        {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [list(codes)]},
+        {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
+        {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]},
+    ]}
+
+
+def parse_response(body: Any) -> tuple[float, float, str]:
+    """(reward, error rate, transcript) from an infer response; raises :class:`ResponseError`."""
+    try:
+        outs = {o["name"]: o["data"] for o in body["outputs"]}
+        reward = float(outs["REWARDS"][0])
+        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else float("nan")
+        transcript = str(outs.get("TRANSCRIPTS", [""])[0])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ResponseError(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
+    if not math.isfinite(reward):
+        raise ResponseError(f"reward server returned a non-finite reward {reward}")
+    return reward, err, transcript
+
+
+# ---------------------------------------------------------------------------
+# server side
+
+
+def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
+                   rid: str | None = None, wanted: list[str] | None = None) -> dict:
+    values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate}
+    outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
+               for n, d, s in OUTPUT_SPECS if wanted is None or n in wanted]
+    resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs}
+    if rid is not None:
+        resp["id"] = rid
+    return resp
+
+
+def model_metadata(model_name: str) -> dict:
+    return {"name": model_name, "versions": [MODEL_VERSION],
+            "inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in INPUT_SPECS],
+            "outputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in OUTPUT_SPECS]}
+
+
+class RequestError(Exception):
+    """A client error: answered with ``status`` and ``{"error": message}``."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------
+# request parsing
+
+
+# Caps applied before Python's own limits are reached (recursion, int digits).
+MAX_JSON_DEPTH = 16  # a valid request nests 4 deep ({"inputs": [{"data": [[...]]}]})
+MAX_JSON_CONTAINERS = 256  # arrays + objects in one body (a valid one has about 12)
+MAX_JSON_SPECIALS = 50_000  # quotes + backslashes + brackets scanned before giving up
+MAX_INT_DIGITS = 20  # INT32 needs 11; 20 keeps int64 readable for a clear range message
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+_SPECIALS = re.compile(rb'["\\\[\]{}]')
+
+
+def check_json_shape(body: bytes) -> None:
+    """Refuse a body nested deeper than MAX_JSON_DEPTH (or with too many containers)
+    before ``json.loads`` sees it: one pass over the structural characters only."""
+    depth = containers = 0
+    in_string = False
+    skip_at = -1
+    for i, m in enumerate(_SPECIALS.finditer(body)):
+        if i > MAX_JSON_SPECIALS:
+            raise RequestError(f"body has more than {MAX_JSON_SPECIALS} quotes/brackets; not a request of this model")
+        pos = m.start()
+        if pos == skip_at:  # the character after a backslash
+            continue
+        c = body[pos]
+        if in_string:
+            if c == 0x5C:  # backslash: the next character is escaped
+                skip_at = pos + 1
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            containers += 1
+            if depth > MAX_JSON_DEPTH:
+                raise RequestError(f"body is JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            if containers > MAX_JSON_CONTAINERS:
+                raise RequestError(f"body has more than {MAX_JSON_CONTAINERS} JSON arrays/objects")
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        raise RequestError(f"integer of {len(s.lstrip('-'))} digits in the body (at most {MAX_INT_DIGITS})")
+    return int(s)
+
+
+def _values(data: Any, shape: list[int], name: str) -> list:
+    """The values of ``data`` in row-major order. KServe allows flat data or lists nested
+    exactly like ``shape``; anything else (ragged rows, extra nesting) is refused."""
+    if not isinstance(data, list):
+        raise RequestError(f"input {name}: 'data' must be a list, got {type(data).__name__}")
+    count = math.prod(shape)
+    if not any(isinstance(x, list) for x in data):  # flat, row-major
+        if len(data) != count:
+            raise RequestError(f"input {name}: shape {shape} needs {count} values, data has {len(data)}")
+        return data
+    level = [data]
+    for dim, size in enumerate(shape):
+        for row in level:
+            if not isinstance(row, list) or len(row) != size:
+                got = f"a list of {len(row)}" if isinstance(row, list) else type(row).__name__
+                raise RequestError(f"input {name}: 'data' is not nested like shape {shape} "
+                                   f"(dimension {dim} needs lists of {size}, got {got})")
+        level = [x for row in level for x in row]
+    if any(isinstance(x, list) for x in level):
+        raise RequestError(f"input {name}: 'data' is nested deeper than shape {shape}")
+    return level
+
+
+def _shape(spec: dict, name: str) -> list[int]:
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise RequestError(f"input {name}: 'shape' must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise RequestError(f"input {name}: negative dimension in shape {shape}")
+    return shape
+
+
+def _ints(spec: dict, name: str, max_count: int, fixed: list[int] | None = None) -> tuple[list[int], list[int]]:
+    if spec.get("datatype") != "INT32":
+        raise RequestError(f"input {name}: datatype must be INT32, got {spec.get('datatype')!r}")
+    shape = _shape(spec, name)
+    if "data" not in spec:
+        raise RequestError(f"input {name}: missing 'data' (or binary_data_size in 'parameters')")
+    if fixed is not None and shape != fixed:
+        raise RequestError(f"input {name}: shape must be {fixed}, got {shape}")
+    if len(shape) != 2 or shape[0] != 1:
+        raise RequestError(f"input {name}: shape must be [1, N], got {shape}")
+    if shape[1] > max_count:
+        raise RequestError(f"input {name}: {shape[1]} elements exceed the limit of {max_count}", 413)
+    values = _values(spec["data"], shape, name)
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise RequestError(f"input {name}: INT32 data must be integers, got {v!r}")
+        if not -(2 ** 31) <= v < 2 ** 31:
+            raise RequestError(f"input {name}: {v} does not fit INT32")
+    return values, shape
+
+
+def _text(spec: dict) -> str:
+    name = "GT_TEXT"
+    if spec.get("datatype") != "BYTES":
+        raise RequestError(f"input {name}: datatype must be BYTES, got {spec.get('datatype')!r}")
+    shape = _shape(spec, name)
+    if shape not in ([1, 1], [1]):
+        raise RequestError(f"input {name}: shape must be [1, 1], got {shape}")
+    if "data" not in spec:
+        raise RequestError(f"input {name}: missing 'data'")
+    values = _values(spec["data"], shape, name)
+    if len(values) != 1:
+        raise RequestError(f"input {name}: expected exactly one string, got {len(values)} values")
+    v = values[0]
+    if isinstance(v, dict) and set(v) == {"b64"}:  # binary string sent as base64
+        try:
+            raw = base64.b64decode(v["b64"], validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise RequestError(f"input {name}: invalid base64") from None
+        try:
+            v = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(f"input {name}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not isinstance(v, str):
+        raise RequestError(f"input {name}: expected a string, got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"input {name}: not valid UTF-8 (lone surrogate)") from None
+    if not v.strip():
+        raise RequestError(f"input {name}: text is empty")
+    if len(v) > MAX_GT_CHARS:
+        raise RequestError(f"input {name}: text longer than {MAX_GT_CHARS} characters", 413)
+    return v
+
+
+@dataclass
+class InferRequest:
+    codes: list[int]
+    text: str
+    rid: str | None = None
+    wanted: list[str] | None = None  # outputs asked for, in order; None = all
+    binary_outputs: frozenset[str] = frozenset()  # outputs to answer as binary tensor data
+
+
+def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> bool | None:
+    """A boolean parameter of the binary data extension (None when not given)."""
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise RequestError(f"{where}: 'parameters' must be an object")
+    for bad in refused:
+        if bad in params:
+            raise RequestError(f"{where}: parameter {bad!r} is not supported by this server")
+    v = params.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"{where}: parameter {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) -> InferRequest:
+    """Validate an infer body (JSON, or JSON + binary tensor data when ``header_length``,
+    the ``Inference-Header-Content-Length`` header, is given: ``ttsrl.reward.triton_binary``)."""
+    try:
+        body, binary = split_body(body, header_length)
+    except BinaryDataError as e:
+        raise RequestError(str(e)) from None
+    check_json_shape(body)
+    try:  # the int hook costs ~1 ms per 4,096 codes: only when a long digit run is there at all
+        req = json.loads(body, parse_int=_bounded_int) if _LONG_DIGITS.search(body) else json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        hint = (" (binary tensor data needs the Inference-Header-Content-Length header)"
+                if header_length is None and b"binary_data_size" in body else "")
+        raise RequestError(f"body is not valid JSON: {e}{hint}") from None
+    except RecursionError:  # not reached after check_json_shape; kept as a backstop
+        raise RequestError("body is JSON nested too deeply") from None
+    if not isinstance(req, dict):
+        raise RequestError("body must be a JSON object with an 'inputs' list")
+    inputs = req.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("body must have a non-empty 'inputs' list")
+    by_name: dict[str, dict] = {}
+    for spec in inputs:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise RequestError("every input must be an object with a 'name'")
+        name = spec["name"]
+        if name not in {n for n, _, _ in INPUT_SPECS}:
+            raise RequestError(f"unknown input {name!r}; expected TOKENS, TOKEN_LENS, GT_TEXT")
+        if name in by_name:
+            raise RequestError(f"input {name} given twice")
+        by_name[name] = spec
+    missing = [n for n, _, _ in INPUT_SPECS if n not in by_name]
+    if missing:
+        raise RequestError(f"missing input(s) {', '.join(missing)}")
+    try:
+        attach_inputs(inputs, binary)
+    except BinaryDataError as e:
+        raise RequestError(str(e)) from None
+
+    tokens, tshape = _ints(by_name["TOKENS"], "TOKENS", max_tokens)
+    lens, _ = _ints(by_name["TOKEN_LENS"], "TOKEN_LENS", 1, fixed=[1, 1])
+    n = lens[0]
+    if not 0 <= n <= tshape[1]:
+        raise RequestError(f"input TOKEN_LENS: {n} is not in 0..{tshape[1]} (the length of TOKENS)")
+    codes = tokens[:n]
+    for c in codes:
+        if not 0 <= c < SPEECH_TOKEN_SIZE:
+            raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
+    text = _text(by_name["GT_TEXT"])
+
+    all_binary = bool(_flag(req.get("parameters"), "binary_data_output", "request"))
+    wanted = None
+    binary = {n for n, _, _ in OUTPUT_SPECS} if all_binary else set()
+    if "outputs" in req:
+        outs = req["outputs"]
+        known = {n for n, _, _ in OUTPUT_SPECS}
+        if not isinstance(outs, list) or not all(isinstance(o, dict) and o.get("name") in known for o in outs):
+            raise RequestError(f"'outputs' must list objects named among {sorted(known)}")
+        wanted = [o["name"] for o in outs]
+        binary = set()
+        for o in outs:
+            flag = _flag(o.get("parameters"), "binary_data", f"output {o['name']}",
+                         refused=("classification", "shared_memory_region"))
+            if flag or (flag is None and all_binary):
+                binary.add(o["name"])
+    rid = req.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise RequestError("'id' must be a string")
+    return InferRequest(codes, text, rid, wanted, frozenset(binary))

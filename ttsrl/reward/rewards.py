@@ -1,0 +1,200 @@
+"""Reward variants and the length guard, built on the text metrics of ``ttsrl.text``.
+
+    expected_tokens / length_factor -> the length guard (implausibly long or short
+                                       speech scales the reward down)
+    length_ratio                    -> generated / expected tokens (stage 4 reports its mean)
+    compute_reward(name, ...)       -> a RewardResult for one of the variants in REWARDS
+
+Everything here is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import jiwer
+from pypinyin import Style, lazy_pinyin
+
+from ttsrl.model.vocab import TOKEN_RATE_HZ
+from ttsrl.text import SYLLABLES_PER_SECOND, cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
+
+# ---------------------------------------------------------------------------
+# length plausibility
+
+LENGTH_BAND = (0.5, 2.0)     # plausible actual/expected token-count ratios
+
+
+def _syllable_count(token: str) -> int:
+    if is_toned_syllable(token):
+        return 1
+    if is_cjk(token[0]):  # characters pypinyin has no reading for (kana, rare hanzi)
+        return len(token)
+    return max(1, len(re.findall(r"[aeiouy]+", token)))  # English: vowel groups
+
+
+def expected_tokens(text: str, token_rate: float = TOKEN_RATE_HZ) -> float:
+    """Expected number of speech tokens for ``text`` at ``token_rate`` tokens/s.
+
+    syllables * token_rate / SYLLABLES_PER_SECOND; a Chinese syllable counts 1, an
+    English word its vowel groups (at least 1). For CosyVoice2: ~5.6 tokens/syllable.
+    """
+    return sum(_syllable_count(t) for t in pinyin(text)) * token_rate / SYLLABLES_PER_SECOND
+
+
+def length_ratio(n_tokens: int, text: str, token_rate: float = TOKEN_RATE_HZ) -> float | None:
+    """Speech tokens generated / tokens expected for ``text`` (``expected_tokens``): about 1
+    for speech at a normal rate, above 1 slow or drawn out, below 1 fast or clipped. None
+    when the text has no expected length (empty). The ratio the length guard judges."""
+    return length_factor(n_tokens, expected_tokens(text, token_rate))[1]
+
+
+def length_factor(n_tokens: int, expected: float,
+                  band: tuple[float, float] = LENGTH_BAND) -> tuple[float, float | None, bool]:
+    """(factor, ratio, ok) of the length guard.
+
+    ratio = n_tokens / expected. Inside ``band`` the factor is 1; outside it falls off
+    continuously with the distance to the band: factor = min(1, ratio/lo, hi/ratio) ** 2,
+    so 3x too many tokens (ratio 3, band [0.5, 2]) gives (2/3)^2 = 0.44 and 3x too few
+    gives the same. No expectation (empty text) disables the guard.
+    """
+    if expected <= 0:
+        return 1.0, None, True
+    lo, hi = band
+    ratio = max(0, n_tokens) / expected
+    factor = min(1.0, ratio / lo, hi / ratio if ratio > 0 else 1.0) ** 2
+    return factor, ratio, lo <= ratio <= hi
+
+
+# ---------------------------------------------------------------------------
+# rewards
+
+@dataclass(frozen=True)
+class RewardResult:
+    reward: float              # final reward in [0, 1], length guard applied
+    error_rate: float          # the error rate the variant used (c)
+    length_ok: bool            # ratio inside LENGTH_BAND (True when not checked)
+    raw_reward: float          # reward before the length guard
+    length_factor: float = 1.0
+    length_ratio: float | None = None
+    confidence: float | None = None  # ASR confidence term (cer_nll only)
+
+
+def tanh_reward(c: float) -> float:
+    """clip(1 - tanh(3 c), 0, 1): c=0 -> 1, c=0.1 -> 0.709, c=0.2 -> 0.463."""
+    return min(1.0, max(0.0, 1.0 - math.tanh(3.0 * c)))
+
+
+def _tanh_variant(ref: str, hyp: str, asr_logprob: float | None):
+    c = pinyin_error_rate(ref, hyp, tones=True)
+    return tanh_reward(c), c, None
+
+
+_REF_TN_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _reference_normalizer():
+    """The reference recipe's text normaliser (CosyVoice examples/grpo/cosyvoice2/
+    token2wav_asr_server.py at a224be61): WeTextProcessing's ZhNormalizer with
+    remove_erhua=False, remove_interjections=False, remove_puncts=True. Its grammar is
+    compiled once with these options into TTSRL_CACHE_DIR (the wheel's prebuilt one keeps
+    punctuation), which takes minutes the first time."""
+    try:
+        from tn.chinese.normalizer import Normalizer
+    except ImportError as e:
+        raise ImportError("reward 'tanh_reference' needs WeTextProcessing (pip install wetextprocessing==1.2.0)") from e
+    cache = Path(os.environ.get("TTSRL_CACHE_DIR") or Path.home() / ".cache" / "ttsrl") / "wetext-reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    return Normalizer(cache_dir=str(cache), remove_erhua=False, remove_interjections=False,
+                      remove_puncts=True, overwrite_cache=False)
+
+
+def reference_pinyin_wer(ref: str, hyp: str) -> float:
+    """The reference recipe's c: jiwer WER over lazy_pinyin(TONE3, sandhi, neutral 5) of
+    WeTextProcessing-normalised, lower-cased text (an empty reference, on which the
+    reference crashes, gives 0.0 for an empty hypothesis, else 1.0)."""
+    with _REF_TN_LOCK:
+        tn = _reference_normalizer()
+        g, h = tn.normalize(ref).lower(), tn.normalize(hyp).lower()
+    gp = " ".join(lazy_pinyin(g, style=Style.TONE3, tone_sandhi=True, neutral_tone_with_five=True)).strip()
+    hp = " ".join(lazy_pinyin(h, style=Style.TONE3, tone_sandhi=True, neutral_tone_with_five=True)).strip()
+    if not gp:
+        return 0.0 if not hp else 1.0
+    if not hp:
+        return 1.0
+    return float(jiwer.wer(gp, hp))
+
+
+def _tanh_reference_variant(ref: str, hyp: str, asr_logprob: float | None):
+    c = reference_pinyin_wer(ref, hyp)
+    return tanh_reward(c), c, None
+
+
+def _toneless_variant(ref: str, hyp: str, asr_logprob: float | None):
+    c = pinyin_error_rate(ref, hyp, tones=False)
+    return tanh_reward(c), c, None
+
+
+def _cer_nll_variant(ref: str, hyp: str, asr_logprob: float | None):
+    """Composite CER + ASR-likelihood reward after Liu et al., "Group Relative Policy
+    Optimization for Text-to-Speech with Large Language Models", arXiv:2509.18798.
+
+    Our exact form (the paper's constants could not be checked offline):
+        r_cer  = clip(1 - CER, 0, 1)                 (CER from ``cer``)
+        r_conf = exp(asr_logprob)                    asr_logprob = mean log-likelihood
+                                                     per token the ASR assigns to the
+                                                     reference text given the audio
+                                                     (= exp(-NLL), in (0, 1])
+        reward = 2 r_cer r_conf / (r_cer + r_conf)   (harmonic mean, equal weights;
+                                                     0 when either term is 0)
+    The harmonic mean stays low unless BOTH the transcript and the ASR's confidence
+    in the reference are good.
+    """
+    if asr_logprob is None:
+        raise ValueError("reward 'cer_nll' needs asr_logprob (mean log-likelihood the ASR "
+                         "assigns to the reference text given the audio); got None")
+    if not math.isfinite(asr_logprob):
+        raise ValueError(f"asr_logprob must be finite, got {asr_logprob!r}")
+    c = cer(ref, hyp)
+    r_cer = min(1.0, max(0.0, 1.0 - c))
+    r_conf = min(1.0, math.exp(min(0.0, asr_logprob)))
+    reward = 0.0 if r_cer + r_conf == 0 else 2 * r_cer * r_conf / (r_cer + r_conf)
+    return reward, c, r_conf
+
+
+RewardFn = Callable[[str, str, "float | None"], "tuple[float, float, float | None]"]
+
+#: name -> fn(ref, hyp, asr_logprob) -> (raw reward, error rate, confidence or None)
+REWARDS: dict[str, RewardFn] = {
+    "tanh": _tanh_variant,
+    "toneless": _toneless_variant,
+    "tanh_reference": _tanh_reference_variant,  # the reference's own normalisation (WeTextProcessing)
+    "cer_nll": _cer_nll_variant,
+}
+
+
+def compute_reward(name: str, ref: str, hyp: str, *, asr_logprob: float | None = None,
+                   n_tokens: int | None = None,
+                   token_rate: float = TOKEN_RATE_HZ) -> RewardResult:
+    """Reward of transcript ``hyp`` for reference ``ref`` under variant ``name``.
+
+    When ``n_tokens`` (speech tokens generated) is given, the length guard scales the
+    reward by ``length_factor(n_tokens, expected_tokens(ref, token_rate))``.
+    """
+    try:
+        fn = REWARDS[name]
+    except KeyError:
+        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}") from None
+    raw, err, conf = fn(ref, hyp, asr_logprob)
+    factor, ratio, ok = 1.0, None, True
+    if n_tokens is not None:
+        factor, ratio, ok = length_factor(n_tokens, expected_tokens(ref, token_rate))
+    return RewardResult(reward=raw * factor, error_rate=err, length_ok=ok, raw_reward=raw,
+                        length_factor=factor, length_ratio=ratio, confidence=conf)

@@ -1,0 +1,56 @@
+"""Speech codes + texts -> transcripts, error rates, rewards, failures.
+
+The one scoring function shared by the reward server (what training optimises) and
+the evaluator (what stage 4 reports), so the two can never drift apart: same
+pipeline call, same reward variant (including the ASR log-likelihood for
+``cer_nll``), same length guard, same rule for a failure.
+
+A failure is an utterance with nothing to hear (zero speech codes): reward 0 and
+error rate 1 by definition, transcript "". Backend errors are not failures here: they
+raise, and the caller decides (the server scores the items of that batch one by one
+and answers only those that fail alone, 422 for a ValueError, 500 otherwise; the
+evaluator stops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ttsrl.reward.backends.base import Audio, SpeechPipeline
+from ttsrl.reward.rewards import RewardResult, compute_reward
+
+NO_CODES = "no speech codes generated"
+
+
+@dataclass
+class Scored:
+    transcript: str
+    reward: float
+    error_rate: float  # the error rate the reward variant used (1.0 for a failure)
+    failure: str | None = None  # why nothing was heard; None when scored
+    detail: RewardResult | None = None
+    audio: Audio | None = None  # what the ASR heard (for saving wavs)
+    sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim); None = not measured
+
+
+def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
+                reward: str = "tanh", length_guard: bool = True,
+                prompt_wavs: Sequence[str | None] | None = None) -> list[Scored]:
+    """Transcribe a batch of code sequences and score each against its text.
+    ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets)."""
+    wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
+    transcripts = pipeline.transcribe_tokens(codes, texts, wavs)
+    out = []
+    for c, text, tr in zip(codes, texts, transcripts):
+        if len(c) == 0:  # nothing was said: reward 0 by definition
+            out.append(Scored("", 0.0, 1.0, failure=NO_CODES))
+            continue
+        r = compute_reward(reward, text, tr.text, asr_logprob=tr.asr_logprob,
+                           n_tokens=len(c) if length_guard else None, token_rate=pipeline.token_rate)
+        value = float(r.reward)
+        if not math.isfinite(value):
+            raise ValueError(f"reward {reward} gave {value} for {text!r}")
+        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim))
+    return out

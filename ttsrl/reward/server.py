@@ -1,0 +1,372 @@
+"""The reward server (stage 1): speech tokens -> audio -> ASR -> error rate -> reward.
+
+The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``; batching is
+``ttsrl.reward.batching``; scoring is ``ttsrl.reward.scoring.score_codes`` (shared with the
+evaluator). Every bad request gets a 4xx with ``{"error": message}``; an empty token
+list gets reward 0 by definition; a full queue answers 503 with ``Retry-After``.
+
+HTTP stack: aiohttp. It is maintained, already a dependency (verl's reward loop
+uses it), runs the whole server on one asyncio loop with no per-request
+framework validation (the KServe payload needs hand validation anyway), and lets
+us cap the body size before it is read (``client_max_size``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from aiohttp import web
+
+from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
+from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
+from ttsrl.reward.batching import Batcher, Stats
+from ttsrl.reward.http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
+from ttsrl.reward.metrics import ServerMetrics
+from ttsrl.reward.protocol import (
+    DEFAULT_HOST,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_PORT,
+    MODEL_VERSION,
+    RequestError,
+    build_response,
+    model_metadata,
+    parse_infer,
+)
+from ttsrl.reward.scoring import Scored, score_codes
+from ttsrl.reward.triton_binary import EXTENSION, HEADER, encode_response
+
+log = logging.getLogger("ttsrl.reward.server")
+
+
+@dataclass
+class ServerConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT  # 0 = any free port (printed when ready)
+    model_name: str = DEFAULT_MODEL_NAME
+    reward: str = "tanh"  # a name in ttsrl.reward.rewards.REWARDS
+    length_guard: bool = True  # scale rewards of implausibly long/short speech down
+    max_batch: int = 32
+    max_delay_ms: float = 10.0
+    max_queue: int = 4096  # requests waiting for a worker; more get 503
+    max_body_bytes: int = 1 << 20
+    max_tokens: int = MAX_SPEECH_CODES  # speech codes per sequence (CosyVoice2: 25/s -> 164 s)
+    max_text_chars: int = MAX_TEXT_CHARS  # characters of GT_TEXT (ttsrl.limits)
+    devices: list[str] | None = None  # None: every local device
+    retry_after_s: int = 1
+    max_connections: int = 0  # open connections; 0 = half the file-descriptor limit, at most 1024
+    idle_timeout_s: float = 10.0  # a connection outside a request (headers still coming, idle) is closed
+    body_timeout_s: float = 30.0  # a request body not received in time: 408
+
+    def validate(self) -> None:
+        from ttsrl.reward.rewards import REWARDS
+
+        if self.reward not in REWARDS:
+            raise ValueError(f"unknown reward {self.reward!r}; choose from {sorted(REWARDS)}")
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_tokens", "max_text_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_delay_ms < 0 or self.max_connections < 0:
+            raise ValueError("max_delay_ms and max_connections must be >= 0")
+        if self.idle_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("idle_timeout_s and body_timeout_s must be > 0")
+        self.backend.validate()
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+
+
+def _json(obj: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(text=json.dumps(obj, ensure_ascii=False), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def _error(message: str, status: int, headers: dict | None = None) -> web.Response:
+    return _json({"error": message}, status, headers)
+
+
+class RewardServer:
+    """The aiohttp application around a :class:`Batcher`."""
+
+    def __init__(self, cfg: ServerConfig, pipelines: Sequence[SpeechPipeline] | None = None,
+                 pipeline_factory: Callable[[str], SpeechPipeline] | None = None):
+        cfg.validate()
+        self.cfg = cfg
+        self.stats = Stats()
+        self.metrics = ServerMetrics(cfg.max_batch)
+        self.metrics.watch(lambda: len(self.batcher.queue) if self.batcher else 0,
+                           lambda: len(self.guard.conns) if self.guard else 0)
+        self._given = list(pipelines) if pipelines else None
+        self._factory = pipeline_factory or (lambda dev: build_pipeline(cfg.backend, dev))
+        self.pipelines: list[SpeechPipeline] = []
+        self.batcher: Batcher | None = None
+        self.ready = False
+        self.errors = RepeatedErrors(log)
+        self.guard: ConnectionGuard | None = None
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._flusher: asyncio.Task | None = None
+
+    # ---- serving ---------------------------------------------------------------
+    async def start(self) -> tuple[str, int]:
+        """Set the app up (load and warm the backends), listen; returns (host, port)."""
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self.errors.loop_handler)  # e.g. accept() EMFILE: once, counted
+        self._runner = web.AppRunner(self.make_app(), access_log=None)
+        await self._runner.setup()
+        self.guard = ConnectionGuard(self._runner.server, self.cfg.max_connections or default_max_connections(),
+                                     self.cfg.idle_timeout_s)
+        self._listener = await loop.create_server(self.guard, self.cfg.host, self.cfg.port, reuse_address=True)
+        self.guard.start()
+        self._flusher = loop.create_task(self.errors.run())
+        host, port = self._listener.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self.guard is not None:
+            await self.guard.stop()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.errors.flush()
+
+    # ---- lifecycle -------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes,
+                              middlewares=[self.metrics.middleware, self._errors])
+        name = "{name}"
+        app.add_routes([
+            web.get("/v2", self._server_meta),
+            web.get("/v2/health/live", self._live),
+            web.get("/v2/health/ready", self._ready),
+            web.get(f"/v2/models/{name}", self._model_meta),
+            web.get(f"/v2/models/{name}/versions/{{version}}", self._model_meta),
+            web.get(f"/v2/models/{name}/ready", self._model_ready),
+            web.get(f"/v2/models/{name}/versions/{{version}}/ready", self._model_ready),
+            web.get(f"/v2/models/{name}/stats", self._stats),
+            web.get("/metrics", self.metrics.handle),
+            web.post(f"/v2/models/{name}/infer", self._infer),
+            web.post(f"/v2/models/{name}/versions/{{version}}/infer", self._infer),
+        ])
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        if self._given is not None:
+            self.pipelines = self._given
+        else:
+            devices = self.cfg.devices or local_devices()
+            loop = asyncio.get_running_loop()
+            # build replicas in threads: model loading must not block the loop
+            self.pipelines = list(await asyncio.gather(
+                *(loop.run_in_executor(None, self._factory, d) for d in devices)))
+        if self.cfg.reward == "cer_nll" and not all(p.want_score for p in self.pipelines):
+            raise ValueError("reward cer_nll needs an ASR that scores text (e.g. whisper) and want_score on")
+        # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
+        await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
+            None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
+        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self._score_counted, self.errors)
+        self.batcher.start()
+        self.ready = True
+        log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)
+
+    def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
+        """Score one batch (runs in a worker thread)."""
+        return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard)
+
+    def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
+        """:meth:`score` for the batcher: a scored batch goes into the metrics."""
+        t0 = time.perf_counter()
+        out = self.score(pipeline, codes, texts)
+        self.metrics.observe_batch(len(codes), time.perf_counter() - t0, getattr(pipeline, "last_stage_seconds", {}))
+        return out
+
+    async def _cleanup(self, app: web.Application) -> None:
+        self.ready = False
+        if self.batcher:
+            await self.batcher.stop()
+
+    # ---- middleware ------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        transport = request.transport
+        if self.guard is not None:
+            self.guard.enter(transport)
+        try:
+            return await handler(request)
+        except RequestError as e:
+            self.stats.client_errors += e.status < 500
+            headers = {"Retry-After": str(self.cfg.retry_after_s)} if e.status == 503 else None
+            resp = _error(str(e), e.status, headers)
+            if e.status == 408:  # the rest of that body is not worth waiting for
+                resp.force_close()
+            return resp
+        except web.HTTPRequestEntityTooLarge:
+            self.stats.client_errors += 1
+            return _error(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
+        except web.HTTPException as e:
+            if e.status >= 400:
+                self.stats.client_errors += e.status < 500
+                return _error(e.reason or "error", e.status)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never crash on a request: answer 500 and log (a repeat: counted)
+            self.stats.server_errors += 1
+            what = f"{type(e).__name__}: {e}"[:300]
+            self.errors.error(f"500 on {request.path}: {what}", "unhandled error on %s", request.path, exc_info=e)
+            return _error(f"internal error: {what}", 500)
+        finally:
+            if self.guard is not None:
+                self.guard.leave(transport)
+
+    # ---- handlers -------------------------------------------------------------
+    def _check_model(self, request: web.Request) -> None:
+        name = request.match_info["name"]
+        if name != self.cfg.model_name:
+            raise RequestError(f"unknown model {name!r}; this server serves {self.cfg.model_name!r}", 404)
+        version = request.match_info.get("version")
+        if version is not None and version != MODEL_VERSION:
+            raise RequestError(f"unknown version {version!r} of {name}; available: {MODEL_VERSION}", 404)
+
+    async def _server_meta(self, request):
+        return _json({"name": "ttsrl-reward", "version": "1", "extensions": [EXTENSION]})
+
+    async def _live(self, request):
+        return _json({"live": True})
+
+    async def _ready(self, request):
+        return _json({"ready": self.ready}, 200 if self.ready else 503)
+
+    async def _model_ready(self, request):
+        self._check_model(request)
+        return _json({"name": self.cfg.model_name, "ready": self.ready}, 200 if self.ready else 503)
+
+    async def _model_meta(self, request):
+        self._check_model(request)
+        meta = model_metadata(self.cfg.model_name)
+        meta.update(platform="ttsrl", backend=", ".join(p.name for p in self.pipelines), reward=self.cfg.reward,
+                    max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens)
+        return _json(meta)
+
+    async def _stats(self, request):
+        self._check_model(request)
+        d = self.stats.as_dict()
+        d["queue_depth"] = len(self.batcher.queue) if self.batcher else 0
+        d["replicas"] = [p.name for p in self.pipelines]
+        if self.guard is not None:
+            d.update(self.guard.as_dict())
+        return _json(d)
+
+    async def _infer(self, request: web.Request) -> web.Response:
+        self.stats.requests += 1
+        self._check_model(request)
+        if not self.ready or self.batcher is None:
+            raise RequestError("server is not ready", 503)
+        if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
+            raise RequestError(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
+        try:
+            body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
+        except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
+            raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
+        req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
+        why = text_problem(req.text, self.cfg.max_text_chars)
+        if why:  # the same rule as stage 0 and the pair readers: never reaches a batch
+            raise RequestError(f"input GT_TEXT: {why}", 422)
+        result: Scored = await self.batcher.submit(req.codes, req.text)
+        resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
+                              req.rid, req.wanted)
+        self.stats.ok += 1
+        data, json_length = encode_response(resp, req.binary_outputs)
+        if json_length is None:  # nothing asked for in binary: plain JSON
+            return web.Response(body=data, content_type="application/json", charset="utf-8")
+        return web.Response(body=data, content_type="application/octet-stream",
+                            headers={HEADER: str(json_length)})
+
+
+# ---------------------------------------------------------------------------
+# running
+
+
+def run(cfg: ServerConfig, announce: Callable[[str], None] = print) -> None:
+    """Serve until interrupted (the CLI's entry point)."""
+    server = RewardServer(cfg)
+
+    async def main():
+        try:
+            host, port = await server.start()
+            announce(f"ttsrl reward server ready on http://{host}:{port} "
+                     f"(model {cfg.model_name}, reward {cfg.reward}, {', '.join(p.name for p in server.pipelines)})")
+            await asyncio.Event().wait()
+        finally:
+            await server.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except (ValueError, FileNotFoundError, ImportError, OSError) as e:  # start-up problems: say what, no trace
+        raise SystemExit(f"reward server: cannot start: {type(e).__name__}: {e}") from None
+
+
+class BackgroundServer:
+    """A server on a loopback port in a background thread (tests, benchmarks)."""
+
+    def __init__(self, cfg: ServerConfig, **server_kwargs):
+        self.server = RewardServer(cfg, **server_kwargs)
+        self.cfg = cfg
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    def __enter__(self) -> "BackgroundServer":
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        async def main():
+            self._stop = asyncio.Event()
+            try:
+                self.port = (await self.server.start())[1]
+            except BaseException as e:
+                errors.append(e)
+                started.set()
+                await self.server.close()
+                return
+            started.set()
+            await self._stop.wait()
+            await self.server.close()
+
+        def target():
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(main())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=target, name="reward-server", daemon=True)
+        self._thread.start()
+        started.wait(120)
+        if errors:
+            raise errors[0]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop and self._stop:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread:
+            self._thread.join(30)

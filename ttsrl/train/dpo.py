@@ -1,0 +1,373 @@
+"""Offline preference optimisation of the speech-token LM on TRL 1.16's ``DPOTrainer``.
+
+What TRL does here: the pair collator (``DataCollatorForPreference``: prompt+chosen and
+prompt+rejected concatenated into one batch, chosen first, right padding, a
+``completion_mask``), the reference log-prob precompute (``precompute_ref_log_probs``:
+one pass of the frozen start model over the data before training, cached as dataset
+columns), the training loop, accelerate (FSDP on GPUs, one process on CPU) and
+``save_model``.
+
+What ttsrl replaces, and why:
+
+* **The fused LM head.** TRL 1.16 patches the model so ``model(..., fused_lm_head=True)``
+  projects hidden states through ``lm_head.weight``/``.bias`` itself
+  (``trl.trainer.utils.add_fused_lm_head``). That keeps CosyVoice2's head bias but
+  drops the speech mask of :class:`ttsrl.model.modeling_cosyvoice2.SpeechHead`: the
+  log-softmax would run over the ~158k text+speech ids instead of the 6564 speech/stop
+  classes the model can emit. :func:`add_speech_lm_head` is a drop-in with TRL's
+  calling convention and output type (``FusedCausalLMOutput``) that projects through
+  the head's speech rows only; since masked logits are exp(-1e4) = 0, this is exactly
+  the model's own distribution. It is installed for the policy and for the reference
+  (the same class) while ``DPOTrainer.__init__`` runs, so the precomputed reference
+  log-probs come from it too.
+* **The loss.** TRL 1.16 dropped conservative DPO (label smoothing on ``sigmoid``) and
+  always sums token log-probs for ``sigmoid``. :func:`preference_loss` implements the
+  three losses of CosyVoice2's ``DPOLoss`` (sigmoid, cDPO, IPO) on sequence log-probs
+  that are either summed (DPO as published, TRL) or averaged per token (CosyVoice2's
+  choice, without its inverted mask), plus an SFT (RPO) term on the chosen tokens.
+* **The dataset preparation.** Pairs are already token ids (speech tokens have no
+  text form worth tokenising); ``_prepare_dataset`` only checks the columns.
+
+Sequence log-probs cover exactly the completion tokens (speech codes + the end of
+speech); the prompt (``[sos] text [task_id]``) and the padding never count. CosyVoice2's
+recipe averages over the positions whose target IS the ignore id (text and padding):
+``tests/test_dpo.py`` fails on that inverted mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ttsrl.model import vocab as V
+
+LOSS_TYPES = ("sigmoid", "cdpo", "ipo")
+AVERAGES = ("sum", "mean")
+IGNORE = -100  # TRL's (and transformers') ignore label
+
+
+# ---------------------------------------------------------------------------
+# losses
+
+
+def preference_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor,
+                    ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor,
+                    beta: float = 0.01, loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-pair loss of CosyVoice2's ``DPOLoss`` family.
+
+    With ``d = (chosen - ref_chosen) - (rejected - ref_rejected)``:
+
+    * ``sigmoid`` (DPO):  ``-log σ(β d)``
+    * ``cdpo`` (conservative DPO, label smoothing ε): ``-(1-ε) log σ(β d) - ε log σ(-β d)``
+    * ``ipo``:            ``(d - 1/(2β))²``
+    """
+    d = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)
+    if loss_type == "sigmoid":
+        return -F.logsigmoid(beta * d)
+    if loss_type == "cdpo":
+        if not 0.0 <= label_smoothing < 0.5:
+            raise ValueError(f"cdpo needs label_smoothing in [0, 0.5), got {label_smoothing}")
+        return -(1 - label_smoothing) * F.logsigmoid(beta * d) - label_smoothing * F.logsigmoid(-beta * d)
+    if loss_type == "ipo":
+        return (d - 1.0 / (2.0 * beta)) ** 2
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+def sequence_logps(per_token_logps: torch.Tensor, loss_mask: torch.Tensor, average: str = "sum") -> torch.Tensor:
+    """Sequence log-prob of each row from next-token log-probs ``(B, T)`` and the mask
+    ``(B, T)`` of the positions whose TARGET is a completion token (1) vs prompt or
+    padding (0). ``sum``: the sequence log-likelihood; ``mean``: per completion token."""
+    if average not in AVERAGES:
+        raise ValueError(f"average must be one of {AVERAGES}, got {average!r}")
+    m = loss_mask.to(per_token_logps.dtype)
+    total = (per_token_logps * m).sum(-1)
+    return total if average == "sum" else total / m.sum(-1).clamp(min=1)
+
+
+def sft_loss(per_token_logps: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the (chosen) completion tokens of a batch."""
+    m = loss_mask.to(per_token_logps.dtype)
+    return -(per_token_logps * m).sum() / m.sum().clamp(min=1)
+
+
+def split_chosen_rejected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's preference collator stacks [all chosen; all rejected]: split the batch."""
+    if x.shape[0] % 2:
+        raise ValueError(f"a concatenated pair batch has an even size, got {x.shape[0]}")
+    c, r = x.chunk(2, dim=0)
+    return c, r
+
+
+# ---------------------------------------------------------------------------
+# the speech head for TRL's fused-head protocol
+
+
+def speech_head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                         temperature: float = 1.0):
+    """Log-probs (and entropy, mean logit, top-1 hit) of ``targets`` (HF ids inside the
+    head's ``output_range``) from hidden states ``(N, H)``, through the speech rows of
+    the biased head only: the softmax over the model's 6564 output classes."""
+    start, end = head.output_range
+    if targets.numel() and (targets.min() < start or targets.max() >= end):
+        bad = targets[(targets < start) | (targets >= end)][0].item()
+        raise ValueError(f"completion token id {bad} is not a speech/stop token ({start}..{end - 1})")
+    weight, bias = head.weight, head.bias
+    try:  # FSDP2 exposes sharded parameters as DTensors
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(weight, DTensor):
+            weight, bias = weight.full_tensor(), bias.full_tensor()
+    except ImportError:  # pragma: no cover
+        pass
+    logits = F.linear(hidden, weight[start:end], bias[start:end]).float() / temperature
+    logp = logits.log_softmax(-1)
+    idx = (targets - start).long()
+    lp = logp.gather(-1, idx[:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+        mean_logits = logits.mean(-1)
+        is_top1 = logits.argmax(-1) == idx
+    return lp, entropy, mean_logits, is_top1
+
+
+def add_speech_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False,
+                       outputs: tuple[str, ...] = ("log_probs",)) -> None:
+    """Drop-in for ``trl.trainer.utils.add_fused_lm_head`` (TRL 1.16) that keeps the
+    speech mask: ``model(..., labels=L, fused_lm_head=True)`` returns TRL's
+    ``FusedCausalLMOutput`` with next-token log-probs of the labels that are not -100
+    (zero elsewhere), computed over the speech/stop classes only."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    head = model.get_output_embeddings()
+    if not hasattr(head, "output_range"):
+        raise TypeError(f"{type(model).__name__} has no speech head (lm_head.output_range); load the checkpoint "
+                        "with ttsrl.model.hf_model.load_speech_lm (CosyVoice2Qwen2ForCausalLM)")
+    original_forward = model.forward
+
+    def _forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None,
+                 **kwargs):
+        if not fused_lm_head:
+            for k, v in (("labels", labels), ("shift_labels", shift_labels),
+                         ("num_items_in_batch", num_items_in_batch)):
+                if v is not None:
+                    kwargs[k] = v
+            return original_forward(*args, **kwargs)
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        lm_head = self.get_output_embeddings()
+        labels = labels.to(hidden.device)
+        mask = labels != IGNORE
+        h = hidden[mask]
+        if cast_lm_head_to_fp32:
+            h = h.float()
+        ctx = torch.autocast(h.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext()
+        with ctx:
+            lp, ent, ml, top1 = speech_head_logprobs(h, lm_head, labels[mask], temperature)
+
+        def full(x):
+            return x.new_zeros(mask.shape).masked_scatter(mask, x)
+
+        log_probs = full(lp)
+        loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
+        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=full(ent), mean_logits=full(ml),
+                                   is_top1=full(top1), label_mask=mask)
+
+    import types
+
+    model.forward = types.MethodType(_forward, model)
+
+
+# ---------------------------------------------------------------------------
+# data
+
+
+def pairs_to_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
+    """Pair rows -> TRL's pre-tokenised preference rows. Each completion is its speech
+    tokens followed by the end of speech (CosyVoice2's training target)."""
+    rows = []
+    for p in pairs:
+        rows.append({"prompt_ids": list(p.prompt_ids),
+                     "chosen_ids": vocab.codes_to_ids(p.chosen) + [vocab.eos_id],
+                     "rejected_ids": vocab.codes_to_ids(p.rejected) + [vocab.eos_id]})
+    return rows
+
+
+def batch_logps(model, inputs: dict, average: str = "sum"):
+    """Forward a collated pair batch (TRL's ``DataCollatorForPreference``) through a model
+    with :func:`add_speech_lm_head`. Returns ``(output, per-token log-probs, loss mask,
+    sequence log-probs)``; the loss mask marks the positions whose TARGET is a
+    completion token (speech or end of speech), never the prompt or the padding."""
+    completion_mask = inputs["completion_mask"]
+    labels = inputs["input_ids"].masked_fill(completion_mask == 0, IGNORE)
+    model_kwargs = {k: v for k, v in inputs.items()
+                    if k not in ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")}
+    model_kwargs["use_cache"] = False
+    out = model(**model_kwargs, labels=labels, fused_lm_head=True)
+    loss_mask = completion_mask[:, 1:]  # position t predicts token t+1
+    per_token = out.log_probs[:, -loss_mask.shape[1]:]
+    return out, per_token, loss_mask, sequence_logps(per_token, loss_mask, average)
+
+
+# ---------------------------------------------------------------------------
+# trainer
+
+
+@dataclass
+class DPOSettings:
+    loss_type: str = "sigmoid"
+    beta: float = 0.01  # CosyVoice2's DPO beta
+    label_smoothing: float = 0.0  # cdpo only
+    sft_weight: float = 0.0  # RPO: weight of the chosen-sequence NLL
+    average: str = "sum"  # "mean": CosyVoice2's per-token mean
+
+    def check(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.average not in AVERAGES:
+            raise ValueError(f"average must be one of {AVERAGES}, got {self.average!r}")
+        if self.beta <= 0:
+            raise ValueError("beta must be > 0")
+        if self.loss_type == "cdpo" and not 0.0 < self.label_smoothing < 0.5:
+            raise ValueError("cdpo needs --label-smoothing in (0, 0.5)")
+        if self.loss_type != "cdpo" and self.label_smoothing:
+            raise ValueError("--label-smoothing applies to --loss-type cdpo only")
+        if self.sft_weight < 0:
+            raise ValueError("sft weight must be >= 0")
+
+
+@contextlib.contextmanager
+def _speech_head_in_trl(module: str = "trl.trainer.dpo_trainer"):
+    """Make ``DPOTrainer.__init__`` (or ``KTOTrainer``'s) install :func:`add_speech_lm_head`
+    (policy and reference) instead of TRL's mask-less fused head."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    saved = mod.add_fused_lm_head
+    mod.add_fused_lm_head = add_speech_lm_head
+    try:
+        yield
+    finally:
+        mod.add_fused_lm_head = saved
+
+
+def make_trainer_class():
+    from trl import DPOTrainer
+
+    class SpeechDPOTrainer(DPOTrainer):
+        """``DPOTrainer`` on pre-tokenised speech pairs with the speech head and the
+        losses of :func:`preference_loss` (see the module doc)."""
+
+        def __init__(self, *args, settings: DPOSettings, **kwargs):
+            settings.check()
+            self.settings = settings
+            with _speech_head_in_trl():
+                super().__init__(*args, **kwargs)
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            need = {"prompt_ids", "chosen_ids", "rejected_ids"}
+            missing = need - set(dataset.column_names)
+            if missing:
+                raise ValueError(f"{dataset_name} dataset lacks {sorted(missing)}")
+            return dataset
+
+        def _compute_loss(self, model, inputs, return_outputs):
+            mode = "train" if self.model.training else "eval"
+            s = self.settings
+            out, per_token, loss_mask, logps = batch_logps(model, inputs, s.average)
+            chosen, rejected = split_chosen_rejected(logps)
+            if self.precompute_ref_logps:  # TRL caches token SUMS
+                ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+            else:
+                with torch.no_grad():
+                    ref_sum = batch_logps(self.ref_model, inputs, "sum")[3]
+                ref_c, ref_r = split_chosen_rejected(ref_sum)
+            if s.average == "mean":
+                n_c, n_r = split_chosen_rejected(loss_mask.sum(-1).clamp(min=1).to(ref_c.dtype))
+                ref_c, ref_r = ref_c / n_c, ref_r / n_r
+            ref_c, ref_r = ref_c.to(chosen.device, chosen.dtype), ref_r.to(chosen.device, chosen.dtype)
+            per_pair = preference_loss(chosen, rejected, ref_c, ref_r, s.beta, s.loss_type, s.label_smoothing)
+            loss = per_pair.mean()
+            if s.sft_weight:
+                pc, _ = split_chosen_rejected(per_token)
+                mc, _ = split_chosen_rejected(loss_mask)
+                sft = sft_loss(pc, mc)
+                loss = loss + s.sft_weight * sft
+                self._metrics[mode]["sft_loss"].append(self.accelerator.gather_for_metrics(sft.detach()).mean().item())
+            g = self.accelerator.gather_for_metrics
+            cr = s.beta * (chosen - ref_c).detach()
+            rr = s.beta * (rejected - ref_r).detach()
+            m = self._metrics[mode]
+            m["rewards/chosen"].append(g(cr).mean().item())
+            m["rewards/rejected"].append(g(rr).mean().item())
+            m["rewards/accuracies"].append(g((cr > rr).float()).mean().item())
+            m["rewards/margins"].append(g(cr - rr).mean().item())
+            m["logps/chosen"].append(g(chosen.detach()).mean().item())
+            m["logps/rejected"].append(g(rejected.detach()).mean().item())
+            return (loss, out) if return_outputs else loss
+
+    return SpeechDPOTrainer
+
+
+def pairs_to_kto_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
+    """Pairs -> KTO's unpaired rows: chosen is desirable (label True), rejected
+    undesirable (False), interleaved so every batch holds both kinds."""
+    rows = []
+    for r in pairs_to_rows(pairs, vocab):
+        rows.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["chosen_ids"], "label": True})
+        rows.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["rejected_ids"], "label": False})
+    return rows
+
+
+def make_kto_trainer_class():
+    """TRL's ``KTOTrainer`` with its own KTO loss (sequence log-prob sums, KL estimate
+    from mismatched pairs) on pre-tokenised speech rows, through the speech head."""
+    from trl import KTOTrainer
+
+    class SpeechKTOTrainer(KTOTrainer):
+        def __init__(self, *args, **kwargs):
+            with _speech_head_in_trl("trl.trainer.kto_trainer"):
+                super().__init__(*args, **kwargs)
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            need = {"prompt_ids", "completion_ids", "label"}
+            missing = need - set(dataset.column_names)
+            if missing:
+                raise ValueError(f"{dataset_name} dataset lacks {sorted(missing)}")
+            if self.calculate_KL:  # TRL's rule: completions rotated by one within each batch
+                def add_kl(batch):
+                    batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+                    return batch
+
+                dataset = dataset.map(add_kl, batched=True, batch_size=args.per_device_train_batch_size)
+            return dataset
+
+    return SpeechKTOTrainer
+
+
+def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]],
+                    completions: Sequence[Sequence[int]], average: str = "sum") -> torch.Tensor:
+    """Reference implementation for checks: log-prob of each completion (HF ids) after
+    its prompt, one unpadded forward per sequence through the model's own forward
+    (full masked logits)."""
+    out = []
+    with torch.no_grad():
+        for p, c in zip(prompts, completions):
+            ids = torch.tensor([list(p) + list(c)])
+            logits = model(input_ids=ids).logits[0].float()
+            logp = logits.log_softmax(-1)
+            n = len(p)
+            lp = torch.stack([logp[n - 1 + j, t] for j, t in enumerate(c)])
+            out.append(lp.sum() if average == "sum" else lp.mean())
+    return torch.stack(out)
+
+
+__all__ = ["batch_logps", "preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
+           "pairs_to_rows", "DPOSettings", "make_trainer_class", "sequences_logps"]

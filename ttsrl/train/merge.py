@@ -1,0 +1,400 @@
+"""Stage 3: merge every saved FSDP step into a Hugging Face checkpoint.
+
+For each ``CKPT/global_step_N/actor`` this runs verl 0.9.1's FSDP merger
+(``verl.model_merger``) in a subprocess (``python -m ttsrl.train.merge worker``) and leaves
+``OUT/step_N`` in the layout the converter writes: weights, config, tokenizer,
+generation_config, our modeling file (the class keeping the lm_head bias, named by
+``auto_map``) and the converter's side file, so stages 4 and 5 load it exactly like
+the converted base model.
+
+Precision: verl's ``FSDPModelMerger`` casts every shard to bf16 (no option). The FSDP
+checkpoint holds fp32 master weights, and at a real learning rate (1e-6) bf16
+rounding erases most of a run's update (benchmarks/bench_merge_precision.py). So
+:class:`KeepPrecisionFSDPMerger` subclasses verl's merger and replaces only its
+shard gathering, which keeps each tensor's own dtype (or casts to ``--dtype``):
+by default the merged tensors are the gathered master tensors bit for bit. World
+size, device mesh, placement merge, saving, tokenizer and output validation are
+verl's code.
+
+Code from the checkpoint folder: the model class is built with remote code
+(``auto_map``). By default the merge uses the project's own modeling file
+(ttsrl/model/modeling_cosyvoice2.py), or ``--base-model``'s for other module names, never
+the ``.py`` files found in the checkpoint folder; ``use_checkpoint_code`` opts into
+those. The checkpoint folder is never written to (the merger reads a staged copy of
+its config and tokenizer files). Note that verl's merger reads the shards with
+``torch.load(weights_only=False)``: merging (or resuming from) a checkpoint folder you
+did not produce unpickles it, which can run arbitrary code. Only merge your own.
+
+Idempotent and checked: a finished step carries ``MARKER`` (written last) listing
+every file with its size and sha256. A step is skipped only when every listed file
+is present with its recorded size and sha256, every weights file opens as
+safetensors, and it was merged at the requested dtype; otherwise it is merged again.
+Stages 4 and 5 trust a step on the same check (``benchmarks/bench_marker_hash.py``
+measures what the hashing costs). A step is merged
+into a temporary folder and renamed into place, so an interrupted merge leaves no
+``step_N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ttsrl.atomic import _umask, atomic_dir, sha256_file
+from ttsrl.model.convert import EXTRA_FILE, MODELING_FILE
+
+STEP_RE = re.compile(r"^global_step_(\d+)$")
+MARKER = "MERGED.json"
+HF_SUBDIR = "huggingface"
+# files of the HF layout the merger may not write; copied from actor/huggingface
+DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16"}  # --dtype -> torch dtype name (None: keep)
+LAYOUT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                "generation_config.json", "added_tokens.json", "vocab.json", "merges.txt")
+
+
+class MergeError(RuntimeError):
+    pass
+
+
+@dataclass
+class MergeConfig:
+    ckpt_dir: Path
+    out_dir: Path
+    base_model: Optional[Path] = None  # the converted model: source of modeling and side files
+    steps: Optional[list[int]] = None  # None: every saved step
+    python: str = sys.executable
+    extra_env: dict[str, str] = field(default_factory=dict)
+    dtype: str = "auto"  # a key of DTYPES; auto = the checkpoint's own (fp32 master weights)
+    use_checkpoint_code: bool = False  # run the checkpoint folder's own modeling_*.py
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise MergeError(f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class StepResult:
+    step: int
+    path: Path
+    merged: bool  # False: already merged, skipped
+    seconds: float = 0.0
+
+
+def saved_steps(ckpt_dir: Path) -> dict[int, Path]:
+    """{N: CKPT/global_step_N/actor} for every step whose actor shards exist."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise MergeError(f"checkpoint folder {ckpt_dir} does not exist")
+    steps = {}
+    for d in ckpt_dir.iterdir():
+        m = STEP_RE.match(d.name)
+        actor = d / "actor"
+        if m and actor.is_dir() and any(actor.glob("model_world_size_*_rank_*.pt")):
+            steps[int(m.group(1))] = actor
+    return dict(sorted(steps.items()))
+
+
+def file_records(folder: Path) -> dict[str, dict]:
+    """{relative path: {size, sha256}} of every file in ``folder`` but the marker."""
+    out = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and f.name != MARKER:
+            out[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+    return out
+
+
+def write_marker(step_dir: Path, info: dict) -> None:
+    """Mark ``step_dir`` as a finished merge: ``info`` plus every file's size and sha256."""
+    (step_dir / MARKER).write_text(json.dumps({**info, "files": file_records(step_dir)}, indent=2))
+
+
+def check_merged(step_dir: Path, dtype: str | None = None, hashes: bool = True) -> str | None:
+    """None when ``step_dir`` is a complete merge (at ``dtype``, a key of DTYPES, when
+    given), else why not: no or unreadable marker, a recorded file missing, of
+    another size or (``hashes``) another sha256, a weights file that does not open,
+    another dtype."""
+    step_dir = Path(step_dir)
+    marker = step_dir / MARKER
+    if not marker.is_file():
+        return f"no {MARKER}"
+    try:
+        info = json.loads(marker.read_text())
+        files = info["files"]
+        assert isinstance(files, dict) and files
+    except Exception:
+        return f"{MARKER} unreadable or written by an older version (no file list)"
+    if dtype is not None and info.get("dtype_option", "bf16-verl") != dtype:
+        return f"merged with --dtype {info.get('dtype_option', 'bf16 (verl default)')}, not {dtype}"
+    weights = [n for n in files if n.endswith(".safetensors")]
+    if not weights:
+        return f"{MARKER} lists no weights file"
+    for name, rec in files.items():
+        f = step_dir / name
+        if not f.is_file():
+            return f"{name} missing"
+        if f.stat().st_size != rec.get("size"):
+            return f"{name} has {f.stat().st_size} bytes, {rec.get('size')} recorded"
+    if hashes:  # a file of the right size can still be corrupted: compare the content
+        for name, rec in files.items():
+            if not isinstance(rec.get("sha256"), str):
+                return f"{MARKER} records no sha256 for {name}"
+            if sha256_file(step_dir / name) != rec["sha256"]:
+                return f"{name} does not match the sha256 in {MARKER} (changed or corrupted since it was written)"
+    from safetensors import safe_open
+
+    for name in weights:
+        try:
+            with safe_open(str(step_dir / name), framework="pt") as fh:
+                list(fh.keys())
+        except Exception as e:
+            return f"{name} unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def _remote_code_modules(hf_config: dict) -> list[str]:
+    """File names of the modules ``auto_map`` points at (``modeling_x.Class`` -> ``modeling_x.py``)."""
+    names = []
+    for ref in (hf_config.get("auto_map") or {}).values():
+        ref = ref[-1] if isinstance(ref, list) else ref
+        if "--" in ref:  # "repo--module.Class": remote repo reference, not a local file
+            ref = ref.split("--", 1)[1]
+        names.append(ref.rsplit(".", 1)[0] + ".py")
+    return sorted(set(names))
+
+
+def _find_module(name: str, hf: Path, base_model: Optional[Path], use_checkpoint_code: bool) -> Path:
+    """Where the code for module ``name`` comes from: the checkpoint folder only when
+    asked; else the project's own modeling file, else ``--base-model``'s."""
+    if use_checkpoint_code and (hf / name).is_file():
+        return hf / name
+    if MODELING_FILE.name == name:
+        return MODELING_FILE
+    if base_model is not None and (base_model / name).is_file():
+        return base_model / name
+    where = f"the ttsrl package{' nor in ' + str(base_model) if base_model else ''}"
+    hint = (f" The checkpoint folder has its own {name}: --use-checkpoint-code runs it (only for a checkpoint "
+            "you trust)." if (hf / name).is_file() and not use_checkpoint_code else "")
+    raise MergeError(f"config.json auto_map names {name}, not found in {where}.{hint}")
+
+
+def stage_config_dir(actor: Path, base_model: Optional[Path], use_checkpoint_code: bool,
+                     staging: Path) -> list[Path]:
+    """Copy ``actor/huggingface``'s config, generation config and tokenizer files into
+    ``staging`` with the remote-code modules chosen by :func:`_find_module`; the merger
+    reads this folder, never the checkpoint's ``.py`` files. Returns the modules."""
+    hf = actor / HF_SUBDIR
+    cfg_path = hf / "config.json"
+    if not cfg_path.is_file():
+        raise MergeError(f"{cfg_path} missing: is {actor} a verl FSDP actor checkpoint?")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (UnicodeError, json.JSONDecodeError) as e:
+        raise MergeError(f"{cfg_path}: not JSON ({e})") from e
+    modules = [_find_module(n, hf, base_model, use_checkpoint_code) for n in _remote_code_modules(cfg)]
+    staging.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json",) + LAYOUT_FILES:
+        if (hf / name).is_file():
+            shutil.copy2(hf / name, staging / name)
+    for src in modules:
+        shutil.copy2(src, staging / src.name)
+    return modules
+
+
+def _normal_modes(folder: Path) -> None:
+    """Files written through temp files (safetensors, tokenizer) may be private
+    (0600); give everything the modes a plain write would have (0644 under umask 022)."""
+    mask = _umask()
+    for f in folder.rglob("*"):
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+
+
+def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
+               log: Callable[[str], None] = print) -> StepResult:
+    target = out_dir / f"step_{step}"
+    why = check_merged(target, cfg.dtype) if target.exists() else "absent"
+    if why is None:
+        return StepResult(step, target, merged=False)
+    if target.exists():
+        log(f"[merge] step {step}: existing {target} is not a complete merge ({why}): merging again")
+    t0 = time.time()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in list(out_dir.glob(f".step_{step}.tmp-*")) + list(out_dir.glob(f".step_{step}.cfg-*")):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a merge that was killed
+    staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg-", dir=out_dir))
+    try:
+        modules = stage_config_dir(actor, cfg.base_model, cfg.use_checkpoint_code, staging)
+        with atomic_dir(target) as tmp:  # an interrupted merge leaves no step_N
+            cmd = [cfg.python, "-m", "ttsrl.train.merge", "worker", "--local-dir", str(actor), "--target-dir", str(tmp),
+                   "--config-dir", str(staging), "--dtype", cfg.dtype]
+            if modules:
+                cmd.append("--trust-remote-code")
+            log(f"[merge] step {step}: {' '.join(cmd)}")
+            env = {**os.environ, **cfg.extra_env}
+            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if proc.returncode != 0:
+                raise MergeError(f"verl's FSDP merger failed for {actor} (exit {proc.returncode}):\n"
+                                 + proc.stdout[-4000:])
+            for src in modules:  # the class keeping the lm_head bias
+                shutil.copy2(src, tmp / src.name)
+            for name in LAYOUT_FILES:  # tokenizer + generation config, when the merger left them out
+                if (staging / name).is_file() and not (tmp / name).exists():
+                    shutil.copy2(staging / name, tmp / name)
+            if cfg.base_model is not None and (cfg.base_model / EXTRA_FILE).is_file():
+                (tmp / EXTRA_FILE).parent.mkdir(exist_ok=True)
+                shutil.copy2(cfg.base_model / EXTRA_FILE, tmp / EXTRA_FILE)
+            _normal_modes(tmp)
+            marker = {"step": step, "source": str(actor.resolve()), "dtype_option": cfg.dtype,
+                      "remote_code": [m.name for m in modules],
+                      "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model",
+                      "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            write_marker(tmp, marker)  # last: marks completion
+            _normal_modes(tmp)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return StepResult(step, target, merged=True, seconds=time.time() - t0)
+
+
+def merge_all(cfg: MergeConfig, log: Callable[[str], None] = print) -> list[StepResult]:
+    steps = saved_steps(cfg.ckpt_dir)
+    if cfg.steps is not None:
+        missing = sorted(set(cfg.steps) - set(steps))
+        if missing:
+            raise MergeError(f"steps {missing} not saved in {cfg.ckpt_dir} (saved: {sorted(steps)})")
+        steps = {s: steps[s] for s in cfg.steps}
+    if not steps:
+        raise MergeError(f"no global_step_N/actor checkpoints in {cfg.ckpt_dir}")
+    results = []
+    for step, actor in steps.items():
+        r = merge_step(step, actor, Path(cfg.out_dir), cfg, log=log)
+        log(f"[merge] step {step}: {'merged in %.1f s' % r.seconds if r.merged else 'already merged (checked), skipped'}"
+            f" -> {r.path}")
+        results.append(r)
+    return results
+
+
+# ---- the merger (runs in the worker subprocess) -------------------------------------
+
+def make_merger(local_dir: str, target_dir: str, config_dir: str, dtype: Optional[str],
+                trust_remote_code: bool):
+    """verl's FSDP merger with the shard gathering replaced by one that keeps each
+    tensor's dtype (``dtype`` None) or casts to ``dtype`` (a torch dtype name)."""
+    import torch
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger, merge_non_dtensor_shards
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+
+    cast = getattr(torch, dtype) if dtype else None
+
+    class KeepPrecisionFSDPMerger(FSDPModelMerger):
+        """verl's FSDPModelMerger without its unconditional ``.bfloat16()`` on every shard."""
+
+        def _load_and_merge_state_dicts(self, world_size, total_shards, mesh_shape, mesh_dim_names):
+            if len(mesh_shape) != 1:
+                raise NotImplementedError("FSDP + TP checkpoints are not supported (as in verl's merger)")
+            ranks = []
+            for rank in range(total_shards):
+                path = Path(self.config.local_dir) / f"model_world_size_{world_size}_rank_{rank}.pt"
+                ranks.append(torch.load(path, map_location="cpu", weights_only=False))  # as verl does
+            merged = {}
+            for key in sorted(ranks[0]):
+                parts = [r.pop(key) for r in ranks]
+                if isinstance(parts[0], DTensor):
+                    placements = tuple(parts[0].placements)
+                    if mesh_dim_names[0] in ("dp", "ddp"):
+                        placements = placements[1:]  # replicated over data parallel
+                    if len(placements) != 1:
+                        raise NotImplementedError(f"{key}: placements {placements}")
+                    t = self._merge_by_placement([p._local_tensor for p in parts], placements[0])
+                else:
+                    t = merge_non_dtensor_shards(key, parts)
+                merged[key] = t.to(cast) if cast is not None else t
+            return merged
+
+        def save_hf_model_and_tokenizer(self, state_dict):
+            dtypes = {t.dtype for t in state_dict.values() if t.is_floating_point()}
+            super().save_hf_model_and_tokenizer(state_dict)
+            # verl builds the model skeleton in bf16, so config.json says bfloat16; record
+            # the dtype actually written (loaders with dtype="auto" read it)
+            if len(dtypes) == 1:
+                cfg_path = Path(self.config.target_dir) / "config.json"
+                cfg = json.loads(cfg_path.read_text())
+                name = str(dtypes.pop()).removeprefix("torch.")
+                for k in ("dtype", "torch_dtype"):
+                    if k in cfg:
+                        cfg[k] = name
+                cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=local_dir, target_dir=target_dir,
+                               hf_model_config_path=config_dir, trust_remote_code=trust_remote_code)
+    return KeepPrecisionFSDPMerger(config)
+
+
+def _worker(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m ttsrl.train.merge worker",
+                                description="merge one FSDP actor checkpoint (used by merge_checkpoints.py)")
+    p.add_argument("--local-dir", required=True, help="CKPT/global_step_N/actor")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--config-dir", required=True, help="config + tokenizer files (+ modeling file)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+    a = p.parse_args(argv)
+    Path(a.target_dir).mkdir(parents=True, exist_ok=True)
+    merger = make_merger(a.local_dir, a.target_dir, a.config_dir, DTYPES[a.dtype], a.trust_remote_code)
+    merger.merge_and_save()
+    merger.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["worker"]:
+        sys.exit("usage: python -m ttsrl.train.merge worker --local-dir ... (see merge_checkpoints.py for the CLI)")
+    sys.exit(_worker(sys.argv[2:]))
+
+
+def update_survival(base: dict, master: dict, merged: dict) -> dict:
+    """How much of a training update (``master - base``, fp32) a merged model keeps.
+
+    The start model is rounded to each merged tensor's dtype, as the merge rounds the
+    trained one, so that a lossless merge scores 1.0 and 0.0 whatever the dtype.
+
+    ``survives``: of the weights the update changed, the fraction whose merged value
+    differs from the (equally rounded) start value; ``delta_error``: |(merged -
+    rounded start) - update| / |update| (0: the merged model carries the update
+    exactly; >= 1: what it carries is mostly rounding noise); ``error_vs_update``:
+    |merged - master| / |update|; ``changed``: fraction of all weights the update
+    changed. (Rounding is unbiased in aggregate, so a projection on the update is
+    about 1 for bf16 too; per weight it is noise, which these numbers show.)"""
+    upd2 = err2 = derr2 = 0.0
+    n = n_changed = n_kept = 0
+    for k, m in master.items():
+        if k not in base or base[k].shape != m.shape:
+            continue
+        g = merged[k]
+        b_r = base[k].to(g.dtype)
+        u = m.double() - base[k].double()
+        upd2 += float((u * u).sum())
+        err2 += float(((g.double() - m.double()) ** 2).sum())
+        derr2 += float(((g.double() - b_r.double() - u) ** 2).sum())
+        changed = u != 0
+        n += u.numel()
+        n_changed += int(changed.sum())
+        n_kept += int((changed & (g != b_r)).sum())
+    nan = float("nan")
+    return {"survives": n_kept / n_changed if n_changed else nan,
+            "delta_error": (derr2 / upd2) ** 0.5 if upd2 else nan,
+            "error_vs_update": (err2 / upd2) ** 0.5 if upd2 else nan,
+            "update_norm": upd2 ** 0.5, "changed": n_changed / max(n, 1), "n_weights": n}
