@@ -9,6 +9,7 @@ plumbing around it; real training is tests/test_grpo_cpu.py's job.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -203,11 +204,35 @@ def test_install_refuses_a_python_it_cannot_serve(tmp_path):
     assert r.returncode == 2 and "no Python at" in r.stderr, r.stderr
 
 
-def test_install_stamp_covers_the_installer_itself():
-    """Editing install.sh (e.g. the CPU torch pin, which lives there) must redo the install."""
-    text = (ROOT / "scripts" / "install.sh").read_text()
-    stamp_line = next(line for line in text.splitlines() if line.startswith("want="))
-    assert "scripts/install.sh" in stamp_line, stamp_line
+def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
+    """The stamp (what install.sh compares with the venv's record to decide whether to install
+    again) changes with the CPU torch pin, now in requirements-torch-cpu.txt, and with
+    install.sh itself; install.sh holds no torch version of its own."""
+    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
+             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    assert "requirements-torch-cpu.txt" in files
+    for f in files:
+        (tmp_path / f).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+
+    def stamp() -> str:
+        r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--stamp"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and re.fullmatch(r"[0-9a-f]{16}\n", r.stdout), r.stdout + r.stderr
+        return r.stdout
+
+    first = stamp()
+    assert stamp() == first
+    pin = tmp_path / "requirements-torch-cpu.txt"
+    assert re.search(r"^torch==\S+$", pin.read_text(), flags=re.M), pin.read_text()
+    pin.write_text(pin.read_text().replace("torch==", "torch==9"))
+    second = stamp()
+    assert second != first
+    with (tmp_path / "scripts" / "install.sh").open("a") as f:
+        f.write("# edited\n")
+    assert stamp() not in (first, second)
+    installer = (ROOT / "scripts" / "install.sh").read_text()
+    assert "-r requirements-torch-cpu.txt" in installer and not re.search(r"torch==\d", installer)
 
 
 def _cuda_toolkit(tmp_path: Path, script: str, nvcc_release: str | None, gpus: str | None = None,
