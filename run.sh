@@ -44,7 +44,7 @@ usage() {
 }
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-  echo "  A preset must set ${REQUIRED[*]} and the arrays ${REQUIRED_ARRAYS[*]}."
+  printf '  A preset must set %s\n  and the arrays %s.\n' "${REQUIRED[*]}" "${REQUIRED_ARRAYS[*]}"
   exit 0
 fi
 SHOW_CONFIG=0
