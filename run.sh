@@ -4,6 +4,7 @@
 #   bash run.sh                      all stages (-2 .. 5) of the embedded CPU preset
 #   bash run.sh START STOP           a contiguous range of stages, e.g. `bash run.sh 1 3`
 #   bash run.sh 2 2 -- KEY=VALUE...  extra Hydra overrides for verl's main_ppo (stage 2)
+#   bash run.sh --config             print the settings a run would use (after the rules below), run nothing
 #   PRESET=presets/gpu8.sh bash run.sh -1 5     the 8-GPU recipe
 #   TRAINER=dpo bash run.sh          offline DPO (or TRAINER=kto) instead of GRPO: stage 2 mines
 #                                    pairs and trains on TRL; outputs under EXP_DIR/dpo/ (see below)
@@ -14,19 +15,42 @@
 #   Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training
 #   by stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE:
 #   no dev set, and stage 5 needs EXPORT_STEP.
+#
+# Settings: the preset (PRESET, default presets/embedded.sh) sets what differs between runs;
+#   run.sh derives the rest from EXP_DIR. One rule for every preset: a setting given in the
+#   environment wins. Presets write each value as a default, `: "${VAR:=value}"`, and so does
+#   run.sh for what it derives: `EXP_DIR=/data/run1 DEV_SIZE=100 bash run.sh` moves every output
+#   folder and resizes the dev set, in either preset. Argument lists are bash arrays (a path with
+#   a space stays one argument); the environment cannot carry an array, so a list changes in a
+#   preset of your own (copy one), except REWARD_EXTRA="--flag 'a value'": words added to
+#   REWARD_ARGS, split as the shell splits words (quotes keep a space inside one argument).
+#   run.sh derives, when neither the environment nor the preset sets them: HF_MODEL_DIR DATA_DIR
+#   CKPT_DIR MERGED_DIR EVAL_DIR EXPORT_PATH TENSORBOARD_DIR under EXP_DIR (TRAINER=dpo|kto:
+#   MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH EXP_DIR/llm-$TRAINER.pt),
+#   PRESET_NAME (the preset's file name), LOGGERS REWARD_PORT BUILD_BASE_MODEL DEV_SIZE DEV_FILE,
+#   and for TRAINER=dpo|kto MINE_ARGS PREF_ARGS PREF_LAUNCH PAIRS_FILE USER_PAIRS.
 set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD
 
 STAGES=(-2 -1 0 1 2 3 4 5)   # a new stage: add its number here and an `if stage N` block below
+# what every preset must set (one value each, then the argument lists)
+REQUIRED=(DEVICE EXP_DIR COSYVOICE2_DIR TRAIN_FILE TEST_FILE MAX_PROMPT_LENGTH REWARD_BACKEND EVAL_NPROC)
+REQUIRED_ARRAYS=(REWARD_ARGS GRPO_ARGS EVAL_ARGS)
 usage() {
-  echo "usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...]   (stages ${STAGES[*]}; bash run.sh --help)" >&2
+  echo "usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...] | --config   (stages ${STAGES[*]}; bash run.sh --help)" >&2
   exit 2
 }
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  printf '  A preset must set %s\n  and the arrays %s.\n' "${REQUIRED[*]}" "${REQUIRED_ARRAYS[*]}"
   exit 0
+fi
+SHOW_CONFIG=0
+if [[ ${1:-} == --config ]]; then
+  (( $# == 1 )) || { echo "run.sh: --config takes no other argument (got: ${*:2})" >&2; usage; }
+  SHOW_CONFIG=1; shift
 fi
 is_stage() { local s; for s in "${STAGES[@]}"; do [[ $1 == "$s" ]] && return 0; done; return 1; }
 POSITIONAL=()
@@ -46,45 +70,95 @@ if (( ${#EXTRA_OVERRIDES[@]} )) && ! (( START <= 2 && 2 <= STOP )); then
   echo "run.sh: overrides after '--' are for stage 2, which is not in $START..$STOP" >&2; usage
 fi
 
+# ---- settings: the environment, else the preset, else run.sh's default (see --help) ----------
+TRAINER=${TRAINER:-grpo}
 PRESET=${PRESET:-presets/embedded.sh}
 [[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
+: "${LOGGERS:=console}"  # console[,tensorboard][,wandb]; before the preset, whose GRPO_ARGS reads it
+# without `set -u` while the preset runs: what it leaves unset is named by check_preset below,
+# all at once, instead of bash stopping at the first "unbound variable"
+set +u
 # shellcheck source=presets/embedded.sh
 source "$PRESET"
-for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS; do  # arrays, so that a path with a space stays one argument
-  [[ $(declare -p "$v" 2>/dev/null) == "declare -a"* ]] \
-    || { echo "$PRESET: $v must be a bash array, e.g. $v=(--flag \"a value\")" >&2; exit 2; }
-done
-# ---- offline preference optimisation (TRAINER=dpo|kto) ---------------------------------------
-# Stage 2 becomes "mine pairs (mine_pairs.py) + train (train_dpo.py)"; the trainer writes
-# HF checkpoints in the merged layout, so stage 3 has nothing to merge and stages 4/5 read
-# MERGED_DIR unchanged. Its own MERGED_DIR/EVAL_DIR/EXPORT_PATH keep GRPO's results intact.
-TRAINER=${TRAINER:-grpo}
-case $TRAINER in
-  grpo) ;;
-  dpo|kto)
-    PREF_DIR=$EXP_DIR/$TRAINER
-    MERGED_DIR=$PREF_DIR/merged EVAL_DIR=$PREF_DIR/eval EXPORT_PATH=$EXP_DIR/llm-$TRAINER.pt
-    USER_PAIRS=${USER_PAIRS:-}                  # a JSONL of your own pairs instead of mining
-    # mined and user pairs never share a file: converting USER_PAIRS never replaces mined pairs
-    if [[ -n $USER_PAIRS ]]; then
-      PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/user-pairs.parquet}
-    else
-      PAIRS_FILE=${PAIRS_FILE:-$EXP_DIR/pairs/pairs.parquet}  # shared by dpo and kto
+set -u
+# what a preset-less dpo/kto run uses; the presets set their own
+declare -p MINE_ARGS &>/dev/null || MINE_ARGS=(--k 4 --min-margin 0.1)
+declare -p PREF_ARGS &>/dev/null || PREF_ARGS=(--lr 1e-5 --batch-size 8 --epochs 1)
+declare -p PREF_LAUNCH &>/dev/null || PREF_LAUNCH=()  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
+# check_preset: every required setting the preset leaves unset, and every list that is not an
+# array (a string would split a path with a space), in one message
+check_preset() {
+  local v problems=() missing=()
+  for v in "${REQUIRED[@]}"; do [[ -n ${!v:-} ]] || missing+=("$v"); done
+  for v in "${REQUIRED_ARRAYS[@]}"; do declare -p "$v" &>/dev/null || missing+=("$v"); done
+  if (( ${#missing[@]} )); then
+    problems+=("it does not set ${missing[*]} (every preset sets ${REQUIRED[*]} and the arrays ${REQUIRED_ARRAYS[*]}; a value may also come from the environment)")
+  fi
+  for v in "${REQUIRED_ARRAYS[@]}" MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS; do
+    if declare -p "$v" &>/dev/null && [[ $(declare -p "$v") != "declare -a"* ]]; then
+      problems+=("$v must be a bash array, e.g. $v=(--flag \"a value\")")
     fi
-    # presets give these as arrays; the defaults are the preset-less ones
-    [[ -n ${MINE_ARGS+set} ]] || MINE_ARGS=(--k 4 --min-margin 0.1)
-    [[ -n ${PREF_ARGS+set} ]] || PREF_ARGS=(--lr 1e-5 --batch-size 8 --epochs 1)
-    [[ -n ${PREF_LAUNCH+set} ]] || PREF_LAUNCH=()  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
-    for v in MINE_ARGS PREF_ARGS PREF_LAUNCH; do
-      [[ $(declare -p "$v" 2>/dev/null) == "declare -a"* ]] \
-        || { echo "$PRESET: $v must be a bash array, e.g. $v=(--flag \"a value\")" >&2; exit 2; }
-    done
-    [[ $TRAINER == kto ]] && PREF_ARGS=(--trainer kto "${PREF_ARGS[@]}") ;;
-  *) echo "TRAINER must be grpo, dpo or kto (got $TRAINER)" >&2; exit 2 ;;
+  done
+  (( ${#problems[@]} )) || return 0
+  for v in "${problems[@]}"; do echo "$PRESET: $v"; done >&2
+  exit 2
+}
+check_preset
+# run.sh's defaults, derived from EXP_DIR where they are paths
+: "${PRESET_NAME:=$(basename "$PRESET" .sh)}"
+: "${HF_MODEL_DIR:=$EXP_DIR/hf_model}" "${DATA_DIR:=$EXP_DIR/data}" "${CKPT_DIR:=$EXP_DIR/checkpoints}"
+: "${REWARD_PORT:=8000}" "${BUILD_BASE_MODEL:=0}" "${DEV_FILE:=}" "${DEV_SIZE:=0}" "${USER_PAIRS:=}"
+[[ $EXP_DIR == /* ]] && EXP_ABS=$EXP_DIR || EXP_ABS=$ROOT/$EXP_DIR
+: "${TENSORBOARD_DIR:=$EXP_ABS/tensorboard}"  # used when LOGGERS has tensorboard
+# Offline preference optimisation (TRAINER=dpo|kto): stage 2 becomes "mine pairs (mine_pairs.py)
+# + train (train_dpo.py)"; the trainer writes HF checkpoints in the merged layout, so stage 3 has
+# nothing to merge and stages 4/5 read MERGED_DIR. Its own folders keep GRPO's results intact.
+case $TRAINER in
+  grpo) : "${MERGED_DIR:=$EXP_DIR/merged}" "${EVAL_DIR:=$EXP_DIR/eval}" "${EXPORT_PATH:=$EXP_DIR/llm-new.pt}" ;;
+  dpo|kto)
+    : "${MERGED_DIR:=$EXP_DIR/$TRAINER/merged}" "${EVAL_DIR:=$EXP_DIR/$TRAINER/eval}"
+    : "${EXPORT_PATH:=$EXP_DIR/llm-$TRAINER.pt}"
+    # USER_PAIRS: a JSONL of your own pairs instead of mining, converted into its own file (so
+    # it never replaces mined pairs, which dpo and kto share); checked before any stage runs
+    if [[ -z $USER_PAIRS ]]; then
+      : "${PAIRS_FILE:=$EXP_DIR/pairs/pairs.parquet}"
+    else
+      : "${PAIRS_FILE:=$EXP_DIR/pairs/user-pairs.parquet}"
+      if (( START <= 2 && 2 <= STOP )) && ! [[ -f $USER_PAIRS && -r $USER_PAIRS ]]; then
+        echo "USER_PAIRS=$USER_PAIRS: no such readable file (expected a JSONL of pairs, one {\"text\", \"chosen\", \"rejected\"} a line)" >&2
+        exit 2
+      fi
+    fi ;;
+  *) echo "TRAINER must be grpo, dpo or kto (got $TRAINER): grpo trains online with verl," \
+       "dpo and kto offline with TRL on mined pairs" >&2; exit 2 ;;
 esac
-# ---- dev set: stage 5 chooses the step on it (never on a test set) ---------------------------
-DEV_FILE=${DEV_FILE:-}
-DEV_SIZE=${DEV_SIZE:-0}
+PY=$ROOT/.venv/bin/python
+if [[ -x $PY ]]; then HOST_PY=$PY; else HOST_PY=python3; fi  # before stage -2 made the venv
+# words NAME STRING WHAT: NAME=(STRING's words, split and unquoted as the shell does; nothing in
+# it runs); a STRING the shell could not split (an open quote) stops run.sh with a message on WHAT
+words() {
+  local -n _words=$1
+  local out
+  out=$("$HOST_PY" -c 'import shlex, sys
+w = shlex.split(sys.argv[1])
+assert not any("\n" in x for x in w), "a word with a line break"
+print("\n".join(w), end="")' "$2" 2>&1) || {
+    echo "$3 ($2): not words as the shell splits them ($(tail -1 <<<"$out")); quote a value with a space, e.g. --flag 'a value'" >&2
+    exit 2
+  }
+  _words=()
+  [[ -z $out ]] || mapfile -t _words <<<"$out"
+}
+# REWARD_EXTRA: reward-server arguments added to the preset's REWARD_ARGS; an array in a preset,
+# or a string in the environment, e.g. the reference-exact reward of presets/gpu8.sh:
+# REWARD_EXTRA="--no-length-guard --reward tanh_reference"
+if [[ $(declare -p REWARD_EXTRA 2>/dev/null) == "declare -a"* ]]; then
+  REWARD_ARGS+=("${REWARD_EXTRA[@]}")
+elif [[ -n ${REWARD_EXTRA:-} ]]; then
+  words REWARD_EXTRA_WORDS "$REWARD_EXTRA" REWARD_EXTRA
+  REWARD_ARGS+=("${REWARD_EXTRA_WORDS[@]}")
+fi
+# dev set: stage 5 chooses the step on it (never on a test set)
 SPLIT_DIR=$DATA_DIR/split
 if [[ -n $DEV_FILE ]]; then
   DEV_SET=$DEV_FILE TRAIN_TEXTS=$TRAIN_FILE
@@ -93,14 +167,29 @@ elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsr
 else
   DEV_SET='' TRAIN_TEXTS=$TRAIN_FILE
 fi
-PY=$ROOT/.venv/bin/python
+# print_config: every setting of this run, one a line, quoted as the shell would read it back
+print_config() {
+  local v quoted
+  for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
+           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT LOGGERS \
+           TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE; do
+    [[ -z ${!v+set} ]] || printf '%s=%q\n' "$v" "${!v}"
+  done
+  for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS; do
+    declare -p "$v" &>/dev/null || continue
+    local -n list=$v
+    quoted=''
+    (( ${#list[@]} == 0 )) || quoted=$(printf '%q ' "${list[@]}")
+    printf '%s=(%s)\n' "$v" "${quoted% }"
+    unset -n list
+  done
+}
+if (( SHOW_CONFIG )); then print_config; exit 0; fi
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
 REWARD_URL=http://127.0.0.1:$REWARD_PORT
-export TTSRL_REWARD_URL=$REWARD_URL
+export TTSRL_REWARD_URL=$REWARD_URL TENSORBOARD_DIR
 export PYTHONUNBUFFERED=1
-[[ $EXP_DIR == /* ]] && EXP_ABS=$EXP_DIR || EXP_ABS=$ROOT/$EXP_DIR
-export TENSORBOARD_DIR=${TENSORBOARD_DIR:-$EXP_ABS/tensorboard}  # used when LOGGERS has tensorboard
 STARTED_SERVER=0
 
 stage() { (( $1 >= START && $1 <= STOP )); }
@@ -112,15 +201,10 @@ banner() {  # banner STAGE "what it does" "where its output goes"
 }
 done_stage() { printf '     stage %s done in %ss\n' "$1" $(( SECONDS - STAGE_T0 )); }
 need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh -2 -2)" >&2; exit 1; }; }
-# presets with user-provided files (gpu8) check them all up front, with one message
-if [[ $TRAINER != grpo && -n ${USER_PAIRS:-} ]] && stage 2 && ! [[ -f $USER_PAIRS && -r $USER_PAIRS ]]; then
-  echo "USER_PAIRS=$USER_PAIRS: no such readable file (expected a JSONL of pairs, one {\"text\", \"chosen\", \"rejected\"} a line)" >&2
-  exit 2
-fi
+# presets with user-provided files (gpu8) check them all up front, with one message; with the
+# venv's Python (soundfile: the backend's own wav check) once it exists
 if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
-  # the venv's Python (soundfile: the backend's own wav check) once it exists
-  if [[ -x $PY ]]; then CHECK_PY=$PY; else CHECK_PY=python3; fi
-  "$CHECK_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
+  "$HOST_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
 server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
@@ -207,54 +291,53 @@ if stage 1; then
   done_stage 1
 fi
 
-if stage 2 && [[ $TRAINER != grpo ]]; then
+if stage 2; then
   need_venv
-  banner 2 "pair mining + ${TRAINER^^} (TRL)" "$PAIRS_FILE, $MERGED_DIR/step_N"
-  mkdir -p "$LOG_DIR" "$(dirname "$PAIRS_FILE")"
-  if [[ -n $USER_PAIRS ]]; then  # its own file (PAIRS_FILE above), converted again on every run
-    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --user-pairs "$USER_PAIRS" --out "$PAIRS_FILE" --force \
-      || { echo "stage 2 failed: reading USER_PAIRS=$USER_PAIRS (the message above names the line)" >&2; exit 1; }
-  elif [[ -f $PAIRS_FILE ]]; then
-    echo "     reusing pairs $PAIRS_FILE (delete it to mine again)"
-  else
-    start_server  # reuses one that answers already
-    [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
-    "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
-      --reward-url "$REWARD_URL" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
-      || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
-  fi
-  "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \
-    "${PREF_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/train_$TRAINER.log" \
-    || { echo "stage 2 failed: ${TRAINER^^} training (log $LOG_DIR/train_$TRAINER.log)" >&2; exit 1; }
+  case $TRAINER in
+    grpo)
+      banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
+      start_server  # reuses one that answers already
+      mkdir -p "$LOG_DIR"
+      # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
+      # the console gets the exact verl command and one line per step (ttsrl/console.py)
+      if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+          --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
+          -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
+        echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
+        tail -40 "$LOG_DIR/train_grpo.log" >&2
+        exit 1
+      fi ;;
+    dpo|kto)
+      banner 2 "pair mining + ${TRAINER^^} (TRL)" "$PAIRS_FILE, $MERGED_DIR/step_N"
+      mkdir -p "$LOG_DIR" "$(dirname "$PAIRS_FILE")"
+      if [[ -n $USER_PAIRS ]]; then  # its own file (PAIRS_FILE above), converted again on every run
+        "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --user-pairs "$USER_PAIRS" --out "$PAIRS_FILE" --force \
+          || { echo "stage 2 failed: reading USER_PAIRS=$USER_PAIRS (the message above names the line)" >&2; exit 1; }
+      elif [[ -f $PAIRS_FILE ]]; then
+        echo "     reusing pairs $PAIRS_FILE (delete it to mine again)"
+      else
+        start_server  # reuses one that answers already
+        [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
+        "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
+          --reward-url "$REWARD_URL" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
+          || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
+      fi
+      "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \
+        --trainer "$TRAINER" "${PREF_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/train_$TRAINER.log" \
+        || { echo "stage 2 failed: ${TRAINER^^} training (log $LOG_DIR/train_$TRAINER.log)" >&2; exit 1; } ;;
+  esac
   done_stage 2
 fi
 
-if stage 2 && [[ $TRAINER == grpo ]]; then
-  need_venv
-  banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
-  start_server  # reuses one that answers already
-  mkdir -p "$LOG_DIR"
-  # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
-  # the console gets the exact verl command and one line per step (ttsrl/console.py)
-  if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
-      --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
-      -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
-    echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
-    tail -40 "$LOG_DIR/train_grpo.log" >&2
-    exit 1
-  fi
-  done_stage 2
-fi
-
-if stage 3 && [[ $TRAINER != grpo ]]; then
-  banner 3 "nothing to merge: ${TRAINER^^} writes merged checkpoints" "$MERGED_DIR/step_N"
-fi
-
-if stage 3 && [[ $TRAINER == grpo ]]; then
-  need_venv
-  banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
-  "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"
-  done_stage 3
+if stage 3; then
+  case $TRAINER in
+    grpo)
+      need_venv
+      banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
+      "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"
+      done_stage 3 ;;
+    dpo|kto) banner 3 "nothing to merge: ${TRAINER^^} writes merged checkpoints" "$MERGED_DIR/step_N" ;;
+  esac
 fi
 
 if stage 4; then

@@ -1,34 +1,29 @@
 # shellcheck shell=bash disable=SC2034
-# (sourced by run.sh, which reads these variables)
+# (sourced by run.sh, which reads these variables and derives the rest from EXP_DIR: HF_MODEL_DIR,
+# DATA_DIR, CKPT_DIR, MERGED_DIR, EVAL_DIR, EXPORT_PATH, ...; `bash run.sh --help` has the contract)
 # Embedded CPU preset: every stage on a 2-core laptop in minutes.
 # A tiny CosyVoice2-format model is pretrained (stage -1) on the shipped corpus with
 # the simulated speech codec (ttsrl.embedded.codec), then GRPO-trained against the `sim` reward.
-PRESET_NAME=embedded
-DEVICE=cpu
-EXP_DIR=${EXP_DIR:-exp/embedded}
+# Each value is a default, `: "${VAR:=value}"`: the environment wins (EXP_DIR=/tmp/e bash run.sh).
+: "${DEVICE:=cpu}"
+: "${EXP_DIR:=exp/embedded}"
 
 # stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1)
-BUILD_BASE_MODEL=1
-COSYVOICE2_DIR=$EXP_DIR/cosyvoice2_base        # llm.pt + CosyVoice-BlankEN/
-HF_MODEL_DIR=$EXP_DIR/hf_model
+: "${BUILD_BASE_MODEL:=1}"
+: "${COSYVOICE2_DIR:=$EXP_DIR/cosyvoice2_base}"  # llm.pt + CosyVoice-BlankEN/
 
 # stage 0
-TRAIN_FILE=data/corpus/train.jsonl
-TEST_FILE=data/corpus/test.jsonl
-DATA_DIR=$EXP_DIR/data
+: "${TRAIN_FILE:=data/corpus/train.jsonl}"
+: "${TEST_FILE:=data/corpus/test.jsonl}"
 # dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
-DEV_SIZE=${DEV_SIZE:-64}
-MAX_PROMPT_LENGTH=64
+: "${DEV_SIZE:=64}"
+: "${MAX_PROMPT_LENGTH:=64}"
 
 # stage 1
-REWARD_BACKEND=sim
-REWARD_PORT=${REWARD_PORT:-8000}
+: "${REWARD_BACKEND:=sim}"
 REWARD_ARGS=()
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
-LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
-CKPT_DIR=$EXP_DIR/checkpoints
-MERGED_DIR=$EXP_DIR/merged
 # GRPO on CPU: 16 prompts x n=8 samples a step, 80 steps (~3.9 epochs of the 329 prompts
 # left after the dev slice, 20.6 steps an epoch); a tiny model needs a far larger lr than the 0.5B recipe.
 GRPO_ARGS=(--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-mini-batch-size 16
@@ -40,10 +35,8 @@ MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)
 PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
 
 # stage 4/5
-EVAL_DIR=$EXP_DIR/eval
-EVAL_NPROC=2
+: "${EVAL_NPROC:=2}"
 # the simulated codec emits ~2 codes per text token, fewer than CosyVoice2's 25 Hz
 # codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
 # is CosyVoice's current rule (cosyvoice2-2024 reproduces sweeps made before 2026-02)
 EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026)
-EXPORT_PATH=$EXP_DIR/llm-new.pt

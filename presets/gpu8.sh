@@ -20,37 +20,31 @@
 #     WeTextProcessing, the speaker is fixed per text (not random), and ASR is Paraformer
 #     (the reference used SenseVoice-Small).
 # Reference-exact reward text path: REWARD_EXTRA="--no-length-guard --reward tanh_reference"
-# (the reference's WeTextProcessing normaliser; speaker/ASR choices above stay ours).
-PRESET_NAME=gpu8
-DEVICE=cuda
-EXP_DIR=${EXP_DIR:-exp/gpu8}
+# (the reference's WeTextProcessing normaliser; speaker/ASR choices above stay ours); run.sh adds
+# REWARD_EXTRA's words to REWARD_ARGS.
+# Each value is a default, `: "${VAR:=value}"`: the environment wins (EXP_DIR=/data/r1 bash run.sh);
+# run.sh derives the rest from EXP_DIR (HF_MODEL_DIR, DATA_DIR, CKPT_DIR, MERGED_DIR, EVAL_DIR, ...).
+: "${DEVICE:=cuda}"
+: "${EXP_DIR:=exp/gpu8}"
 
-BUILD_BASE_MODEL=0
-COSYVOICE2_DIR=${COSYVOICE2_DIR:-pretrained_models/CosyVoice2-0.5B}
-COSYVOICE_ROOT=${COSYVOICE_ROOT:-}
-HF_MODEL_DIR=$EXP_DIR/hf_model
+: "${COSYVOICE2_DIR:=pretrained_models/CosyVoice2-0.5B}"
+: "${COSYVOICE_ROOT:=}"
 
-TRAIN_FILE=${TRAIN_FILE:-data/emilia_zh_train.jsonl}
-TEST_FILE=${TEST_FILE:-data/corpus/test.jsonl}
-DATA_DIR=$EXP_DIR/data
+: "${TRAIN_FILE:=data/emilia_zh_train.jsonl}"
+: "${TEST_FILE:=data/corpus/test.jsonl}"
 # dev set (stage 5 chooses the step on it): DEV_FILE, or 200 training texts held out by stage 0
-DEV_SIZE=${DEV_SIZE:-200}
-MAX_PROMPT_LENGTH=1024
+: "${DEV_SIZE:=200}"
+: "${MAX_PROMPT_LENGTH:=1024}"
 
-REWARD_BACKEND=cosyvoice2
-REWARD_PORT=${REWARD_PORT:-8000}
-ASR_MODEL_DIR=${ASR_MODEL_DIR:-pretrained_models/sherpa-onnx-paraformer-zh}
-PROMPT_DIR=${PROMPT_DIR:-data/speaker_prompts}   # *.wav; one is chosen per text
+: "${REWARD_BACKEND:=cosyvoice2}"
+: "${ASR_MODEL_DIR:=pretrained_models/sherpa-onnx-paraformer-zh}"
+: "${PROMPT_DIR:=data/speaker_prompts}"   # *.wav; one is chosen per text
+: "${SEEDTTS_ZH_DIR:=data/seedtts_testset/zh}"
 # argument lists are bash arrays: a path with a space stays one argument
 SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"
   --prompt-dir "$PROMPT_DIR" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
-# REWARD_EXTRA: extra reward-server flags as one string of words, e.g. the reference-exact reward above
-# shellcheck disable=SC2206
-REWARD_ARGS=("${SPEECH_ARGS[@]}" ${REWARD_EXTRA:-})
+REWARD_ARGS=("${SPEECH_ARGS[@]}")
 
-CKPT_DIR=$EXP_DIR/checkpoints
-MERGED_DIR=$EXP_DIR/merged
-LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
 GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
 
 # stage 2 with TRAINER=dpo|kto: pair mining with transformers on GPU (the engine that samples by
@@ -62,13 +56,11 @@ PREF_LAUNCH=(-m accelerate.commands.launch --num_processes 8 --use_fsdp --fsdp_s
   --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer
   --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16)
 
-EVAL_DIR=$EXP_DIR/eval
-EVAL_NPROC=8
+: "${EVAL_NPROC:=8}"
 # CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens)
-EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEEDTTS_ZH_DIR"
   --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20)
-EXPORT_PATH=$EXP_DIR/llm-new.pt
 
 CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "$PROMPT_DIR" --sherpa-model-dir "$ASR_MODEL_DIR"
-  --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "${SEEDTTS_ZH_DIR:-data/seedtts_testset/zh}"
+  --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR"
   ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})

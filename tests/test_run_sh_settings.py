@@ -1,0 +1,172 @@
+"""The preset contract, owned by run.sh: a preset sets what differs (each value as
+``: "${VAR:=value}"``, so the environment wins, the same in every preset), run.sh derives the
+rest from EXP_DIR, names every missing setting in one message, takes argument lists as bash
+arrays and REWARD_EXTRA as shell words; and the install stamp that decides whether stage -2
+installs again. Read through ``bash run.sh --config``, which runs nothing.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_run_sh import ROOT, run_sh
+
+
+def _config(env_extra: dict | None = None, preset: str | Path = "presets/embedded.sh",
+            ok: bool = True) -> dict | subprocess.CompletedProcess:
+    """`bash run.sh --config` for PRESET: the settings a run would use, NAME -> str (one value)
+    or list (an argument list, its words as run.sh passes them)."""
+    r = run_sh("--config", env={**os.environ, "PRESET": str(preset), **(env_extra or {})}, timeout=60)
+    if not ok:
+        return r
+    assert r.returncode == 0 and not r.stderr, r.stdout + r.stderr
+    settings = {}
+    for line in r.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if value.startswith("(") and value.endswith(")"):
+            settings[name] = shlex.split(value[1:-1])
+        else:
+            settings[name] = "".join(shlex.split(value))
+    return settings
+
+
+def _preset_values(preset: Path) -> list[str]:
+    """The names a preset sets one value to; each must be written `: "${NAME:=value}"`, the one
+    form that lets the environment win."""
+    names = []
+    for number, line in enumerate(preset.read_text().splitlines(), 1):
+        if m := re.match(r': "\$\{([A-Z0-9_]+):=', line):
+            names.append(m.group(1))
+        else:  # NAME=value at the start of a line would ignore the environment
+            assert not re.match(r"[A-Z0-9_]+=[^(]", line), f"{preset.name}:{number}: {line}"
+    return names
+
+
+@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh"])
+def test_the_environment_wins_over_every_preset_value(preset):
+    """One rule for both presets (gpu8 used to honour some variables, embedded almost none):
+    every value a preset sets yields to the environment, and so do run.sh's own defaults."""
+    path = ROOT / "presets" / preset
+    names = _preset_values(path)
+    assert {"DEVICE", "EXP_DIR", "TRAIN_FILE", "TEST_FILE", "DEV_SIZE", "EVAL_NPROC"} <= set(names), names
+    plain = _config(preset=path)
+    given = {name: str(7000 + i) for i, name in enumerate(names)}  # numbers: DEV_SIZE is one
+    got = _config(given, preset=path)
+    words = {w for v in got.values() if isinstance(v, list) for w in v}
+    for name, value in given.items():
+        if name in got:
+            assert got[name] == value != plain[name], (name, plain[name], got[name])
+        else:  # a preset's own path (gpu8's PROMPT_DIR, ...) reaches its argument lists
+            assert value in words or any(w.endswith("=" + value) for w in words), (name, got)
+    # run.sh's defaults yield the same way
+    got = _config({"HF_MODEL_DIR": "/elsewhere/hf", "REWARD_PORT": "8123", "LOGGERS": "console,tensorboard"},
+                  preset=path)
+    assert got["HF_MODEL_DIR"] == "/elsewhere/hf" and got["REWARD_PORT"] == "8123"
+    assert got["GRPO_ARGS"][got["GRPO_ARGS"].index("--loggers") + 1] == "console,tensorboard"
+
+
+@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh"])
+def test_derived_settings_follow_exp_dir(preset, tmp_path):
+    exp = str(tmp_path / "my exp")
+    got = _config({"EXP_DIR": exp}, preset=ROOT / "presets" / preset)
+    assert got["PRESET_NAME"] == preset.removesuffix(".sh")
+    assert {k: got[k] for k in ("HF_MODEL_DIR", "DATA_DIR", "CKPT_DIR", "MERGED_DIR", "EVAL_DIR", "EXPORT_PATH",
+                                "TENSORBOARD_DIR")} == {
+        "HF_MODEL_DIR": f"{exp}/hf_model", "DATA_DIR": f"{exp}/data", "CKPT_DIR": f"{exp}/checkpoints",
+        "MERGED_DIR": f"{exp}/merged", "EVAL_DIR": f"{exp}/eval", "EXPORT_PATH": f"{exp}/llm-new.pt",
+        "TENSORBOARD_DIR": f"{exp}/tensorboard"}
+    assert got["DEV_SET"] == f"{exp}/data/split/dev.jsonl"
+    # a preference run keeps GRPO's results: its own folders under EXP_DIR/$TRAINER
+    got = _config({"EXP_DIR": exp, "TRAINER": "kto"}, preset=ROOT / "presets" / preset)
+    assert (got["MERGED_DIR"], got["EVAL_DIR"], got["EXPORT_PATH"], got["PAIRS_FILE"]) == (
+        f"{exp}/kto/merged", f"{exp}/kto/eval", f"{exp}/llm-kto.pt", f"{exp}/pairs/pairs.parquet")
+
+
+def test_a_preset_missing_settings_is_named_in_one_message(tmp_path):
+    """A missing preset variable died with bash's "unbound variable" at the first one; now one
+    message names every missing setting, every list that is not an array, and the preset."""
+    preset = tmp_path / "mine.sh"
+    text = (ROOT / "presets" / "embedded.sh").read_text()
+    text = re.sub(r'^: "\$\{(DEVICE|EXP_DIR):=.*\n', "", text, flags=re.M)
+    assert "DEVICE" not in text.split("GRPO_ARGS")[0] and "EXP_DIR:=" not in text
+    preset.write_text(text + 'unset PREF_ARGS EVAL_ARGS; PREF_ARGS="--lr 1e-4 --beta 0.1"\n')
+    for args in (("0", "0"), ("--config",)):
+        r = run_sh(*args, env={**os.environ, "PRESET": str(preset)}, timeout=60)
+        assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+        lines = r.stderr.splitlines()
+        assert len(lines) == 2, r.stderr
+        assert lines[0].startswith(f"{preset}: it does not set DEVICE EXP_DIR EVAL_ARGS (every preset sets"), lines
+        assert lines[1] == f'{preset}: PREF_ARGS must be a bash array, e.g. PREF_ARGS=(--flag "a value")', lines
+        assert "unbound variable" not in r.stderr
+    # the environment may supply a required value
+    r = run_sh("--config", env={**os.environ, "PRESET": str(preset), "DEVICE": "cpu", "EXP_DIR": str(tmp_path)})
+    assert r.returncode == 2 and "does not set EVAL_ARGS (" in r.stderr, r.stderr
+
+
+def test_preset_lists_must_be_arrays(tmp_path):
+    for name in ("GRPO_ARGS", "REWARD_ARGS", "MINE_ARGS", "PREF_LAUNCH"):
+        preset = tmp_path / f"{name}.sh"
+        preset.write_text((ROOT / "presets" / "embedded.sh").read_text() + f'unset {name}; {name}="--a b"\n')
+        r = run_sh("2", "2", env={**os.environ, "PRESET": str(preset)}, timeout=60)
+        assert r.returncode == 2 and r.stderr == f"{preset}: {name} must be a bash array, " \
+            f'e.g. {name}=(--flag "a value")\n', r.stderr
+        assert "==== stage" not in r.stdout
+
+
+def test_reward_extra_keeps_a_quoted_value_one_argument(tmp_path):
+    """gpu8 split REWARD_EXTRA unquoted; run.sh now splits it as the shell splits words, for
+    every preset, and adds the words to the preset's REWARD_ARGS (what stage 1 passes)."""
+    gpu8 = ROOT / "presets" / "gpu8.sh"
+    plain = _config(preset=gpu8)["REWARD_ARGS"]
+    # the reference-exact reward of the preset's header
+    got = _config({"REWARD_EXTRA": "--no-length-guard --reward tanh_reference"}, preset=gpu8)["REWARD_ARGS"]
+    assert got == [*plain, "--no-length-guard", "--reward", "tanh_reference"]
+    got = _config({"REWARD_EXTRA": "--no-length-guard --prompt-dir '/my prompts' --x \"a \\\"b\\\"\""},
+                  preset=gpu8)["REWARD_ARGS"]
+    assert got == [*plain, "--no-length-guard", "--prompt-dir", "/my prompts", "--x", 'a "b"'], got
+    assert _config({"REWARD_EXTRA": "--log-level 'WARNING'"})["REWARD_ARGS"] == ["--log-level", "WARNING"]
+    # nothing in it runs
+    got = _config({"REWARD_EXTRA": f"$(touch {tmp_path}/ran) `touch {tmp_path}/ran`"})["REWARD_ARGS"]
+    assert len(got) == 4 and not (tmp_path / "ran").exists(), got
+    # a preset may give it as an array
+    preset = tmp_path / "p.sh"
+    preset.write_text(gpu8.read_text() + "REWARD_EXTRA=(--prompt-dir '/my prompts')\n")
+    assert _config(preset=preset)["REWARD_ARGS"] == [*plain, "--prompt-dir", "/my prompts"]
+    r = _config({"REWARD_EXTRA": "--prompt-dir '/my prompts"}, preset=gpu8, ok=False)
+    assert r.returncode == 2 and r.stderr.startswith("REWARD_EXTRA (--prompt-dir '/my prompts): not words as the"
+                                                     " shell splits them (ValueError: No closing quotation)"), r.stderr
+
+
+def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
+    """The stamp (what install.sh compares with the venv's record to decide whether to install
+    again) changes with the CPU torch pin, now in requirements-torch-cpu.txt, and with
+    install.sh itself; install.sh holds no torch version of its own."""
+    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
+             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    assert "requirements-torch-cpu.txt" in files
+    for f in files:
+        (tmp_path / f).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+
+    def stamp() -> str:
+        r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--stamp"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and re.fullmatch(r"[0-9a-f]{16}\n", r.stdout), r.stdout + r.stderr
+        return r.stdout
+
+    first = stamp()
+    assert stamp() == first
+    pin = tmp_path / "requirements-torch-cpu.txt"
+    assert re.search(r"^torch==\S+$", pin.read_text(), flags=re.M), pin.read_text()
+    pin.write_text(pin.read_text().replace("torch==", "torch==9"))
+    second = stamp()
+    assert second != first
+    with (tmp_path / "scripts" / "install.sh").open("a") as f:
+        f.write("# edited\n")
+    assert stamp() not in (first, second)
+    installer = (ROOT / "scripts" / "install.sh").read_text()
+    assert "-r requirements-torch-cpu.txt" in installer and not re.search(r"torch==\d", installer)
