@@ -38,5 +38,6 @@ PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
 : "${EVAL_NPROC:=2}"
 # the simulated codec emits ~2 codes per text token, fewer than CosyVoice2's 25 Hz
 # codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
-# is CosyVoice's current rule (cosyvoice2-2024 reproduces sweeps made before 2026-02)
+# is CosyVoice's current rule (upstream since 2026-02; ttsrl's default since 2026-12-01, commit
+# 18d30af): cosyvoice2-2024 reproduces ttsrl sweeps made before 2026-12-01
 EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026)
