@@ -65,7 +65,7 @@ class Endpoint:
     last_error: str = ""
     sent: int = 0  # attempts sent here
     ok: int = 0  # answered 200
-    failed: int = 0  # connection errors, timeouts, 5xx, busy answers (not refusals)
+    failed: int = 0  # attempts that failed: connection errors, timeouts, 5xx, busy (not refusals, not probes)
 
 
 @dataclass
@@ -113,10 +113,10 @@ class EndpointPool:
                 ep.ok += 1
                 ep.streak = 0
 
-    def fail(self, ep: Endpoint, error: str, policy: Policy) -> None:
+    def fail(self, ep: Endpoint, error: str, policy: Policy, probe: bool = False) -> None:
         """Take ``ep`` out of rotation (a failure while already out only updates its last error)."""
         with self._lock:
-            ep.failed += 1
+            ep.failed += not probe
             ep.last_error = error
             if not ep.up and not ep.probing:
                 return
@@ -126,7 +126,7 @@ class EndpointPool:
             ep.down_until = self._clock() + delay
             left = sum(e.up for e in self.endpoints)
         if was_up:
-            log.warning("reward server %s out of rotation (%s); %d of %d servers left; probing it again in %.1f s",
+            log.warning("reward server %s out of rotation (%s); %d of %d servers left; probing it again in %.2f s",
                         ep.url, error, left, len(self.endpoints), delay)
 
     def busy(self, ep: Endpoint, error: str, seconds: float) -> None:
@@ -234,9 +234,9 @@ class EndpointPool:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             error = f"{type(e).__name__} probing {ep.url}{READY_PATH}" + (f": {e}" if str(e) else "")
         except BaseException:
-            self.fail(ep, "probe interrupted", policy)  # leave it out of rotation, claimable again
+            self.fail(ep, "probe interrupted", policy, probe=True)  # out of rotation, claimable again
             raise
-        self.fail(ep, error, policy)
+        self.fail(ep, error, policy, probe=True)
 
 
 def _seconds(header: str | None) -> float | None:
