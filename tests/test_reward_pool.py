@@ -76,7 +76,7 @@ def two_servers():
             stop_process(p)
 
 
-def test_pool_fails_over_then_readmits_a_restarted_server(two_servers):
+def test_pool_fails_over_then_readmits_a_restarted_server(two_servers, caplog):
     (proc_a, url_a), (_, url_b) = two_servers
     dead = dead_url()
     cfg = config([url_a, url_b, dead])
@@ -108,6 +108,9 @@ def test_pool_fails_over_then_readmits_a_restarted_server(two_servers):
     assert a["ok"] <= seen_by_a[0] <= a["sent"]  # a saw what it answered, and at most what was sent
     assert all(c["sent"] == c["ok"] + c["failed"] for c in counts.values())  # no refusals
     assert d["failed"] >= 1 and a["up"] == 0 and d["up"] == 0 and b["up"] == 1
+    # each failover is logged once, however many requests were in flight there
+    outs = [r.getMessage() for r in caplog.records if "out of rotation" in r.getMessage()]
+    assert [sum(f"server {u} out" in m for m in outs) for u in (url_a, url_b, dead)] == [1, 0, 1], outs
 
     # url_a restarted on the same port: probed ready, back in rotation, receives requests again
     port_a = url_a.rsplit(":", 1)[1]

@@ -209,7 +209,10 @@ class EndpointPool:
         try:
             async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=policy.timeout_s)) as resp:
                 if resp.status == 200:
-                    return await resp.json(content_type=None)
+                    answer = await resp.json(content_type=None)
+                    if isinstance(answer, dict):
+                        return answer
+                    raise ValueError(f"the answer is not a JSON object: {str(answer)[:100]}")
                 detail = (await resp.text())[:300]
                 error = f"HTTP {resp.status} from {url}: {detail}"
                 if 400 <= resp.status < 500 and resp.status not in (408, 429):
