@@ -33,17 +33,18 @@ call ``_compute_score``, which sends that one sample to a reward worker picked w
 So a reward worker sees a trickle of single calls, about
 ``train_batch_size * rollout.n / reward.num_workers`` per step (``reward.num_workers``: 8 by
 default, ``trainer/config/reward/reward.yaml:5``), with idle gaps whenever no generation
-happens to end; an idle-gap "burst" was often one call, of which any failure failed the step.
+happens to end. The old rule (a "step" = calls separated by 1 s with none in flight) could thus
+judge a window of one call, in which any failure was over the limit.
 Counting the outcomes of the last ``fail_window`` requests (``TTSRL_REWARD_FAIL_WINDOW``) judges
 the same number of rewards whatever their timing: set it to a worker's share of a step to make
 the fraction a per-step fraction. The count is per process and per server list.
 
-What a raised error does in verl 0.9.1: with the default v1 trainer (``trainer.use_v1=True``)
-it fails that sample's session; verl logs it and marks the prompt group "failure"
-(``trainer/ppo/v1/agent_loop_tq.py:134-148``); a sync step then trains without the missing
-trajectories (``trainer/ppo/v1/replay_buffer.py:110-113``) and stops the run when no selected group
-has any (``replay_buffer.py:531-535``). With ``trainer.use_v1=False`` it fails the
-``asyncio.gather`` of the agent loop worker (``agent_loop.py:646``) and with it the step. Either
+What a raised error does in verl 0.9.1: with the default v1 trainer (``trainer.use_v1=True``,
+``trainer/main_ppo.py:183-186``) it fails that sample's session; verl logs it and marks the prompt
+group "failure" (``trainer/ppo/v1/agent_loop_tq.py:134-148``); a sync step then trains without the
+missing trajectories (``trainer/ppo/v1/replay_buffer.py:111-113``) and stops the run when no
+selected group has any (``replay_buffer.py:505-509``). With ``trainer.use_v1=False`` it fails the
+``asyncio.gather`` of the agent loop worker (``agent_loop.py:654``) and with it the step. Either
 way the sample of a raised error is not trained on.
 
 Keys of the returned dict are the same for every sample (verl builds its extra-info
