@@ -88,6 +88,7 @@ ENV_BACKOFF = "TTSRL_REWARD_BACKOFF_S"
 ENV_TIMEOUT = "TTSRL_REWARD_TIMEOUT_S"
 ENV_MAX_CONN = "TTSRL_REWARD_MAX_CONNECTIONS"
 ENV_OBSOLETE = {"TTSRL_REWARD_STEP_GAP_S": ENV_FAIL_WINDOW}  # old name -> what replaced it
+_WARNED: set[str] = set()
 
 
 class RewardServiceError(RuntimeError):
@@ -121,7 +122,8 @@ class RewardClientConfig:
                 raise ValueError(f"environment variable {name}={raw!r} is not a valid {conv.__name__}") from None
 
         for old, new in ENV_OBSOLETE.items():
-            if os.environ.get(old):
+            if os.environ.get(old) and old not in _WARNED:
+                _WARNED.add(old)
                 log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
         cfg = cls(url=get(ENV_URL, d.url, str), model=get(ENV_MODEL, d.model, str),
                   max_fail_fraction=get(ENV_MAX_FAIL, d.max_fail_fraction, float),
