@@ -4,11 +4,12 @@
 In verl 0.9.1:
     reward.custom_reward_function.path=reward_tts.py
     reward.custom_reward_function.name=compute_score
-Environment: TTSRL_REWARD_URL (default http://127.0.0.1:8000), TTSRL_REWARD_MODEL
-(default token2wav_asr), TTSRL_REWARD_MAX_FAIL_FRACTION (default 0.1: a step in
-which more than this share of rewards cannot be computed fails loudly),
-TTSRL_REWARD_RETRIES, TTSRL_REWARD_BACKOFF_S, TTSRL_REWARD_TIMEOUT_S,
-TTSRL_REWARD_STEP_GAP_S. The logic lives in ttsrl/reward/client.py.
+Environment: TTSRL_REWARD_URL (default http://127.0.0.1:8000; a comma-separated list
+spreads the requests over several servers and fails over), TTSRL_REWARD_MODEL
+(default token2wav_asr), TTSRL_REWARD_MAX_FAIL_FRACTION (default 0.1: when more than
+this share of the last TTSRL_REWARD_FAIL_WINDOW (64) rewards cannot be computed, the
+call fails loudly), TTSRL_REWARD_RETRIES, TTSRL_REWARD_BACKOFF_S, TTSRL_REWARD_TIMEOUT_S.
+The logic lives in ttsrl/reward/client.py and ttsrl/reward/pool.py.
 
 By hand: python reward_tts.py --input rows.jsonl   (rows with "text" and "code"
 [list of speech codes]) prints one reward per line, scored concurrently.

@@ -186,7 +186,7 @@ def test_a_step_failed_by_refused_requests_blames_the_data_not_the_server():
     with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(ValueError), SimASR())]) as srv:
         rows = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(56)] + [(BOOM, "坏的请求")] * 8
         ccfg = RewardClientConfig(url=srv.url, retries=2, backoff_s=0.01, max_fail_fraction=0.1,
-                                  step_gap_s=0.0)  # its own step window, whatever ran before
+                                  fail_window=64)  # judged over these 64: 8 refused is over 10%
         with pytest.raises(RewardServiceError) as ei:
             asyncio.run(score_all(rows, ccfg))
         assert "refused that request as invalid" in str(ei.value) and "坏的请求" in str(ei.value)

@@ -16,7 +16,15 @@ import torch
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SpeechVocab
-from ttsrl.reward.client import ENV_MAX_FAIL, ENV_URL, RewardClientConfig, RewardServiceError, StepWindow, compute_score
+from ttsrl.reward.client import (
+    ENV_FAIL_WINDOW,
+    ENV_MAX_FAIL,
+    ENV_URL,
+    FailureWindow,
+    RewardClientConfig,
+    RewardServiceError,
+    compute_score,
+)
 from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +47,7 @@ def dead_url() -> str:
 
 
 def cfg_for(url: str, **kw) -> RewardClientConfig:
-    base = dict(url=url, retries=2, backoff_s=0.01, timeout_s=30.0, step_gap_s=0.0)  # each gather = a step
+    base = dict(url=url, retries=2, backoff_s=0.01, timeout_s=30.0, fail_window=20)  # judged per 20 requests
     base.update(kw)
     return RewardClientConfig(**base)
 
@@ -68,11 +76,16 @@ def test_compute_score_against_live_server(server):
 def test_reads_url_and_threshold_from_environment(monkeypatch, server):
     monkeypatch.setenv(ENV_URL, server.url + "/")
     monkeypatch.setenv(ENV_MAX_FAIL, "0.25")
+    monkeypatch.setenv(ENV_FAIL_WINDOW, "32")
     cfg = RewardClientConfig.from_env()
-    assert cfg.url == server.url and cfg.max_fail_fraction == 0.25
+    assert cfg.url == server.url and cfg.max_fail_fraction == 0.25 and cfg.fail_window == 32
     assert asyncio.run(compute_score("tts", speech(TEXTS[1]), TEXTS[1]))["score"] == pytest.approx(1.0)
     monkeypatch.setenv(ENV_MAX_FAIL, "2")
     with pytest.raises(ValueError, match=ENV_MAX_FAIL):
+        RewardClientConfig.from_env()
+    monkeypatch.setenv(ENV_MAX_FAIL, "0.25")
+    monkeypatch.setenv(ENV_URL, f"{server.url}, {server.url}/")
+    with pytest.raises(ValueError, match=f"{ENV_URL}: a reward server URL is listed twice"):
         RewardClientConfig.from_env()
 
 
@@ -81,8 +94,9 @@ def test_dead_server_fails_the_step_loudly():
     out = asyncio.run(gather_scores([(speech(t), t) for t in TEXTS * 5], cfg))
     errors = [r for r in out if isinstance(r, BaseException)]
     assert errors and all(isinstance(e, RewardServiceError) for e in errors)
-    assert "reward requests of this step failed" in str(errors[0]) and ENV_URL in str(errors[0])
-    # the first 10% of failures were flagged (never a silent 0.0), the rest raised
+    msg = str(errors[0])
+    assert "of the last 20 reward requests failed" in msg and ENV_URL in msg and cfg.url in msg
+    # the first 10% of the window's 20 were flagged (never a silent 0.0), the rest raised
     flagged = [r for r in out if isinstance(r, dict)]
     assert len(flagged) == 2 and all(r["reward_failed"] == 1.0 and r["score"] == 0.0 for r in flagged)
 
@@ -103,20 +117,11 @@ def test_failures_under_the_threshold_are_flagged_not_raised(server):
     assert any(isinstance(r, RewardServiceError) for r in out)
 
 
-def test_step_window_groups_bursts():
-    now = [0.0]
-    w = StepWindow(gap_s=1.0, clock=lambda: now[0])
-    ids = [w.begin() for _ in range(10)]  # a burst of 10 calls
-    assert len(set(ids)) == 1
-    assert w.end(ids[0], True) == (1, 10)
-    for i in ids[1:]:
-        w.end(i, False)
-    now[0] += 0.2
-    assert w.begin() == ids[0]  # within the gap: still the same step
-    w.end(ids[0], False)
-    now[0] += 5.0
-    new = w.begin()  # after a quiet gap: a new step with fresh counts
-    assert new != ids[0] and w.end(new, True) == (1, 1)
+def test_failure_window_counts_the_last_requests():
+    w = FailureWindow(4)
+    assert [w.record(f) for f in (True, False, False, True)] == [1, 1, 1, 2]
+    assert w.record(False) == 1  # the first failure left the window
+    assert [w.record(False) for _ in range(3)] == [1, 1, 0]  # the second one leaves last
 
 
 def test_server_retry_after_is_honoured():

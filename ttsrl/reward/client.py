@@ -2,34 +2,50 @@
 
 ``compute_score`` is what ``reward_tts.py`` exposes to verl 0.9.1
 (``reward.custom_reward_function.path=reward_tts.py``, ``.name=compute_score``).
-It is ``async``: verl's naive reward-loop manager awaits one call per response and
-gathers a whole chunk of a step at once, so the requests reach the server together
-and the server batches them.
+It is ``async``: verl's naive reward-loop manager awaits one call per response; the calls
+of a process that overlap share one HTTP session and reach the server together, and the
+server batches them.
 
-Failure policy
---------------
-A call retries connection errors, timeouts, 5xx and 503 (queue full; honouring
-``Retry-After``) with exponential backoff. 4xx answers are not retried (the request
-itself is wrong). A call that still fails is counted; then:
+Servers and failures
+--------------------
+``TTSRL_REWARD_URL`` is one base URL or a comma-separated list: the request goes through this
+process's pool of those servers (``ttsrl.reward.pool``: least in flight first; a server that
+fails leaves the rotation and the request goes to another at once; it comes back when its
+``/v2/health/ready`` answers). A 4xx answer is not retried anywhere (the request itself is
+wrong). A request that still fails (every server gone, or refused) is counted; then:
 
-* if the failures of the current step exceed ``max_fail_fraction`` of the calls of
-  that step, the call raises :class:`RewardServiceError`, which fails verl's
-  ``asyncio.gather`` and with it the training step, loudly;
+* if more than ``max_fail_fraction`` of the last ``fail_window`` reward requests of this
+  process failed, the call raises :class:`RewardServiceError`, naming every server and its
+  last error;
 * otherwise the sample gets score 0.0 with ``reward_failed = 1.0`` in its extra info
   (verl logs extra keys) and a warning is printed, so it is visible, not silent.
 
-What is a "step" for a per-sample function? verl gives no step id to
-``compute_score``, but it does call it in bursts: each reward worker process creates
-all tasks of its chunk of a step at once and awaits them together, and the next
-step's burst comes only after training. So :class:`StepWindow` treats a *burst* as
-the step: a window opens when a call starts while none is in flight and none ended
-in the last ``step_gap_s`` seconds; every call started while it is open belongs to
-it. Because the whole chunk has started before the first call can fail (even a
-dead port fails only after its retries), ``failed / started`` at the time of a
-failure is the fraction of the step. A caller that scores samples one by one (the
-old synchronous manager) sees windows of one call, so any failure raises: the safe
-direction. The window is per process, which matches verl (one window per reward
-worker, each judging its own share of the step).
+Why a window of the last K requests and not "a step": verl gives ``compute_score`` no step id,
+and in verl 0.9.1 the calls do not come in one burst per step. Rewards are streamed: each
+sample is scored by the agent loop as soon as its own generation ends
+(``verl/experimental/agent_loop/agent_loop.py:822`` and ``trainer/ppo/v1/agent_loop_tq.py:160``
+call ``_compute_score``, which sends that one sample to a reward worker picked with
+``random.choice``, ``agent_loop.py:1025-1026``), and the ``RewardLoopWorker`` actor
+(``experimental/reward_loop/reward_loop.py:145-148``) awaits this function once for it
+(``reward_manager/naive.py:66-73``). This is the path whenever no reward model is used
+(``trainer/ppo/ray_trainer.py:949``, ``trainer/ppo/v1/trainer_base.py:408-410``); the batched
+``compute_score_batch`` (``reward_loop.py:138-143``) serves only a colocated reward model.
+So a reward worker sees a trickle of single calls, about
+``train_batch_size * rollout.n / reward.num_workers`` per step (``reward.num_workers``: 8 by
+default, ``trainer/config/reward/reward.yaml:5``), with idle gaps whenever no generation
+happens to end. The old rule (a "step" = calls separated by 1 s with none in flight) could thus
+judge a window of one call, in which any failure was over the limit.
+Counting the outcomes of the last ``fail_window`` requests (``TTSRL_REWARD_FAIL_WINDOW``) judges
+the same number of rewards whatever their timing: set it to a worker's share of a step to make
+the fraction a per-step fraction. The count is per process and per server list.
+
+What a raised error does in verl 0.9.1: with the default v1 trainer (``trainer.use_v1=True``,
+``trainer/main_ppo.py:183-186``) it fails that sample's session; verl logs it and marks the prompt
+group "failure" (``trainer/ppo/v1/agent_loop_tq.py:134-148``); a sync step then trains without the
+missing trajectories (``trainer/ppo/v1/replay_buffer.py:111-113``) and stops the run when no
+selected group has any (``replay_buffer.py:505-509``). With ``trainer.use_v1=False`` it fails the
+``asyncio.gather`` of the agent loop worker (``agent_loop.py:654``) and with it the step. Either
+way the sample of a raised error is not trained on.
 
 Keys of the returned dict are the same for every sample (verl builds its extra-info
 columns from the first sample's keys): ``score``, ``error_rate``, ``transcript``
@@ -40,18 +56,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import random
 import threading
-import time
-import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-import aiohttp
-
 from ttsrl.model.vocab import SpeechVocab
+from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
     DEFAULT_URL,
@@ -59,49 +71,45 @@ from ttsrl.reward.protocol import (
     build_payload,
     infer_path,
     parse_response,
+    split_urls,
 )
+
+__all__ = ["RequestFailed", "RewardClientConfig", "RewardServiceError", "FailureWindow", "compute_score",
+           "request_reward", "score_all"]
 
 log = logging.getLogger("ttsrl.reward")
 
 ENV_URL = "TTSRL_REWARD_URL"
 ENV_MODEL = "TTSRL_REWARD_MODEL"
 ENV_MAX_FAIL = "TTSRL_REWARD_MAX_FAIL_FRACTION"
+ENV_FAIL_WINDOW = "TTSRL_REWARD_FAIL_WINDOW"
 ENV_RETRIES = "TTSRL_REWARD_RETRIES"
 ENV_BACKOFF = "TTSRL_REWARD_BACKOFF_S"
 ENV_TIMEOUT = "TTSRL_REWARD_TIMEOUT_S"
-ENV_STEP_GAP = "TTSRL_REWARD_STEP_GAP_S"
 ENV_MAX_CONN = "TTSRL_REWARD_MAX_CONNECTIONS"
-
-RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+ENV_OBSOLETE = {"TTSRL_REWARD_STEP_GAP_S": ENV_FAIL_WINDOW}  # old name -> what replaced it
+_WARNED: set[str] = set()
 
 
 class RewardServiceError(RuntimeError):
-    """Too many rewards of a step could not be computed: the step must not train on them."""
-
-
-class RequestFailed(Exception):
-    """One reward request failed for good (after retries, or a non-retryable answer).
-    ``refused``: the server answered 4xx, i.e. the request itself is wrong and sending
-    it again gives the same answer (it is never retried)."""
-
-    def __init__(self, message: str, refused: bool = False):
-        super().__init__(message)
-        self.refused = refused
+    """Too many of the recent rewards could not be computed: the step must not train on them."""
 
 
 @dataclass
 class RewardClientConfig:
-    url: str = DEFAULT_URL
+    url: str = DEFAULT_URL  # one base URL or a comma-separated list (see ``urls``)
     model: str = DEFAULT_MODEL_NAME
     max_fail_fraction: float = 0.1
-    retries: int = 4  # attempts after the first
-    backoff_s: float = 0.5  # first retry delay; doubles each retry (capped at 30 s), with jitter
+    fail_window: int = 64  # the fraction is judged over this process's last this-many requests
+    retries: int = 4  # waits for a usable server when none is left (each up to the backoff)
+    backoff_s: float = 0.5  # a failed server's first time out of rotation; doubles per failure
+    max_backoff_s: float = 30.0
     timeout_s: float = 300.0  # per attempt
-    step_gap_s: float = 1.0  # idle time that closes a step window
     max_connections: int = 256  # concurrent requests per event loop
 
     @classmethod
     def from_env(cls) -> "RewardClientConfig":
+        """The configuration from ``TTSRL_REWARD_*`` (the only place this module reads the environment)."""
         d = cls()
 
         def get(name, default, conv):
@@ -113,117 +121,84 @@ class RewardClientConfig:
             except ValueError:
                 raise ValueError(f"environment variable {name}={raw!r} is not a valid {conv.__name__}") from None
 
-        cfg = cls(url=get(ENV_URL, d.url, str).rstrip("/"), model=get(ENV_MODEL, d.model, str),
+        for old, new in ENV_OBSOLETE.items():
+            if os.environ.get(old) and old not in _WARNED:
+                _WARNED.add(old)
+                log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
+        cfg = cls(url=get(ENV_URL, d.url, str), model=get(ENV_MODEL, d.model, str),
                   max_fail_fraction=get(ENV_MAX_FAIL, d.max_fail_fraction, float),
+                  fail_window=get(ENV_FAIL_WINDOW, d.fail_window, int),
                   retries=get(ENV_RETRIES, d.retries, int), backoff_s=get(ENV_BACKOFF, d.backoff_s, float),
-                  timeout_s=get(ENV_TIMEOUT, d.timeout_s, float), step_gap_s=get(ENV_STEP_GAP, d.step_gap_s, float),
-                  max_connections=get(ENV_MAX_CONN, d.max_connections, int))
+                  timeout_s=get(ENV_TIMEOUT, d.timeout_s, float), max_connections=get(ENV_MAX_CONN, d.max_connections, int))
+        try:
+            cfg.url = ",".join(cfg.urls)
+        except ValueError as e:
+            raise ValueError(f"{ENV_URL}: {e}") from None
         if not 0.0 <= cfg.max_fail_fraction <= 1.0:
             raise ValueError(f"{ENV_MAX_FAIL} must be in [0, 1], got {cfg.max_fail_fraction}")
+        if cfg.fail_window < 1:
+            raise ValueError(f"{ENV_FAIL_WINDOW} must be >= 1, got {cfg.fail_window}")
         if cfg.retries < 0 or cfg.backoff_s < 0 or cfg.timeout_s <= 0 or cfg.max_connections < 1:
             raise ValueError("reward client: retries/backoff must be >= 0, timeout > 0, max connections >= 1")
         return cfg
 
     @property
-    def infer_url(self) -> str:
-        return self.url + infer_path(self.model)
+    def urls(self) -> tuple[str, ...]:
+        return split_urls(self.url)
+
+    @property
+    def pool(self) -> EndpointPool:
+        return pool_for(self.urls)
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
+                      max_backoff_s=self.max_backoff_s, max_connections=self.max_connections)
 
 
 # ---------------------------------------------------------------------------
-# step windows
+# the failure rule
 
 
-class StepWindow:
-    """Counts calls and failures of the current burst of calls (see the module doc)."""
+class FailureWindow:
+    """Outcomes of the last ``size`` reward requests (see the module doc); thread-safe."""
 
-    def __init__(self, gap_s: float = 1.0, clock=time.monotonic):
-        self.gap_s = gap_s
-        self._clock = clock
+    def __init__(self, size: int):
+        self.size = size
+        self._outcomes: deque[bool] = deque(maxlen=size)
         self._lock = threading.Lock()
-        self.window = 0
-        self.started = 0
-        self.failed = 0
-        self.in_flight = 0
-        self._last_end = -math.inf
 
-    def begin(self) -> int:
+    def record(self, failed: bool) -> int:
+        """Add one outcome; the number of failures among the last ``size``."""
         with self._lock:
-            if self.in_flight == 0 and self._clock() - self._last_end > self.gap_s:
-                self.window += 1
-                self.started = self.failed = 0
-            self.in_flight += 1
-            self.started += 1
-            return self.window
-
-    def end(self, window: int, failed: bool) -> tuple[int, int]:
-        """Close one call; returns (failed, started) of its window so far."""
-        with self._lock:
-            self.in_flight -= 1
-            self._last_end = self._clock()
-            if window != self.window:  # a straggler from an older window
-                return int(failed), 1
-            self.failed += int(failed)
-            return self.failed, self.started
+            self._outcomes.append(failed)
+            return sum(self._outcomes)
 
 
-_WINDOW: StepWindow | None = None
-_WINDOW_LOCK = threading.Lock()
+_WINDOWS: dict[tuple[tuple[str, ...], int], FailureWindow] = {}
+_WINDOWS_LOCK = threading.Lock()
 
 
-def step_window(gap_s: float) -> StepWindow:
-    global _WINDOW
-    with _WINDOW_LOCK:
-        if _WINDOW is None:
-            _WINDOW = StepWindow(gap_s)
-        _WINDOW.gap_s = gap_s
-        return _WINDOW
+def failure_window(cfg: RewardClientConfig) -> FailureWindow:
+    """This process's window for the servers of ``cfg``."""
+    key = (cfg.urls, cfg.fail_window)
+    with _WINDOWS_LOCK:
+        if key not in _WINDOWS:
+            _WINDOWS[key] = FailureWindow(cfg.fail_window)
+        return _WINDOWS[key]
 
 
 # ---------------------------------------------------------------------------
-# HTTP
-
-
-_SEMAPHORES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
-
-
-def _semaphore(n: int) -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    sem = _SEMAPHORES.get(loop)
-    if sem is None:
-        sem = _SEMAPHORES[loop] = asyncio.Semaphore(n)
-    return sem
+# one reward
 
 
 async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> tuple[float, float, str]:
-    """One reward from the server, with retries; raises :class:`RequestFailed`."""
-    payload = build_payload(codes, text)
-    last = "no attempt made"
-    timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
-    async with _semaphore(cfg.max_connections):
-        for attempt in range(cfg.retries + 1):
-            retry_after = None
-            try:
-                async with aiohttp.ClientSession(timeout=timeout) as session:
-                    async with session.post(cfg.infer_url, json=payload) as resp:
-                        if resp.status == 200:
-                            try:
-                                return parse_response(await resp.json(content_type=None))
-                            except ResponseError as e:
-                                raise RequestFailed(str(e)) from None
-                        detail = (await resp.text())[:300]
-                        last = f"HTTP {resp.status} from {cfg.infer_url}: {detail}"
-                        if resp.status not in RETRYABLE_STATUS:
-                            raise RequestFailed(last, refused=400 <= resp.status < 500)
-                        ra = resp.headers.get("Retry-After")
-                        retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
-            except RequestFailed:
-                raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-                last = f"{type(e).__name__} talking to {cfg.infer_url}: {e}"
-            if attempt < cfg.retries:
-                delay = min(30.0, cfg.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
-                await asyncio.sleep(max(delay, retry_after or 0.0))
-    raise RequestFailed(f"{last} (after {cfg.retries + 1} attempts)")
+    """One reward (reward, error rate, transcript) from the servers of ``cfg``; raises :class:`RequestFailed`."""
+    answer = await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy)
+    try:
+        return parse_response(answer)
+    except ResponseError as e:
+        raise RequestFailed(str(e)) from None
 
 
 # ---------------------------------------------------------------------------
@@ -256,27 +231,23 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                         "decodes with skip_special_tokens=True, which drops them.")
         return _result(0.0, 1.0, "", False)
 
-    window = step_window(cfg.step_gap_s)
-    wid = window.begin()
+    window = failure_window(cfg)
     try:
         reward, err, transcript = await request_reward(codes, ground_truth, cfg)
     except RequestFailed as e:
-        failed, started = window.end(wid, True)
-        if failed > cfg.max_fail_fraction * started:
+        failed = window.record(True)
+        if failed > cfg.max_fail_fraction * window.size:
             hint = (f"The server refused that request as invalid (not retried): check the text {ground_truth[:80]!r} "
                     "of the data (prepare_data.py flags texts the reward cannot read)." if e.refused else
-                    f"Is the reward server at {cfg.url} ({ENV_URL}) up and serving model {cfg.model!r}?")
+                    f"Are the reward servers {', '.join(cfg.urls)} ({ENV_URL}) up and serving model {cfg.model!r}?")
             raise RewardServiceError(
-                f"{failed} of {started} reward requests of this step failed (limit "
-                f"{cfg.max_fail_fraction:.0%}, {ENV_MAX_FAIL}); last error: {e}. {hint}") from e
-        log.warning("reward request failed (%d of %d this step, within the %.0f%% limit); "
+                f"{failed} of the last {window.size} reward requests failed (limit {cfg.max_fail_fraction:.0%}, "
+                f"{ENV_MAX_FAIL}; window {ENV_FAIL_WINDOW}); last error: {e}. {hint}") from e
+        log.warning("reward request failed (%d of the last %d, within the %.0f%% limit); "
                     "scoring this sample 0 and flagging reward_failed: %s",
-                    failed, started, 100 * cfg.max_fail_fraction, e)
+                    failed, window.size, 100 * cfg.max_fail_fraction, e)
         return _result(0.0, 1.0, "", True)
-    except BaseException:
-        window.end(wid, True)
-        raise
-    window.end(wid, False)
+    window.record(False)
     return _result(reward, err, transcript, False)
 
 

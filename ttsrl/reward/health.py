@@ -1,6 +1,8 @@
-"""Is a KServe-v2 reward server ready?  ``python -m ttsrl.reward.health URL [--wait SECONDS]``.
+"""Are KServe-v2 reward servers ready?  ``python -m ttsrl.reward.health URL[,URL...] [--wait S] [--at-least N]``.
 
-Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``) answers 200 (within ``--wait`` seconds).
+Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``) answers 200 for every
+listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming the servers not ready.
+URLs are comma-separated (as in ``TTSRL_REWARD_URL``) and/or separate arguments.
 :func:`launch_server` starts the reward-server CLI as a user does and returns its URL once it
 says it is ready (tests, benchmarks, ``scripts/gpu_check.py``)."""
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from ttsrl.reward.protocol import READY_PATH
+from ttsrl.reward.protocol import READY_PATH, split_urls
 
 
 def ready(url: str, timeout: float = 2.0) -> bool:
@@ -24,12 +26,18 @@ def ready(url: str, timeout: float = 2.0) -> bool:
 
 
 def wait_ready(url: str, seconds: float) -> bool:
+    return wait_ready_all([url], seconds) == [url]
+
+
+def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None) -> list[str]:
+    """Poll ``urls`` until all (or ``at_least`` of them) are ready or ``seconds`` pass; the ready ones."""
+    need = len(urls) if at_least is None else at_least
     deadline = time.monotonic() + seconds
+    ready_urls: list[str] = []
     while True:
-        if ready(url):
-            return True
-        if time.monotonic() >= deadline:
-            return False
+        ready_urls += [u for u in urls if u not in ready_urls and ready(u)]
+        if len(ready_urls) >= need or time.monotonic() >= deadline:
+            return [u for u in urls if u in ready_urls]
         time.sleep(0.5)
 
 
@@ -58,11 +66,26 @@ def launch_server(*args: str, timeout: float = 120.0) -> tuple[subprocess.Popen,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("url")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("urls", nargs="+", help="base URL(s) of reward servers, comma-separated or separate")
     p.add_argument("--wait", type=float, default=0.0, help="keep trying this many seconds")
+    p.add_argument("--at-least", type=int, default=None, metavar="N",
+                   help="succeed once N servers are ready (default: all of them)")
     a = p.parse_args(argv)
-    return 0 if wait_ready(a.url, a.wait) else 1
+    try:
+        urls = list(split_urls(",".join(a.urls)))
+    except ValueError as e:
+        p.error(str(e))
+    if a.at_least is not None and not 1 <= a.at_least <= len(urls):
+        p.error(f"--at-least {a.at_least}: expected 1..{len(urls)} (the number of URLs)")
+    up = wait_ready_all(urls, a.wait, a.at_least)
+    need = len(urls) if a.at_least is None else a.at_least
+    if len(up) >= need:
+        return 0
+    missing = [u for u in urls if u not in up]
+    print(f"{len(up)} of {len(urls)} reward servers ready, {need} needed; not ready: {', '.join(missing)}",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -43,6 +43,20 @@ MAX_GT_CHARS = 2000
 READY_PATH = "/v2/health/ready"
 
 
+def split_urls(spec: str) -> tuple[str, ...]:
+    """The base URLs of a comma-separated list (``TTSRL_REWARD_URL``, ``run.sh``'s ``REWARD_URLS``):
+    each ``http(s)://host:port`` (a path prefix allowed), trailing ``/`` dropped; ValueError when one is malformed or repeated."""
+    urls = tuple(u.strip().rstrip("/") for u in spec.split(",") if u.strip())
+    if not urls:
+        raise ValueError(f"no reward server URL in {spec!r}")
+    bad = [u for u in urls if not re.fullmatch(r"https?://[^/\s,]+(/\S*)?", u)]
+    if bad:
+        raise ValueError(f"reward server URL(s) {bad} in {spec!r}: expected http://HOST:PORT, comma-separated")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"a reward server URL is listed twice in {spec!r}")
+    return urls
+
+
 def infer_path(model_name: str = DEFAULT_MODEL_NAME) -> str:
     return f"/v2/models/{model_name}/infer"
 
