@@ -167,12 +167,19 @@ elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsr
 else
   DEV_SET='' TRAIN_TEXTS=$TRAIN_FILE
 fi
+REWARD_URL=http://127.0.0.1:$REWARD_PORT   # the server stage 1 starts on this machine
+# REWARD_URLS: every reward server the training and mining clients use, comma-separated (default:
+# this machine's); the client spreads requests over them and fails over (ttsrl/reward/pool.py).
+# Stage 1 starts a local server only when REWARD_URL is in the list; REWARD_MIN_READY=N waits
+# for N of them instead of all.
+REWARD_URLS=${REWARD_URLS:-$REWARD_URL}
+REWARD_MIN_READY=${REWARD_MIN_READY:-}
 # print_config: every setting of this run, one a line, quoted as the shell would read it back
 print_config() {
   local v quoted
   for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
            DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT LOGGERS \
-           TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE; do
+           REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE; do
     [[ -z ${!v+set} ]] || printf '%s=%q\n' "$v" "${!v}"
   done
   for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS; do
@@ -187,8 +194,7 @@ print_config() {
 if (( SHOW_CONFIG )); then print_config; exit 0; fi
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
-REWARD_URL=http://127.0.0.1:$REWARD_PORT
-export TTSRL_REWARD_URL=$REWARD_URL TENSORBOARD_DIR
+export TTSRL_REWARD_URL=$REWARD_URLS TENSORBOARD_DIR
 export PYTHONUNBUFFERED=1
 STARTED_SERVER=0
 
@@ -208,7 +214,15 @@ if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
 fi
 
 server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
+wait_for_servers() {  # every server of REWARD_URLS (or REWARD_MIN_READY of them) answers ready
+  "$PY" -m ttsrl.reward.health "$REWARD_URLS" --wait 300 ${REWARD_MIN_READY:+--at-least "$REWARD_MIN_READY"}
+}
 start_server() {
+  if [[ ,$REWARD_URLS, != *,"$REWARD_URL",* ]]; then  # remote servers only: nothing to start here
+    wait_for_servers || { echo "reward servers $REWARD_URLS are not ready (message above)" >&2; exit 1; }
+    echo "     reward servers answering at $REWARD_URLS (not started here)"
+    return 0
+  fi
   if server_ready; then
     if (( STARTED_SERVER )); then
       echo "     reward server of stage 1 answering at $REWARD_URL"
@@ -220,6 +234,7 @@ start_server() {
       rm -f "$SERVER_PID_FILE"  # stale: its process is gone, the pid may be someone else's by now
       echo "     reward server already answering at $REWARD_URL (not started by run.sh: used, and left running)"
     fi
+    [[ $REWARD_URLS == "$REWARD_URL" ]] || wait_for_servers || { echo "reward servers $REWARD_URLS are not ready" >&2; exit 1; }
     return 0
   fi
   rm -f "$SERVER_PID_FILE"
@@ -230,6 +245,7 @@ start_server() {
   STARTED_SERVER=1
   "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
   echo "     reward server pid $(cat "$SERVER_PID_FILE") at $REWARD_URL (log $LOG_DIR/reward_server.log)"
+  [[ $REWARD_URLS == "$REWARD_URL" ]] || wait_for_servers || { echo "reward servers $REWARD_URLS are not ready" >&2; exit 1; }
 }
 stop_server() {
   [[ -f $SERVER_PID_FILE ]] || return 0
@@ -319,7 +335,7 @@ if stage 2; then
         start_server  # reuses one that answers already
         [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
         "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
-          --reward-url "$REWARD_URL" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
+          --reward-url "$REWARD_URLS" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
           || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
       fi
       "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \

@@ -170,3 +170,23 @@ def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
     assert stamp() not in (first, second)
     installer = (ROOT / "scripts" / "install.sh").read_text()
     assert "-r requirements-torch-cpu.txt" in installer and not re.search(r"torch==\d", installer)
+
+
+def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
+    """REWARD_URLS names every reward server the clients use; when this machine's REWARD_URL is
+    not among them stage 1 starts nothing and waits until all answer (two real sim servers)."""
+    from ttsrl.reward.health import launch_server
+
+    servers = [launch_server("--backend", "sim", "--port", "0") for _ in range(2)]
+    try:
+        urls = ",".join(url for _, url in servers)
+        env = {**os.environ, "EXP_DIR": str(tmp_path / "exp"), "REWARD_PORT": "1", "REWARD_URLS": urls}
+        assert _config({"REWARD_URLS": urls})["REWARD_URLS"] == urls
+        r = run_sh("1", "1", env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"reward servers answering at {urls} (not started here)" in r.stdout
+        assert not (tmp_path / "exp" / "reward_server.pid").exists()  # nothing started here
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait()
