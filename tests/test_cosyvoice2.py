@@ -255,8 +255,8 @@ def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     import shutil
 
     from ttsrl.eval.evaluate import EvalConfig, run_sweep
+    from ttsrl.model.checkpoint import write_marker
     from ttsrl.model.generate import GenerationConfig
-    from ttsrl.train.merge import write_marker
 
     model, prompts = folders
     merged = tmp_path / "merged"

@@ -173,7 +173,7 @@ def settings_of(cfg: EvalConfig, engine: str) -> dict:
 
 
 def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
-    from ttsrl.train.steps import merged_steps
+    from ttsrl.model.checkpoint import merged_steps
 
     models = {0: Path(cfg.start_model)}
     if cfg.merged_dir:
