@@ -28,9 +28,9 @@ from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice2 import (  # noqa: E402
     CosyVoice2Config,
     CosyVoice2Token2Wav,
-    check_model_dir,
     check_prompt_wav,
 )
+from ttsrl.reward.backends.cosyvoice_code import check_model_dir  # noqa: E402
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 960  # 24 kHz / 25 tokens per second
