@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ttsrl.atomic import atomic_write_text
 from ttsrl.model import convert
+from ttsrl.model.checkpoint import MARKER, check_merged
 from ttsrl.train import steps
-from ttsrl.train.merge import MARKER, check_merged
 
 RECORD_SUFFIX = ".selection.json"
 

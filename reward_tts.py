@@ -33,9 +33,9 @@ __all__ = ["compute_score"]
 def main(argv=None) -> int:
     import argparse
     import asyncio
-    import json
     import time
 
+    from ttsrl.jsonl import iter_objects
     from ttsrl.reward.client import RewardClientConfig, score_all
     from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, DEFAULT_URL
 
@@ -52,21 +52,17 @@ def main(argv=None) -> int:
     cfg.max_fail_fraction = 1.0  # by hand: report failures per line instead of stopping
 
     rows = []
-    with open(a.input, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                text, code = row["text"], row["code"]
-                if not isinstance(text, str) or not isinstance(code, list) or \
-                        not all(isinstance(c, int) and not isinstance(c, bool) for c in code):
-                    raise TypeError("'text' must be a string and 'code' a list of integers")
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                p.error(f"{a.input}:{lineno}: {type(e).__name__}: {e}")
-            rows.append((lineno, code, text))
+    try:
+        for where, row in iter_objects(a.input):  # the project's one JSONL reader: errors name FILE:LINE
+            text, code = row.get("text"), row.get("code")
+            if not isinstance(text, str) or not isinstance(code, list) or \
+                    not all(isinstance(c, int) and not isinstance(c, bool) for c in code):
+                raise ValueError(f"{where}: 'text' must be a string and 'code' a list of integers")
+            rows.append((int(where.rsplit(":", 1)[1]), code, text))
             if a.max_samples is not None and len(rows) >= a.max_samples:
                 break
+    except ValueError as e:
+        p.error(str(e))
     t0 = time.perf_counter()
     results = asyncio.run(score_all([(c, t) for _, c, t in rows], cfg))
     failed = 0

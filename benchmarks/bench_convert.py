@@ -23,8 +23,9 @@ def build(d: Path) -> float:
     import torch
     from transformers import Qwen2Config
 
+    from ttsrl.atomic import atomic_torch_save
     from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
-    from ttsrl.model.convert import BLANK_EN, atomic_torch_save
+    from ttsrl.model.convert import BLANK_EN
     from ttsrl.model.cosyvoice_lm import Qwen2LM
 
     cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

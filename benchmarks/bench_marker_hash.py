@@ -26,7 +26,7 @@ def main() -> None:
     import torch
     from safetensors.torch import save_file
 
-    from ttsrl.train.merge import check_merged, write_marker
+    from ttsrl.model.checkpoint import check_merged, write_marker
 
     with tempfile.TemporaryDirectory() as d:
         step = Path(d) / "step_1"

@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args()
 
-    from ttsrl.model.convert import read_hf_tensors
+    from ttsrl.model.checkpoint import read_hf_tensors
     from ttsrl.train.merge import saved_steps, update_survival
 
     ws = args.workdir or Path(tempfile.mkdtemp(prefix="bench_merge_"))

@@ -176,7 +176,7 @@ def build_tiny_cosyvoice2(d: Path, seed: int = 0) -> Path:
     """Write the folder (idempotent per call site: always rewrites) and return it."""
     import torch
 
-    from ttsrl.reward.backends.cosyvoice2 import load_yaml_without_llm
+    from ttsrl.reward.backends.cosyvoice_code import load_yaml_without_llm
 
     d.mkdir(parents=True, exist_ok=True)
     (d / "cosyvoice2.yaml").write_text(YAML, encoding="utf-8")

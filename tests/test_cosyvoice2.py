@@ -28,9 +28,9 @@ from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice2 import (  # noqa: E402
     CosyVoice2Config,
     CosyVoice2Token2Wav,
-    check_model_dir,
     check_prompt_wav,
 )
+from ttsrl.reward.backends.cosyvoice_code import check_model_dir  # noqa: E402
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 960  # 24 kHz / 25 tokens per second
@@ -255,8 +255,8 @@ def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     import shutil
 
     from ttsrl.eval.evaluate import EvalConfig, run_sweep
+    from ttsrl.model.checkpoint import write_marker
     from ttsrl.model.generate import GenerationConfig
-    from ttsrl.train.merge import write_marker
 
     model, prompts = folders
     merged = tmp_path / "merged"

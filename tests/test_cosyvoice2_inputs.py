@@ -28,7 +28,7 @@ def _run(*args):
 
 
 def test_entries_match_the_backend():
-    from ttsrl.reward.backends.cosyvoice2 import MODEL_DIR_ENTRIES
+    from ttsrl.reward.backends.cosyvoice_code import MODEL_DIR_ENTRIES
 
     assert check_inputs.MODEL_DIR_ENTRIES == MODEL_DIR_ENTRIES
 
@@ -84,7 +84,7 @@ def test_device_specs():
     import pytest
     import torch
 
-    from ttsrl.reward.backends.cosyvoice2 import resolve_device
+    from ttsrl.reward.backends.cosyvoice_code import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():  # this machine: a clear error, not a silent CPU run

@@ -274,7 +274,7 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     trainer = "kto" if loss_type == "kto" else "dpo"
     assert f"[{trainer}] saved" in p.stdout and f"[{'dpo' if trainer == 'kto' else 'kto'}] saved" not in p.stdout
-    from ttsrl.train.steps import merged_steps
+    from ttsrl.model.checkpoint import merged_steps
 
     steps = merged_steps(merged)
     assert sorted(steps) == [1, 2]
@@ -360,7 +360,7 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     from safetensors import safe_open
 
-    from ttsrl.train.steps import merged_steps
+    from ttsrl.model.checkpoint import merged_steps
 
     step = merged_steps(merged)[1]
     for f in step.glob("*.safetensors"):  # the dtype written, before any loader casts it

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from ttsrl.train.merge import MARKER, check_merged, write_marker
+from ttsrl.model.checkpoint import MARKER, check_merged, write_marker
 from ttsrl.train.pairs import Pair, read_pairs, write_pairs
 
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "重庆"]

@@ -17,11 +17,11 @@ from ttsrl.eval.dist import shard
 from ttsrl.eval.evaluate import EvalConfig, run_sweep, score
 from ttsrl.eval.report import summarize
 from ttsrl.model import vocab as V
+from ttsrl.model.checkpoint import write_marker
 from ttsrl.model.cosyvoice_lm import RULE_2026, SAMPLING_RULES, SamplingConfig
 from ttsrl.model.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
 from ttsrl.model.hf_model import load_speech_lm
 from ttsrl.reward.backends import BackendConfig, build_pipeline
-from ttsrl.train.merge import write_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]

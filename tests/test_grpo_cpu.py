@@ -118,7 +118,7 @@ def _fsdp_tensor(actor: Path, name: str) -> torch.Tensor:
 def test_merge_and_reload(run):
     from transformers import AutoModelForCausalLM
 
-    from ttsrl.train.merge import MARKER
+    from ttsrl.model.checkpoint import MARKER
 
     ws, _, _ = run
     out = ws / "merged"
@@ -206,7 +206,7 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
     100%, 0, 0. (ttsrl.train.merge.update_survival defines the numbers.)"""
     from safetensors.torch import load_file
 
-    from ttsrl.model.convert import read_hf_tensors
+    from ttsrl.model.checkpoint import read_hf_tensors
     from ttsrl.train.merge import update_survival
 
     ws, _, _ = run
@@ -249,7 +249,7 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
 def test_merge_does_not_run_the_checkpoint_folders_code(run):
     """Issue 11 item 7: a modeling_cosyvoice2.py planted in the checkpoint folder is not
     imported by default (the project's own is used); --use-checkpoint-code runs it."""
-    from ttsrl.model.convert import MODELING_FILE
+    from ttsrl.model.checkpoint import MODELING_FILE
 
     ws, _, _ = run
     hf = ws / "ckpt" / f"global_step_{SAVE_FREQ}" / "actor" / "huggingface"

@@ -27,7 +27,7 @@ from ttsrl.reward.protocol import (
     parse_infer,
     parse_response,
 )
-from ttsrl.reward.scoring import score_codes
+from ttsrl.reward.scoring import NO_CODES, result_row, score_codes
 from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.text import error_counts
 
@@ -93,6 +93,30 @@ def test_score_codes_marks_empty_speech_as_failure():
     out = score_codes(pipeline, [codec.encode(TEXTS[0]), []], TEXTS[:2])
     assert out[0].failure is None and out[0].reward == pytest.approx(1.0)
     assert out[1].failure and out[1].reward == 0.0 and out[1].error_rate == 1.0 and out[1].transcript == ""
+
+
+def test_the_result_row_of_a_success_and_of_each_failure_comes_from_scoring():
+    """scoring.result_row owns the row: the evaluator's rows are exactly its columns, for a
+    scored utterance, empty speech, and a generation error (which wins over the codes)."""
+    pipeline = build_pipeline(BackendConfig(backend="sim"))
+    text = TEXTS[0]
+    codes = codec.encode(text)
+    good, empty = score_codes(pipeline, [codes, []], [text, text])
+    ok = result_row(pipeline, text, len(codes), good)
+    assert ok["failure"] is False and ok["error"] is None and ok["reward"] == pytest.approx(1.0)
+    assert ok["transcript"] == good.transcript and ok["cer_errors"] == 0 and ok["length_ratio"] > 0
+    for scored, error, why in [(empty, None, NO_CODES), (None, None, NO_CODES), (None, "CUDA out of memory", "CUDA out of memory"),
+                               (good, "timeout", "timeout")]:
+        row = result_row(pipeline, text, 0 if scored is not good else len(codes), scored, error)
+        n = error_counts(text, "", pipeline.failure_unit)[1]
+        assert row == {"length_ratio": None, "transcript": "", "cer_errors": n, "ref_len": n,
+                       "pinyin_errors": error_counts(text, "", "pinyin")[1],
+                       "pinyin_ref_len": error_counts(text, "", "pinyin")[1], "reward": 0.0, "failure": True,
+                       "sim": None, "error": why}
+    rows = score(pipeline, [Utterance("a", text), Utterance("b", text)],
+                 [Generated(codes=list(codes)), Generated(codes=[], error="CUDA out of memory")])
+    for row, expect in zip(rows, [ok, result_row(pipeline, text, 0, None, "CUDA out of memory")]):
+        assert {k: row[k] for k in expect} == expect
 
 
 def test_protocol_round_trip():

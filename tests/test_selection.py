@@ -50,7 +50,7 @@ def merged_steps(tiny_hf, tmp_path):
     """merged/step_20 and step_40: copies of the tiny model, step 40's output bias shifted."""
     from safetensors.torch import load_file, save_file
 
-    from ttsrl.train.merge import write_marker
+    from ttsrl.model.checkpoint import write_marker
 
     merged = tmp_path / "merged"
     for step in (20, 40):
@@ -134,7 +134,7 @@ def test_run_sh_holds_out_a_dev_set_and_stage5_chooses_on_it(tiny_cosyvoice2, tm
     import pyarrow.parquet as pq
     from safetensors.torch import load_file, save_file
 
-    from ttsrl.train.merge import write_marker
+    from ttsrl.model.checkpoint import write_marker
 
     exp = tmp_path / "exp"
     preset = tmp_path / "preset.sh"

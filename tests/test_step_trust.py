@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ttsrl.train.merge import MARKER, check_merged, write_marker
-from ttsrl.train.steps import merged_steps, model_dir_for
+from ttsrl.model.checkpoint import MARKER, check_merged, merged_steps, write_marker
+from ttsrl.train.steps import model_dir_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -104,6 +104,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_torch_save(obj, path: str | Path) -> None:
+    """``torch.save`` under this module's policy (torch is imported only here)."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
 @contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
     """Yield a temp folder next to ``target``; on success its files are synced and it

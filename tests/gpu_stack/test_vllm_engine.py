@@ -40,7 +40,7 @@ def _merged_like(src, out, seed=1):
     model), bf16, one model.safetensors without an index, the rest of the folder copied."""
     from safetensors.torch import save_file
 
-    from ttsrl.model.convert import EXTRA_FILE
+    from ttsrl.model.checkpoint import EXTRA_FILE
     from ttsrl.model.hf_model import load_speech_lm
 
     lm = load_speech_lm(src)
@@ -57,7 +57,8 @@ def _merged_like(src, out, seed=1):
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny64, tmp_path_factory):
-    from ttsrl.model.convert import EXTRA_FILE, cosyvoice_to_hf
+    from ttsrl.model.checkpoint import EXTRA_FILE
+    from ttsrl.model.convert import cosyvoice_to_hf
 
     d = tmp_path_factory.mktemp("vllm_ckpt")
     start = d / "hf_model"

@@ -22,7 +22,7 @@ Input
     blank lines ignored. Line numbers in messages are 1-based; for an array element
     they are the line the element starts on.
 
-Validation (pass 1 reads the whole file before anything is written)
+Validation (pass 1, ``ttsrl.data.scan``, reads the whole file before anything is written)
     A row is invalid when it is malformed JSON, not an object, has no ``text``, a
     non-string or empty ``text`` or one without any letter or digit, a key that clashes with an output column, or a
     prompt longer than ``max_prompt_length`` tokens. The prompt length is counted on
@@ -71,9 +71,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -81,16 +80,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path, remove_stale_temps
-from ttsrl.jsonl import DataError, Invalid, RecordReader
-from ttsrl.data.rowchecks import (
-    OUTPUT_COLUMNS,
-    ExtraColumn,
-    PromptLength,
-    extract_text,
-    make_prompt_length,
-    normalise_for_dedup,
-    value_kind,
-)
+from ttsrl.data.rowchecks import OUTPUT_COLUMNS, extract_text, make_prompt_length
+from ttsrl.data.scan import ProblemList, SplitScan, scan_split
+from ttsrl.jsonl import DataError, RecordReader
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -117,116 +109,6 @@ class PrepareConfig:
     chunk_size: int = 10_000  # rows per Parquet row group / in memory at once
     max_listed: int = 20  # line numbers listed per kind of problem
     progress: bool = True  # tqdm bars on stderr (only shown on a terminal)
-
-
-# ---------------------------------------------------------------------------
-# Pass 1: scan
-# ---------------------------------------------------------------------------
-
-@dataclass
-class Problem:
-    line: int
-    reason: str
-
-
-@dataclass
-class ProblemList:
-    """A count of problems of one sort, and the first few of them."""
-
-    limit: int
-    count: int = 0
-    first: list[Problem] = field(default_factory=list)
-
-    def add(self, line: int, reason: str) -> None:
-        self.count += 1
-        if len(self.first) < self.limit:
-            self.first.append(Problem(line, reason))
-
-
-@dataclass
-class SplitScan:
-    """What pass 1 learnt about one input file."""
-
-    split: str
-    path: Path
-    records: int = 0
-    rows: int = 0  # rows that will be written
-    skip_lines: set[int] = field(default_factory=set)  # lines not written
-    invalid: ProblemList = field(default_factory=lambda: ProblemList(20))
-    invalid_kinds: Counter = field(default_factory=Counter)
-    duplicates: ProblemList = field(default_factory=lambda: ProblemList(20))
-    leaks: ProblemList = field(default_factory=lambda: ProblemList(20))
-    columns: dict[str, ExtraColumn] = field(default_factory=dict)
-    max_prompt_tokens: int = 0
-    sum_prompt_tokens: int = 0
-    seen: dict[int, int] = field(default_factory=dict, repr=False)  # text hash -> first line
-
-    def extra_schema(self) -> list[pa.Field]:
-        return [pa.field(c.name, c.arrow_type) for c in self.columns.values()]
-
-
-def scan_split(split: str, path: Path, cfg: PrepareConfig, length: PromptLength,
-               train_seen: dict[int, int] | None = None,
-               on_progress: Callable[[int], None] | None = None) -> SplitScan:
-    """Pass 1 over one file: validate every row, count prompt tokens, find duplicates,
-    leaks (against ``train_seen``) and the types of the extra columns."""
-    reader = RecordReader(path)
-    scan = SplitScan(split, Path(path), invalid=ProblemList(cfg.max_listed),
-                     duplicates=ProblemList(cfg.max_listed), leaks=ProblemList(cfg.max_listed))
-
-    def invalid(line: int, why: Invalid) -> None:
-        scan.invalid.add(line, why.message)
-        scan.invalid_kinds[why.kind] += 1
-        scan.skip_lines.add(line)
-
-    def flush(batch: list[tuple[int, str, dict]]) -> None:
-        counts = length.count([text for _, text, _ in batch])
-        for (line, text, obj), n in zip(batch, counts):
-            if n > cfg.max_prompt_length:
-                invalid(line, Invalid("too long", f"prompt has {n} tokens, more than "
-                                      f"--max_prompt_length {cfg.max_prompt_length} "
-                                      f"({length.description})"))
-                continue
-            key = hash(normalise_for_dedup(text))
-            first = scan.seen.get(key)
-            if first is not None:
-                scan.duplicates.add(line, f"same text as line {first}")
-                if cfg.drop_duplicates:
-                    scan.skip_lines.add(line)
-                    continue
-            else:
-                scan.seen[key] = line
-            if train_seen is not None and key in train_seen:
-                scan.leaks.add(line, f"same text as train line {train_seen[key]}")
-            for k, v in obj.items():
-                if k == "text":
-                    continue
-                col = scan.columns.get(k) or scan.columns.setdefault(k, ExtraColumn(k))
-                kind = value_kind(v)
-                if kind is not None and kind not in col.kinds:
-                    col.kinds[kind] = line
-            scan.rows += 1
-            scan.max_prompt_tokens = max(scan.max_prompt_tokens, n)
-            scan.sum_prompt_tokens += n
-        if on_progress:
-            on_progress(reader.bytes_read)
-
-    batch: list[tuple[int, str, dict]] = []
-    for rec in reader:
-        scan.records += 1
-        if rec.error is not None:
-            invalid(rec.line, rec.error)
-            continue
-        text, why = extract_text(rec.value)
-        if why is not None:
-            invalid(rec.line, why)
-            continue
-        batch.append((rec.line, text, rec.value))
-        if len(batch) >= cfg.chunk_size:
-            flush(batch)
-            batch = []
-    flush(batch)
-    return scan
 
 
 # ---------------------------------------------------------------------------
@@ -403,7 +285,9 @@ def prepare(cfg: PrepareConfig,
     scans: dict[str, SplitScan] = {}
     for split, path in files.items():
         with _bar(cfg.progress, path.stat().st_size, f"check {path.name}") as bar:
-            scans[split] = scan_split(split, path, cfg, length,
+            scans[split] = scan_split(split, path, length, max_prompt_length=cfg.max_prompt_length,
+                                      drop_duplicates=cfg.drop_duplicates, chunk_size=cfg.chunk_size,
+                                      max_listed=cfg.max_listed,
                                       train_seen=scans["train"].seen if split == "test" else None,
                                       on_progress=lambda b: bar.update(b - bar.n))
     scans["train"].seen.clear()  # the hashes are not needed any more

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ttsrl.atomic import atomic_write_text
+from ttsrl.atomic import atomic_torch_save, atomic_write_text
 from ttsrl.embedded import codec
 from ttsrl.embedded.tiny_model import TinyConfig, qwen2_config
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.jsonl import iter_objects
 from ttsrl.model import vocab as V
-from ttsrl.model.convert import BLANK_EN, atomic_torch_save
+from ttsrl.model.convert import BLANK_EN
 from ttsrl.model.cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig
 
 INFO_FILE = "build_info.json"

@@ -14,9 +14,10 @@ from typing import Iterable
 
 import torch
 
+from ttsrl.atomic import atomic_torch_save
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.model import vocab as V
-from ttsrl.model.convert import BLANK_EN, atomic_torch_save
+from ttsrl.model.convert import BLANK_EN
 from ttsrl.model.cosyvoice_lm import Qwen2LM
 
 

@@ -58,17 +58,12 @@ SCHEMA_VERSION = 4  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: leng
 
 def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, reward: str = "tanh",
           length_guard: bool = True, wav_dir: Path | None = None, chunk: int = 32, lang: str = "zh") -> list[dict]:
-    """One result row per utterance, scored by ``ttsrl.reward.scoring.score_codes``. No output
-    (zero codes or a generation error) is a failure: 100% error (errors = reference
-    length, in the unit the backend's transcripts are compared in), reward 0.
-    ``length_ratio``: codes generated / codes expected for the text at the backend's
-    token rate (``ttsrl.reward.rewards.length_ratio``, the length guard's ratio); None on a failure.
-    ``sim``: speaker similarity to the prompt (``Token2Wav.speaker_similarity``, when the
-    pipeline measures it); None on a failure or where the backend has no speaker model.
-    ``utt_*``: the utterance under the Seed-TTS convention (``ttsrl.eval.seedtts_eval``)."""
-    from ttsrl.reward.rewards import length_ratio
-    from ttsrl.reward.scoring import score_codes
-    from ttsrl.text import error_counts
+    """One result row per utterance: generation's columns (id, text, n_codes, stopped),
+    the scoring columns of ``ttsrl.reward.scoring.result_row`` (a success, or a failure
+    when there is no output: zero codes or a generation error) and ``utt_*``, the
+    utterance under the Seed-TTS convention (``ttsrl.eval.seedtts_eval``). Every
+    utterance with codes is scored by ``score_codes``, the reward server's own scoring."""
+    from ttsrl.reward.scoring import result_row, score_codes
 
     live = [i for i, g in enumerate(gens) if g.codes and g.error is None]
     scored = {}
@@ -83,25 +78,10 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
                 wav_dir.mkdir(parents=True, exist_ok=True)
                 r.audio.write_wav(wav_dir / f"{_safe_name(utts[i].id)}.wav")
             r.audio = None  # do not keep every waveform
-    unit = pipeline.failure_unit
     rows = []
     for i, (u, g) in enumerate(zip(utts, gens)):
         row = {"id": u.id, "text": u.text, "n_codes": len(g.codes), "stopped": g.stopped,
-               # no speech is a failure, counted as such, not a ratio of 0
-               "length_ratio": length_ratio(len(g.codes), u.text, pipeline.token_rate)
-               if g.codes and g.error is None else None}
-        r = scored.get(i)
-        if r is not None and r.failure is None:
-            hyp = r.transcript
-            ce, cn = error_counts(u.text, hyp, "char")
-            pe, pn = error_counts(u.text, hyp, "pinyin")
-            row.update(transcript=hyp, cer_errors=ce, ref_len=cn, pinyin_errors=pe, pinyin_ref_len=pn,
-                       reward=r.reward, failure=False, error=None, sim=r.sim)
-        else:
-            _, cn = error_counts(u.text, "", unit)
-            _, pn = error_counts(u.text, "", "pinyin")
-            row.update(transcript="", cer_errors=cn, ref_len=cn, pinyin_errors=pn, pinyin_ref_len=pn, reward=0.0, failure=True, sim=None,
-                       error=g.error or (r.failure if r is not None else None) or "no speech codes generated")
+               **result_row(pipeline, u.text, len(g.codes), scored.get(i), g.error)}
         u_score = score_utterance(u.text, row["transcript"], lang)
         row.update(utt_errors=u_score.errors, utt_ref_len=u_score.ref_len, utt_rate=u_score.rate,
                    utt_unit=u_score.unit)
@@ -173,7 +153,7 @@ def settings_of(cfg: EvalConfig, engine: str) -> dict:
 
 
 def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
-    from ttsrl.train.steps import merged_steps
+    from ttsrl.model.checkpoint import merged_steps
 
     models = {0: Path(cfg.start_model)}
     if cfg.merged_dir:

@@ -21,91 +21,34 @@ safetensors shards, so peak memory stays near one copy of the model.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ttsrl.atomic import atomic_dir, atomic_path
+from ttsrl.atomic import atomic_dir, atomic_torch_save
 from ttsrl.model import vocab as V
+from ttsrl.model.checkpoint import (
+    EXTRA_FILE,
+    LEGACY_EXTRA_FILE,
+    MARKER,
+    MODELING_FILE,
+    SHARD_BYTES,
+    ShardWriter,
+    read_hf_tensors,
+    read_json_file,
+)
 from ttsrl.model.cosyvoice_lm import Qwen2LM, load_llm_state_dict
 
-MODELING_FILE = Path(__file__).with_name("modeling_cosyvoice2.py")
 ARCH = "CosyVoice2Qwen2ForCausalLM"
-EXTRA_FILE = "cosyvoice2_extra/inner_embed_tail.safetensors"
-LEGACY_EXTRA_FILE = "cosyvoice2_extra.safetensors"  # written before; vLLM cannot load a folder with it
 BLANK_EN = "CosyVoice-BlankEN"
 CONVERTED_MARKER = ".ttsrl-converted.json"  # marks a folder written by cosyvoice_to_hf
-SHARD_BYTES = 1 << 30
 
 INNER = "llm.model.model."
 
 
-# ---- small file helpers ---------------------------------------------------------
-
-def atomic_torch_save(obj, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-class ShardWriter:
-    """Write tensors into safetensors shards of about ``max_bytes`` each, plus the
-    standard ``model.safetensors.index.json`` when there is more than one shard."""
-
-    def __init__(self, out_dir: Path, max_bytes: int = SHARD_BYTES):
-        self.out_dir, self.max_bytes = out_dir, max_bytes
-        self.pending: dict[str, torch.Tensor] = {}
-        self.pending_bytes = 0
-        self.shards: list[dict[str, torch.Tensor] | list[str]] = []
-        self.total = 0
-
-    def add(self, name: str, t: torch.Tensor) -> None:
-        nbytes = t.numel() * t.element_size()
-        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
-            self._flush()
-        self.pending[name] = t.contiguous()
-        self.pending_bytes += nbytes
-        self.total += nbytes
-
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
-
-        idx = len(self.shards)
-        save_file(self.pending, str(self.out_dir / f"shard-{idx:05d}.safetensors"), metadata={"format": "pt"})
-        self.shards.append(list(self.pending))
-        self.pending, self.pending_bytes = {}, 0
-
-    def close(self) -> None:
-        if self.pending:
-            self._flush()
-        n = len(self.shards)
-        names = []
-        for i in range(n):
-            final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            os.replace(self.out_dir / f"shard-{i:05d}.safetensors", self.out_dir / final)
-            names.append(final)
-        if n > 1:
-            weight_map = {k: names[i] for i, keys in enumerate(self.shards) for k in keys}
-            index = {"metadata": {"total_size": self.total}, "weight_map": weight_map}
-            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
 # ---- llm.pt -> HF ----------------------------------------------------------------
-
-def read_json_file(path: Path, what: str) -> dict:
-    """A JSON object from ``path``, or ValueError naming the file and the place."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); expected {what}") from e
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected {what}") from e
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: a JSON {type(obj).__name__}, expected {what} (an object)")
-    return obj
-
 
 def load_blank_en(cosyvoice_dir: Path):
     from transformers import AutoConfig, AutoTokenizer
@@ -136,7 +79,7 @@ def is_converter_output(folder: Path) -> bool:
         cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(cfg, dict) and "cosyvoice2_inner_vocab_size" in cfg and not (folder / "MERGED.json").exists()
+    return isinstance(cfg, dict) and "cosyvoice2_inner_vocab_size" in cfg and not (folder / MARKER).exists()
 
 
 def check_output_path(source: Path, out: Path, force: bool = False) -> None:
@@ -279,35 +222,6 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
 
 
 # ---- HF -> llm.pt ----------------------------------------------------------------
-
-def read_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a single-file or sharded safetensors checkpoint (lazy per file)."""
-    from safetensors import safe_open
-
-    index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json_file(index, "a safetensors shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError(f"{index}: no \"weight_map\" object of tensor name -> shard file")
-        files = sorted(set(weight_map.values()))
-    elif (hf_dir / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json")
-    out = {}
-    for f in files:
-        path = hf_dir / f
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: shard named by {index.name} not found")
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                for k in fh.keys():
-                    out[k] = fh.get_tensor(k)
-        except Exception as e:  # SafetensorError: truncated, header damaged, not safetensors
-            raise ValueError(f"{path}: cannot be read as safetensors, truncated or damaged? "
-                             f"({type(e).__name__}: {e})") from e
-    return out
-
 
 def inner_config_of(hf_config: dict):
     from transformers import Qwen2Config

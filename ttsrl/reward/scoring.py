@@ -5,8 +5,10 @@ the evaluator (what stage 4 reports), so the two can never drift apart: same
 pipeline call, same reward variant (including the ASR log-likelihood for
 ``cer_nll``), same length guard, same rule for a failure.
 
-A failure is an utterance with nothing to hear (zero speech codes): reward 0 and
-error rate 1 by definition, transcript "". Backend errors are not failures here: they
+A failure is an utterance with nothing to hear (zero speech codes, or no output at
+all): reward 0 and error rate 1 by definition, transcript "". :func:`result_row` turns
+a score (or its absence) into the scoring columns of stage 4's per-utterance row, for
+a success and a failure alike. Backend errors are not failures here: they
 raise, and the caller decides (the server scores the items of that batch one by one
 and answers only those that fail alone, 422 for a ValueError, 500 otherwise; the
 evaluator stops).
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ttsrl.reward.backends.base import Audio, SpeechPipeline
-from ttsrl.reward.rewards import RewardResult, compute_reward
+from ttsrl.reward.rewards import RewardResult, compute_reward, length_ratio
+from ttsrl.text import error_counts
 
 NO_CODES = "no speech codes generated"
 
@@ -54,3 +57,30 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
         out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim))
     return out
+
+
+def result_row(pipeline: SpeechPipeline, text: str, n_codes: int, scored: Scored | None,
+               error: str | None = None) -> dict:
+    """The scoring columns of one utterance's result row (stage 4's ``results.jsonl``).
+
+    Scored (``scored`` without a failure): the transcript, character and pinyin error
+    counts against ``text``, the reward, speaker similarity ``sim`` (None where the
+    backend has none) and ``length_ratio`` (codes generated / codes expected for the
+    text at the backend's token rate: the length guard's ratio).
+
+    A failure (``scored`` None: no output, or ``error`` from generation; or a scored
+    failure): 100% error, that is errors = reference length in the unit the backend's
+    transcripts are compared in (``pipeline.failure_unit``), reward 0, transcript "",
+    ``sim`` and ``length_ratio`` None (no speech is a failure, not a ratio of 0), and
+    ``error`` saying why."""
+    if scored is not None and scored.failure is None and error is None:
+        ce, cn = error_counts(text, scored.transcript, "char")
+        pe, pn = error_counts(text, scored.transcript, "pinyin")
+        return {"length_ratio": length_ratio(n_codes, text, pipeline.token_rate), "transcript": scored.transcript,
+                "cer_errors": ce, "ref_len": cn, "pinyin_errors": pe, "pinyin_ref_len": pn,
+                "reward": scored.reward, "failure": False, "error": None, "sim": scored.sim}
+    _, cn = error_counts(text, "", pipeline.failure_unit)
+    _, pn = error_counts(text, "", "pinyin")
+    return {"length_ratio": None, "transcript": "", "cer_errors": cn, "ref_len": cn, "pinyin_errors": pn,
+            "pinyin_ref_len": pn, "reward": 0.0, "failure": True, "sim": None,
+            "error": error or (scored.failure if scored is not None else None) or NO_CODES}

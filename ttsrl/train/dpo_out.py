@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ttsrl.atomic import atomic_write_text, sha256_file
+from ttsrl.model.checkpoint import MODELING_FILE, read_marker, step_folders, step_path, writing_step
 
 RUN_FILE = "RUN.json"
 TRAINERS = ("dpo", "kto")
@@ -34,18 +35,10 @@ class OutputDirError(ValueError):
     """The output folder cannot take this run: the message says why and what to do."""
 
 
-def _step_dirs(out_dir: Path) -> list[Path]:
-    return sorted((p for p in out_dir.glob("step_*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
-
-
 def _marker(step: Path) -> dict | None:
-    from ttsrl.train.merge import MARKER
-
-    try:
-        info = json.loads((step / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and info.get("trainer") in TRAINERS else None
+    """The step's marker when this trainer wrote it, else None."""
+    info = read_marker(step)
+    return info if info is not None and info.get("trainer") in TRAINERS else None
 
 
 def run_settings(args: dict, model: Path, pairs: Path) -> dict:
@@ -87,7 +80,7 @@ def prepare_out_dir(out_dir: Path, settings: dict, force: bool = False,
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputDirError(f"--out-dir {out_dir} is a file, not a folder")
-    steps = _step_dirs(out_dir) if out_dir.is_dir() else []
+    steps = list(step_folders(out_dir).values())
     foreign = [s for s in steps if _marker(s) is None]
     if foreign:
         raise OutputDirError(
@@ -117,42 +110,29 @@ def prepare_out_dir(out_dir: Path, settings: dict, force: bool = False,
                                                       "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2))
 
 
-def finish_step_dir(tmp: Path, target: Path, base_model: Path, step: int, info: dict) -> Path:
-    """Complete a ``save_model`` folder into the layout stage 3 writes: the modeling
-    file (the class with the biased head), tokenizer files and side files of the base
-    model where the save left them out, then the ``MERGED.json`` marker, then an
-    atomic rename to ``step_N`` (replacing only a step this trainer wrote)."""
-    from ttsrl.model.convert import EXTRA_FILE, MODELING_FILE
-    from ttsrl.train.merge import LAYOUT_FILES, _normal_modes, write_marker
-
+def finish_step_dir(saved: Path, target: Path, base_model: Path, step: int, info: dict) -> Path:
+    """Turn a ``save_model`` folder into ``target`` (``OUT/step_N``) in the layout stage 3
+    writes, through ``ttsrl.model.checkpoint.writing_step``: its files move into the
+    step's temporary folder, the config gets the base model's remote-code keys, the
+    modeling file (the class with the biased head), tokenizer files and side file of
+    the base model are added, the marker is written last and the folder renamed into
+    place. Only a step this trainer wrote is replaced."""
     base_model = Path(base_model)
-    shutil.copy2(MODELING_FILE, tmp / MODELING_FILE.name)  # the class with the biased, masked head
-    for name in LAYOUT_FILES:
-        if (base_model / name).is_file() and not (tmp / name).exists():
-            shutil.copy2(base_model / name, tmp / name)
-    if (base_model / EXTRA_FILE).is_file():
-        (tmp / EXTRA_FILE).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(base_model / EXTRA_FILE, tmp / EXTRA_FILE)
-    cfg_path = tmp / "config.json"
-    base_cfg = json.loads((base_model / "config.json").read_text())
-    cfg = json.loads(cfg_path.read_text())
-    for k in ("auto_map", "speech_output_range", "architectures"):  # keep remote-code loading
-        if k in base_cfg:
-            cfg[k] = base_cfg[k]
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
-    _normal_modes(tmp)  # save_model writes model.safetensors 0600
-    marker = {"step": step, "source": info.get("source", "ttsrl.train.dpo"), "remote_code": [MODELING_FILE.name],
-              "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **info}
-    write_marker(tmp, marker)  # with every file's size and hash, as stage 3 checks them
-    _normal_modes(tmp)
-    if target.exists():
-        if _marker(target) is None:
-            raise OutputDirError(f"{target} appeared during training and was not written by train_dpo.py; "
-                                 f"left as it is, this step is in {tmp}")
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        target.rename(old)
-        shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(target)
+    if target.exists() and _marker(target) is None:
+        raise OutputDirError(f"{target} appeared during training and was not written by train_dpo.py; "
+                             f"left as it is, this step is in {saved}")
+    marker = {"step": step, "source": info.get("source", "ttsrl.train.dpo"), **info}
+    with writing_step(target, marker, (MODELING_FILE,), tokenizer_from=base_model, extra_from=base_model) as tmp:
+        for p in saved.iterdir():
+            os.replace(p, tmp / p.name)
+        cfg_path = tmp / "config.json"
+        base_cfg = json.loads((base_model / "config.json").read_text())
+        cfg = json.loads(cfg_path.read_text())
+        for k in ("auto_map", "speech_output_range", "architectures"):  # keep remote-code loading
+            if k in base_cfg:
+                cfg[k] = base_cfg[k]
+        cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+    saved.rmdir()
     return target
 
 
@@ -170,17 +150,17 @@ def make_save_callback(out_dir: Path, base_model: Path, save_steps: int, info: d
 
         def _save(self, state):
             step = state.global_step
-            target = out_dir / f"step_{step}"
+            target = step_path(out_dir, step)
             if step == 0 or step in self.saved:  # on_train_end after a save at the same step
                 return
             self.saved.add(step)
-            tmp = out_dir / f".step_{step}.partial"
-            if self.trainer.accelerator.is_main_process and tmp.exists():
-                shutil.rmtree(tmp)
+            save_dir = out_dir / f".step_{step}.partial"  # a name every rank knows; rank 0 finishes it
+            if self.trainer.accelerator.is_main_process and save_dir.exists():
+                shutil.rmtree(save_dir)
             self.trainer.accelerator.wait_for_everyone()
-            self.trainer.save_model(str(tmp))
+            self.trainer.save_model(str(save_dir))
             if self.trainer.accelerator.is_main_process:
-                finish_step_dir(tmp, target, base_model, step, info)
+                finish_step_dir(save_dir, target, base_model, step, info)
                 print(f"[{name}] saved {target}", flush=True)
             self.trainer.accelerator.wait_for_everyone()
 

@@ -25,14 +25,14 @@ its config and tokenizer files). Note that verl's merger reads the shards with
 ``torch.load(weights_only=False)``: merging (or resuming from) a checkpoint folder you
 did not produce unpickles it, which can run arbitrary code. Only merge your own.
 
-Idempotent and checked: a finished step carries ``MARKER`` (written last) listing
+Idempotent and checked: a finished step carries ``MERGED.json`` (written last) listing
 every file with its size and sha256. A step is skipped only when every listed file
 is present with its recorded size and sha256, every weights file opens as
 safetensors, and it was merged at the requested dtype; otherwise it is merged again.
 Stages 4 and 5 trust a step on the same check (``benchmarks/bench_marker_hash.py``
-measures what the hashing costs). A step is merged
-into a temporary folder and renamed into place, so an interrupted merge leaves no
-``step_N``.
+measures what the hashing costs). The layout, the marker and the atomic writing of a
+step (temporary folder, synced, renamed into place: an interrupted merge leaves no
+``step_N``) belong to ``ttsrl.model.checkpoint``, which DPO's saves use too.
 """
 
 from __future__ import annotations
@@ -50,16 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ttsrl.atomic import _umask, atomic_dir, sha256_file
-from ttsrl.model.convert import EXTRA_FILE, MODELING_FILE
+from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, step_path, writing_step
 
-STEP_RE = re.compile(r"^global_step_(\d+)$")
-MARKER = "MERGED.json"
+STEP_RE = re.compile(r"^global_step_(\d+)$")  # verl's FSDP checkpoints (the merged ones: checkpoint.STEP_RE)
 HF_SUBDIR = "huggingface"
-# files of the HF layout the merger may not write; copied from actor/huggingface
 DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16"}  # --dtype -> torch dtype name (None: keep)
-LAYOUT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                "generation_config.json", "added_tokens.json", "vocab.json", "merges.txt")
 
 
 class MergeError(RuntimeError):
@@ -104,63 +99,6 @@ def saved_steps(ckpt_dir: Path) -> dict[int, Path]:
     return dict(sorted(steps.items()))
 
 
-def file_records(folder: Path) -> dict[str, dict]:
-    """{relative path: {size, sha256}} of every file in ``folder`` but the marker."""
-    out = {}
-    for f in sorted(folder.rglob("*")):
-        if f.is_file() and f.name != MARKER:
-            out[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
-    return out
-
-
-def write_marker(step_dir: Path, info: dict) -> None:
-    """Mark ``step_dir`` as a finished merge: ``info`` plus every file's size and sha256."""
-    (step_dir / MARKER).write_text(json.dumps({**info, "files": file_records(step_dir)}, indent=2))
-
-
-def check_merged(step_dir: Path, dtype: str | None = None, hashes: bool = True) -> str | None:
-    """None when ``step_dir`` is a complete merge (at ``dtype``, a key of DTYPES, when
-    given), else why not: no or unreadable marker, a recorded file missing, of
-    another size or (``hashes``) another sha256, a weights file that does not open,
-    another dtype."""
-    step_dir = Path(step_dir)
-    marker = step_dir / MARKER
-    if not marker.is_file():
-        return f"no {MARKER}"
-    try:
-        info = json.loads(marker.read_text())
-        files = info["files"]
-        assert isinstance(files, dict) and files
-    except Exception:
-        return f"{MARKER} unreadable or written by an older version (no file list)"
-    if dtype is not None and info.get("dtype_option", "bf16-verl") != dtype:
-        return f"merged with --dtype {info.get('dtype_option', 'bf16 (verl default)')}, not {dtype}"
-    weights = [n for n in files if n.endswith(".safetensors")]
-    if not weights:
-        return f"{MARKER} lists no weights file"
-    for name, rec in files.items():
-        f = step_dir / name
-        if not f.is_file():
-            return f"{name} missing"
-        if f.stat().st_size != rec.get("size"):
-            return f"{name} has {f.stat().st_size} bytes, {rec.get('size')} recorded"
-    if hashes:  # a file of the right size can still be corrupted: compare the content
-        for name, rec in files.items():
-            if not isinstance(rec.get("sha256"), str):
-                return f"{MARKER} records no sha256 for {name}"
-            if sha256_file(step_dir / name) != rec["sha256"]:
-                return f"{name} does not match the sha256 in {MARKER} (changed or corrupted since it was written)"
-    from safetensors import safe_open
-
-    for name in weights:
-        try:
-            with safe_open(str(step_dir / name), framework="pt") as fh:
-                list(fh.keys())
-        except Exception as e:
-            return f"{name} unreadable ({type(e).__name__}: {e})"
-    return None
-
-
 def _remote_code_modules(hf_config: dict) -> list[str]:
     """File names of the modules ``auto_map`` points at (``modeling_x.Class`` -> ``modeling_x.py``)."""
     names = []
@@ -202,7 +140,7 @@ def stage_config_dir(actor: Path, base_model: Optional[Path], use_checkpoint_cod
         raise MergeError(f"{cfg_path}: not JSON ({e})") from e
     modules = [_find_module(n, hf, base_model, use_checkpoint_code) for n in _remote_code_modules(cfg)]
     staging.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json",) + LAYOUT_FILES:
+    for name in ("config.json",) + TOKENIZER_FILES:
         if (hf / name).is_file():
             shutil.copy2(hf / name, staging / name)
     for src in modules:
@@ -210,17 +148,9 @@ def stage_config_dir(actor: Path, base_model: Optional[Path], use_checkpoint_cod
     return modules
 
 
-def _normal_modes(folder: Path) -> None:
-    """Files written through temp files (safetensors, tokenizer) may be private
-    (0600); give everything the modes a plain write would have (0644 under umask 022)."""
-    mask = _umask()
-    for f in folder.rglob("*"):
-        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
-
-
 def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
                log: Callable[[str], None] = print) -> StepResult:
-    target = out_dir / f"step_{step}"
+    target = step_path(out_dir, step)
     why = check_merged(target, cfg.dtype) if target.exists() else "absent"
     if why is None:
         return StepResult(step, target, merged=False)
@@ -228,12 +158,14 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
         log(f"[merge] step {step}: existing {target} is not a complete merge ({why}): merging again")
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in list(out_dir.glob(f".step_{step}.tmp-*")) + list(out_dir.glob(f".step_{step}.cfg-*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a merge that was killed
-    staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg-", dir=out_dir))
+    # named like the atomic writers' temps, so that writing_step deletes one a killed merge left
+    staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg.tmp-{os.getpid()}-", dir=out_dir))
     try:
         modules = stage_config_dir(actor, cfg.base_model, cfg.use_checkpoint_code, staging)
-        with atomic_dir(target) as tmp:  # an interrupted merge leaves no step_N
+        info = {"step": step, "source": str(actor.resolve()), "dtype_option": cfg.dtype,
+                "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model"}
+        # the staged tokenizer files where the merger left them out, the base model's side file
+        with writing_step(target, info, modules, tokenizer_from=staging, extra_from=cfg.base_model) as tmp:
             cmd = [cfg.python, "-m", "ttsrl.train.merge", "worker", "--local-dir", str(actor), "--target-dir", str(tmp),
                    "--config-dir", str(staging), "--dtype", cfg.dtype]
             if modules:
@@ -244,21 +176,6 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
             if proc.returncode != 0:
                 raise MergeError(f"verl's FSDP merger failed for {actor} (exit {proc.returncode}):\n"
                                  + proc.stdout[-4000:])
-            for src in modules:  # the class keeping the lm_head bias
-                shutil.copy2(src, tmp / src.name)
-            for name in LAYOUT_FILES:  # tokenizer + generation config, when the merger left them out
-                if (staging / name).is_file() and not (tmp / name).exists():
-                    shutil.copy2(staging / name, tmp / name)
-            if cfg.base_model is not None and (cfg.base_model / EXTRA_FILE).is_file():
-                (tmp / EXTRA_FILE).parent.mkdir(exist_ok=True)
-                shutil.copy2(cfg.base_model / EXTRA_FILE, tmp / EXTRA_FILE)
-            _normal_modes(tmp)
-            marker = {"step": step, "source": str(actor.resolve()), "dtype_option": cfg.dtype,
-                      "remote_code": [m.name for m in modules],
-                      "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model",
-                      "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            write_marker(tmp, marker)  # last: marks completion
-            _normal_modes(tmp)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return StepResult(step, target, merged=True, seconds=time.time() - t0)

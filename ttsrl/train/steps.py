@@ -1,37 +1,14 @@
-"""Saved and merged training steps, and the choice of the step to export.
+"""The choice of the step to export (stage 5) and the model folder of a step.
 
-Layout (stage 2 and 3): ``CKPT_DIR/global_step_N/actor`` (FSDP shards) and
-``MERGED_DIR/step_N/`` (HF checkpoint). Step 0 is the converted start model.
+Step 0 is the converted start model; step N is ``MERGED_DIR/step_N`` as stage 3 or
+DPO/KTO leave it (the layout and its check: ``ttsrl.model.checkpoint``).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Callable
 
-_STEP_RE = re.compile(r"^step_(\d+)$")
-
-
-def merged_steps(merged_dir: str | Path, warn: Callable[[str], None] | None = print) -> dict[int, Path]:
-    """step -> folder for every complete, verified merged step (marker written last,
-    every file of its recorded size and sha256). A ``step_N`` that fails the check is
-    left out, and ``warn`` says which and why."""
-    from ttsrl.train.merge import check_merged
-
-    d = Path(merged_dir)
-    out = {}
-    if d.is_dir():
-        for p in sorted(d.iterdir()):
-            m = _STEP_RE.match(p.name)
-            if not (m and p.is_dir()):
-                continue
-            why = check_merged(p)
-            if why is None:
-                out[int(m.group(1))] = p
-            elif warn is not None:
-                warn(f"warning: {p} left out: not a complete, verified step ({why})")
-    return dict(sorted(out.items()))
+from ttsrl.model.checkpoint import check_merged, step_folders, step_path
 
 
 def choose_step(rows: list[dict], metric: str | None = None) -> dict:
@@ -67,12 +44,9 @@ def choose_step(rows: list[dict], metric: str | None = None) -> dict:
 def model_dir_for(step: int, start_model: str | Path, merged_dir: str | Path) -> Path:
     if step == 0:
         return Path(start_model)
-    from ttsrl.train.merge import check_merged
-
-    path = Path(merged_dir) / f"step_{step}"
+    path = step_path(merged_dir, step)
     why = check_merged(path) if path.is_dir() else "absent"
     if why is not None:
-        have = sorted(int(m.group(1)) for p in Path(merged_dir).glob("step_*") if (m := _STEP_RE.match(p.name)))
         raise ValueError(f"step {step} in {merged_dir} is not a complete, verified step: {why} "
-                         f"(step folders there: {have or 'none'})")
+                         f"(step folders there: {list(step_folders(merged_dir)) or 'none'})")
     return path

@@ -27,10 +27,6 @@ the pipeline from the text); zero-shot evaluation passes each utterance's own pr
 from __future__ import annotations
 
 import hashlib
-import inspect
-import io
-import re
-import sys
 import threading
 import uuid as uuidlib
 from collections import OrderedDict
@@ -42,50 +38,21 @@ from typing import Sequence
 import numpy as np
 
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
+from ttsrl.reward.backends.cosyvoice_code import (
+    call_matching,
+    check_model_dir,
+    import_cosyvoice,
+    load_yaml_without_llm,
+    make_frontend,
+    resolve_device,
+    to_16k,
+    zero_shot_inputs,
+)
 from ttsrl.reward.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, check_prompt_wav  # noqa: F401 - the one wav check
 
-#: what token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)
-TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx")
-#: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
-MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
-YAML_KEEP = ("flow", "hift", "feat_extractor")
 #: shortest 16 kHz audio campplus is given: one 25 ms kaldi fbank frame
 SPK_MIN_SAMPLES = 400
 _CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
-
-
-def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> list[str]:
-    d = Path(model_dir)
-    return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
-
-
-def check_model_dir(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> None:
-    """One error naming every missing file of a CosyVoice2 model folder."""
-    missing = missing_model_entries(model_dir, entries)
-    if missing:
-        raise FileNotFoundError(f"CosyVoice2 model folder {model_dir} lacks {', '.join(missing)} "
-                                f"(needs {', '.join(entries)}; from the released CosyVoice2-0.5B)")
-
-
-def load_wav_16k(path: str | Path):
-    """Mono float32 tensor (1, T) at 16 kHz, read with soundfile (torchaudio.load needs
-    torchcodec in torchaudio >= 2.9) and resampled with torchaudio's pure-Python Resample."""
-    import soundfile as sf
-
-    wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    return to_16k(np.ascontiguousarray(wav.mean(axis=1)), rate)
-
-
-def to_16k(wav: np.ndarray, rate: int):
-    """Mono float32 tensor (1, T) at 16 kHz from a waveform at ``rate`` Hz (torchaudio's
-    Resample, as CosyVoice resamples): what its speech tokenizer and campplus read."""
-    import torch
-    import torchaudio
-
-    t = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32).reshape(-1))[None]
-    if rate != 16000:
-        t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(t)
-    return t
 
 
 @dataclass
@@ -110,100 +77,6 @@ def _check_prompt(prompt: SpeakerPrompt) -> None:
                          "or each utterance's prompt wav (zero-shot evaluation)")
 
 
-def _import_cosyvoice(checkout: str | None):
-    if checkout:
-        root = Path(checkout)
-        if not (root / "cosyvoice" / "cli" / "model.py").is_file():
-            raise FileNotFoundError(f"{root} is not a CosyVoice checkout (no cosyvoice/cli/model.py)")
-        for p in (root / "third_party" / "Matcha-TTS", root):
-            if str(p) not in sys.path:
-                sys.path.insert(0, str(p))
-    try:
-        from cosyvoice.cli.frontend import CosyVoiceFrontEnd  # type: ignore
-        from cosyvoice.cli.model import CosyVoice2Model  # type: ignore
-    except ImportError as e:
-        where = checkout or "the installed packages"
-        raise ImportError(f"cannot import CosyVoice from {where}: {e}. `bash scripts/install.sh` installs "
-                          "cosyvoice-minicpmo==0.1.0 and what it needs (see requirements*.txt)") from e
-    return CosyVoiceFrontEnd, CosyVoice2Model
-
-
-def _call(fn, **kwargs):
-    """Call ``fn`` with the subset of ``kwargs`` its signature accepts."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
-
-
-class _NoText:
-    """Text tokenizer stand-in: token2wav never reads text tokens (the LLM does)."""
-
-    def encode(self, text, **_):
-        return []
-
-
-def resolve_device(spec: str):
-    import torch
-
-    dev = torch.device(spec)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device {spec!r} asked for but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise ValueError(f"unsupported device {spec!r} (cpu, cuda or cuda:N)")
-    return dev
-
-
-def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
-    """CosyVoice's yaml with every top-level object not in ``keep`` set to None."""
-    from hyperpyyaml import load_hyperpyyaml
-
-    text = path.read_text(encoding="utf-8")
-    keys = re.findall(r"^([A-Za-z_]\w*)\s*:\s*!(?:new|name|apply):", text, flags=re.M)
-    overrides = {k: None for k in keys if k not in keep}
-    cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
-    for k in keep:
-        if cfg.get(k) is None:
-            raise ValueError(f"{path}: no '{k}' entry in the yaml")
-    return cfg
-
-
-def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
-    """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
-    and the speech tokenizer never read text), its device set to ``dev``."""
-    fe = _call(FrontEnd, get_tokenizer=_NoText, feat_extractor=feat_extractor,
-               campplus_model=str(model_dir / "campplus.onnx"),
-               speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
-               allowed_special="all")
-    fe.device = dev
-    sess = getattr(fe, "speech_tokenizer_session", None)
-    if dev.type == "cuda" and sess is not None and "CUDAExecutionProvider" in sess.get_providers():
-        import onnxruntime  # CosyVoice opens it on CUDA device 0: use this replica's GPU
-
-        fe.speech_tokenizer_session = onnxruntime.InferenceSession(
-            str(model_dir / "speech_tokenizer_v2.onnx"),
-            providers=[("CUDAExecutionProvider", {"device_id": dev.index}), "CPUExecutionProvider"])
-    return fe
-
-
-def zero_shot_inputs(fe, wav: Path, sample_rate: int) -> dict:
-    """CosyVoice's ``frontend_zero_shot`` on a prompt wav (checked: >= 16 kHz, <= 30 s)."""
-    import torch
-
-    check_prompt_wav(wav)
-    fz = fe.frontend_zero_shot
-    kwargs = dict(tts_text="", prompt_text="", resample_rate=sample_rate, zero_shot_spk_id="")
-    if "prompt_wav" in inspect.signature(fz).parameters:  # newer CosyVoice loads the file itself
-        kwargs["prompt_wav"] = str(wav)
-    else:
-        kwargs["prompt_speech_16k"] = load_wav_16k(wav)
-    with torch.inference_mode():
-        return _call(fz, **kwargs)
-
-
 def cosine(a, b) -> float | None:
     """Cosine similarity of two embeddings (tensors or arrays of any shape, flattened);
     None when either is all zeros."""
@@ -224,7 +97,7 @@ class PromptTokenizer:
         check_model_dir(model_dir)
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
-        FrontEnd, _ = _import_cosyvoice(checkout)
+        FrontEnd, _ = import_cosyvoice(checkout)
         conf = load_yaml_without_llm(self.model_dir / "cosyvoice2.yaml", keep=("feat_extractor",))
         self.sample_rate = int(conf.get("sample_rate", 24000))
         with self._scope():
@@ -263,7 +136,7 @@ class CosyVoice2Token2Wav(Token2Wav):
     def _build(self) -> None:
         import torch
 
-        FrontEnd, Model = _import_cosyvoice(self.cfg.checkout)
+        FrontEnd, Model = import_cosyvoice(self.cfg.checkout)
         d, dev = Path(self.cfg.model_dir), self.device
         conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
         flow, hift = conf["flow"], conf["hift"]
@@ -358,7 +231,7 @@ class CosyVoice2Token2Wav(Token2Wav):
                         torch.cuda.manual_seed(seed)  # this device's generator only
                     else:
                         torch.manual_seed(seed)
-                    wav = _call(model.token2wav, token=token, prompt_token=prompt.data["prompt_token"],
+                    wav = call_matching(model.token2wav, token=token, prompt_token=prompt.data["prompt_token"],
                                 prompt_feat=prompt.data["prompt_feat"], embedding=prompt.data["embedding"],
                                 token_offset=0, uuid=uid, stream=False, streaming=False, finalize=True,
                                 speed=1.0)
