@@ -4,7 +4,7 @@
 Trains a small Qwen2LM on (text, simulated speech codes) pairs from the corpus,
 with deliberate label noise so that held-out error starts well above zero, and
 writes OUT/llm.pt + OUT/CosyVoice-BlankEN/ like the released CosyVoice2 model.
-Deterministic from --seed and the thread count; cached (a second run with the same
+Deterministic from --seed (whatever the thread count); cached (a second run with the same
 inputs skips). Off a terminal it prints a progress line (step, loss, elapsed, ETA) at
 least every 30 s; on a terminal a progress bar.
 """
@@ -28,8 +28,8 @@ def main(argv=None) -> int:
     p.add_argument("--initial-noise", type=float, default=d.initial_noise)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads,
-                   help="torch CPU threads (default 0: the cores free at the start, from the load average); "
-                        "the weights can differ with the thread count")
+                   help="torch CPU threads (default 0: the cores free at the start, from the load average);"
+                        " it sets the speed only (1 and 2 threads build the same weights)")
     a = p.parse_args(argv)
     if a.threads < 0:
         p.error(f"--threads must be >= 0 (0: the cores free now), got {a.threads}")

@@ -30,6 +30,10 @@ def test_weights_hash_is_recorded_matches_the_file_and_the_cache(tmp_path):
     assert build_base_model(corpus, tmp_path / "b", CFG, log=logs.append)["weights_sha256"] == info["weights_sha256"]
     assert build_base_model(corpus, tmp_path / "a", CFG, log=logs.append)["weights_sha256"] == info["weights_sha256"]
     assert "skipping the build" in logs[-1] and info["weights_sha256"][:16] in logs[-1]
+    # the thread count only sets the speed: it is no input of the cache
+    two = dataclasses.replace(CFG, threads=2)
+    assert build_base_model(corpus, tmp_path / "a", two, log=logs.append)["weights_sha256"] == info["weights_sha256"]
+    assert "skipping the build" in logs[-1]
     # one changed bit changes the hash
     k = sorted(sd)[0]
     sd[k].view(-1)[0] = torch.nextafter(sd[k].view(-1)[0], torch.tensor(float("inf")))
