@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     import torch
 
     from ttsrl.train.dpo import DPOSettings, make_trainer_class, pairs_to_rows
+    from ttsrl.train.dpo_console import bars_off_a_terminal, install_console
     from ttsrl.train.dpo_out import OutputDirError, make_save_callback, prepare_out_dir, run_settings
     from ttsrl.train.pairs import PairsError, read_pairs
 
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
         logging_steps=1, save_strategy="no", report_to=[], seed=a.seed, beta=a.beta,
         precompute_ref_log_probs=True, max_length=None, trust_remote_code=True, use_cpu=use_cpu,
         bf16=a.dtype == "bfloat16" or a.bf16_compute, gradient_checkpointing=a.gradient_checkpointing,
-        remove_unused_columns=False, dataloader_num_workers=0)
+        remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=bars_off_a_terminal())
     if a.trainer == "dpo":
         ds = Dataset.from_list(pairs_to_rows(pairs, lm.vocab))
         trainer_cls, extra = make_trainer_class(), {"settings": settings}
@@ -148,6 +149,7 @@ def main(argv=None) -> int:
     trainer = trainer_cls(model=lm.model, args=cfg, train_dataset=ds, processing_class=lm.tokenizer,
                           callbacks=[cb], **extra)
     cb.trainer = trainer
+    install_console(trainer, out_dir / "train_log.jsonl", a.trainer)  # one line per step; the records there
     if trainer.accelerator.is_main_process:
         print(f"[{a.trainer}] {len(pairs)} pairs ({len(ds)} rows), {what}; reference log-probs precomputed "
               f"by the start model", flush=True)

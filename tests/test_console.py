@@ -4,15 +4,15 @@ The metric lines are made by verl 0.9.1's console logger itself
 (``concat_dict_to_str``), so a change of verl's format fails here.
 """
 
+import io
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from verl.utils.logger.aggregate_logger import concat_dict_to_str
 
-from ttsrl.console import StepConsole, parse_metrics
+from ttsrl.console import ProgressLines, StepConsole, parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,15 +54,34 @@ def test_cli_logs_everything_and_survives_ctrl_c(tmp_path):
     log.write_text("the killed run's log\n")
     proc = subprocess.Popen([sys.executable, "-m", "ttsrl.console", "--log", str(log)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # no sleeps: the banner is printed after the SIGINT handler is set, and the step line
+    # comes back only once the filter has read and logged its input
+    assert proc.stdout.readline().startswith("[console] one line per step here")
     proc.stdin.write(concat_dict_to_str(_metrics(1, 0.3), step=1) + "\n")
     proc.stdin.flush()
-    time.sleep(1.0)
+    assert proc.stdout.readline().startswith("step   1  reward 0.300")
     proc.send_signal(signal.SIGINT)  # Ctrl-C: verl is still printing while it shuts down
     proc.stdin.write("Training Progress:  1%|   | 1/80 [00:05<06:35]\rafter ctrl-c\n")
     proc.stdin.close()
     out = proc.stdout.read()
     assert proc.wait(timeout=30) == 0
-    assert "step   1  reward 0.300" in out and "after ctrl-c" not in out, out
+    assert out == "train reward 0.300 (step 1) -> 0.300 (step 1)\n", out  # the summary, nothing else
     text = log.read_text()
     assert text.startswith("the killed run's log\n")  # appended, not overwritten
     assert "critic/score/mean:0.3" in text and "after ctrl-c" in text
+
+
+def test_progress_lines_at_the_first_step_every_30_s_and_the_last():
+    now = [100.0]
+    out = io.StringIO()
+    progress = ProgressLines(total=10, label="build", every_s=30.0, out=out, clock=lambda: now[0])
+    shown = []
+    for step, t in enumerate([1.0, 20.0, 31.5, 40.0, 62.0, 63.0, 64.0, 65.0, 66.0, 67.0], start=1):
+        now[0] = 100.0 + t
+        if progress.update(step, loss=2.0 / step):
+            shown.append(step)
+    assert shown == [1, 3, 5, 10]  # t = 1 s, 31.5 s (>= 30 s after 1 s), 62 s, and the last step
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "build: step  1/10  loss 2.000  elapsed 1s  ETA 9s"
+    assert lines[1] == "build: step  3/10  loss 0.667  elapsed 32s  ETA 1m14s"  # 31.5 s / 3 steps x 7 left
+    assert lines[-1] == "build: step 10/10  loss 0.200  elapsed 1m07s"

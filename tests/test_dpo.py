@@ -7,6 +7,7 @@ speech vocabulary): CosyVoice2 weights cannot exist on CI."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -274,6 +275,19 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     trainer = "kto" if loss_type == "kto" else "dpo"
     assert f"[{trainer}] saved" in p.stdout and f"[{'dpo' if trainer == 'kto' else 'kto'}] saved" not in p.stdout
+    # the console: one line per logging step (logging_steps=1) and a closing line; TRL's dicts only in the log
+    shown = [line for line in p.stdout.splitlines() if line.startswith(f"[{trainer}] step")]
+    DUR = "[0-9hms]+"  # ttsrl.console.duration: 45s, 3m05s, 1h02m
+    columns = "  margin -?[0-9.]+  acc [0-9.]+" if trainer == "dpo" else "(  margin -?[0-9.]+)?  kl -?[0-9.]+"
+    for step, line in zip((1, 2), shown, strict=True):
+        assert re.fullmatch(rf"\[{trainer}\] step {step}/2  loss -?[0-9.]+{columns}  lr 1\.00e-03  elapsed {DUR}"
+                            + (f"  ETA {DUR}" if step == 1 else ""), line), line
+    assert re.search(rf"^\[{trainer}\] done: 2 steps in {DUR}, mean loss -?[0-9.]+$", p.stdout, re.M), p.stdout
+    assert "{'loss'" not in p.stdout + p.stderr and "'learning_rate'" not in p.stdout + p.stderr
+    records = [json.loads(x) for x in (merged / "train_log.jsonl").read_text().splitlines()]
+    assert [r.get("step") for r in records] == [None, 1, 2, 2] and "train_runtime" in records[-1]
+    assert all("loss" in r and "learning_rate" in r and ("rewards/chosen" in r or trainer == "kto")
+               for r in records[1:3]), records
     from ttsrl.model.checkpoint import merged_steps
 
     steps = merged_steps(merged)

@@ -1,8 +1,13 @@
 """Stage 4's engine choice: vLLM decodes greedily only (it has no CosyVoice2
 repetition-aware sampling), so sampled evaluation always runs on the transformers
-engine, whose draws go through ttsrl.model.cosyvoice_lm.pick_token."""
+engine, whose draws go through ttsrl.model.cosyvoice_lm.pick_token.
+
+Whether vLLM is installed is set by each test (a ``vllm`` package made importable from a
+temporary folder, or blocked through ``sys.modules``), so both outcomes are checked on every
+machine, whichever Python environment runs the suite."""
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -15,16 +20,35 @@ def cfg(engine: str, greedy: bool) -> EvalConfig:
                       generation=GenerationConfig(greedy=greedy))
 
 
-def test_sampling_never_uses_vllm():
+@pytest.fixture(params=["installed", "absent"])
+def vllm(request, monkeypatch, tmp_path):
+    """``installed``: an importable ``vllm`` package; ``absent``: ``import vllm`` fails."""
+    if request.param == "installed":
+        (tmp_path / "vllm").mkdir()
+        (tmp_path / "vllm" / "__init__.py").write_text("")
+        monkeypatch.delitem(sys.modules, "vllm", raising=False)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    else:
+        monkeypatch.setitem(sys.modules, "vllm", None)  # Python's own import blocker
+    assert (importlib.util.find_spec("vllm") is not None) == (request.param == "installed")
+    return request.param
+
+
+def test_sampling_never_uses_vllm(vllm):
     assert _choose_engine(cfg("auto", greedy=False), "cuda:0") == "hf"
     assert _choose_engine(cfg("auto", greedy=False), "cpu") == "hf"
     with pytest.raises(ValueError, match="--engine vllm needs --greedy"):
         _choose_engine(cfg("vllm", greedy=False), "cuda:0")
 
 
-def test_greedy_uses_vllm_on_gpu_when_installed():
-    have = importlib.util.find_spec("vllm") is not None
-    assert _choose_engine(cfg("auto", greedy=True), "cuda:0") == ("vllm" if have else "hf")
+def test_greedy_auto_uses_vllm_on_a_gpu_only_when_installed(vllm):
+    expected = {"installed": "vllm", "absent": "hf"}[vllm]
+    assert _choose_engine(cfg("auto", greedy=True), "cuda:0") == expected
+    assert _choose_engine(cfg("auto", greedy=True), "cuda:1") == expected
     assert _choose_engine(cfg("auto", greedy=True), "cpu") == "hf"
-    assert _choose_engine(cfg("vllm", greedy=True), "cpu") == "vllm"
+
+
+def test_an_explicit_engine_is_kept(vllm):
+    assert _choose_engine(cfg("vllm", greedy=True), "cpu") == "vllm"  # the user asked: loading tells them
+    assert _choose_engine(cfg("hf", greedy=True), "cuda:0") == "hf"
     assert _choose_engine(cfg("hf", greedy=False), "cuda:0") == "hf"

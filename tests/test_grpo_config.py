@@ -63,8 +63,18 @@ def test_reward_keys_are_the_verl_091_ones():
     assert cfg.custom_reward_function.path is None
 
 
-def test_default_reward_file_is_the_repo_one():
-    assert gpu().reward_file == str(ROOT / "reward_tts.py")
+def test_default_reward_function_is_what_verl_loads_from_the_repo():
+    """verl's own loader, on the composed default config, finds ttsrl's reward function in
+    this checkout's reward_tts.py, by an absolute path (Ray workers run in other folders)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from ttsrl.reward.client import compute_score
+
+    cfg = composed(gpu().to_overrides())
+    path = cfg.reward.custom_reward_function.path
+    assert os.path.isabs(path) and Path(path).samefile(ROOT / "reward_tts.py"), path
+    loaded = get_custom_reward_fn(cfg)  # functools.partial(verl's caller, the function, kwargs)
+    assert loaded.args[0] is compute_score
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

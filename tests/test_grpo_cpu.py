@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 import torch
+
+from ttsrl.console import parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, SAVE_FREQ = 3, 2
@@ -37,18 +38,12 @@ def _rows(texts: list[str], split: str) -> list[dict]:
 
 
 def parse_steps(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines ``step:N - key:value - ...`` -> {N: metrics}."""
+    """verl's console logger lines -> {N: metrics}, read by the stage-2 console's own parser."""
     steps: dict[int, dict[str, float]] = {}
-    for m in re.finditer(r"step:(\d+) - (.*)", log):
-        metrics = {}
-        for item in m.group(2).split(" - "):
-            key, _, value = item.partition(":")
-            value = re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip())  # np.float64(0.5) -> 0.5
-            try:
-                metrics[key.strip()] = float(value)
-            except ValueError:
-                continue
-        steps.setdefault(int(m.group(1)), {}).update(metrics)
+    for line in log.replace("\r", "\n").splitlines():  # tqdm redraws with \r
+        parsed = parse_metrics(line)
+        if parsed:
+            steps.setdefault(parsed[0], {}).update(parsed[1])
     return steps
 
 

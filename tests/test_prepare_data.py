@@ -422,10 +422,9 @@ def test_output_files_get_normal_permissions(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# the project's own corpus and bad-line fixture
+# the project's own corpus and bad-line fixture (both committed: a missing one fails here)
 
 
-@pytest.mark.skipif(not BAD_FIXTURE.exists(), reason="tests/fixtures/bad_lines.jsonl not present")
 def test_bad_lines_fixture(tmp_path):
     with pytest.raises(DataError) as err:
         run_prepare(tmp_path, BAD_FIXTURE)
@@ -442,8 +441,6 @@ def test_bad_lines_fixture(tmp_path):
     assert ids == ["line_01", "line_05", "line_08", "line_10", "line_14"]
 
 
-@pytest.mark.skipif(not (CORPUS / "train.jsonl").exists() or not (CORPUS / "test.jsonl").exists(),
-                    reason="data/corpus not present")
 def test_project_corpus_prepares_cleanly(tmp_path, tok_dir):
     report, out = run_prepare(tmp_path, CORPUS / "train.jsonl", CORPUS / "test.jsonl", tokenizer=tok_dir)
     for split in ("train", "test"):

@@ -1,4 +1,5 @@
-"""Stage 2's console: verl's full output to a log file, one compact line per step on screen.
+"""Stage 2's console: verl's full output to a log file, one compact line per step on screen;
+and :class:`ProgressLines`, the periodic progress line of the other long loops off a terminal.
 
 verl's ``console`` logger prints every metric of a step on one line
 (``step:12 - actor/entropy:... - critic/score/mean:... - ...``, about 3 KB), and
@@ -61,11 +62,43 @@ def parse_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
     return int(m.group(1)), metrics
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A short human duration: 45s, 3m05s, 1h02m."""
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class ProgressLines:
+    """Progress of a long loop as plain lines, for output that is not a terminal (a log file,
+    a pipe), where a redrawn bar would be silent or garble the file: ``update`` after each
+    step prints ``label: step N/TOTAL  loss 1.234  elapsed 1m05s  ETA 3m10s`` at the first
+    step, then at most every ``every_s`` seconds, and at the last step. ``clock`` is
+    injectable (tests drive it by hand)."""
+
+    def __init__(self, total: int, label: str, every_s: float = 30.0, out: Optional[IO[str]] = None,
+                 clock=time.monotonic) -> None:
+        self.total, self.label, self.every_s = total, label, every_s
+        self.out, self.clock = out, clock
+        self.start = clock()
+        self.last: Optional[float] = None
+
+    def update(self, step: int, **values: float) -> Optional[str]:
+        """``step`` steps are done; returns (and prints) the line when one is due."""
+        now = self.clock()
+        if self.last is not None and now - self.last < self.every_s and step < self.total:
+            return None
+        self.last = now
+        elapsed = now - self.start
+        parts = [f"{self.label}: step {step:>{len(str(self.total))}}/{self.total}"]
+        parts += [f"{k} {v:.3f}" for k, v in values.items()]
+        parts.append(f"elapsed {duration(elapsed)}")
+        if 0 < step < self.total:
+            parts.append(f"ETA {duration(elapsed / step * (self.total - step))}")
+        line = "  ".join(parts)
+        print(line, file=self.out if self.out is not None else sys.stdout, flush=True)
+        return line
 
 
 class StepConsole:
@@ -106,7 +139,7 @@ class StepConsole:
             parts.append(f"{metrics[STEP_TIME_KEY]:5.1f} s/step")
             if self.total and step < self.total:
                 mean = sum(self.step_times) / len(self.step_times)
-                parts.append(f"ETA {_duration(mean * (self.total - step))}")
+                parts.append(f"ETA {duration(mean * (self.total - step))}")
         if step == 0 or REWARD_KEY not in metrics and val:
             parts.append("(validation)")
         return "  ".join(parts)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ttsrl.atomic import atomic_torch_save, atomic_write_text
+from ttsrl.console import ProgressLines
 from ttsrl.embedded import codec
 from ttsrl.embedded.tiny_model import TinyConfig, qwen2_config
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
@@ -54,7 +57,22 @@ class PretrainConfig:
     tone_noise: float = 0.4  # share of syllables whose tone is replaced by a random other tone
     initial_noise: float = 0.0  # share of syllables whose initial is replaced by a random one
     seed: int = 1234
-    threads: int = 2
+    threads: int = 0  # torch CPU threads; 0: the cores free at the start (free_threads)
+
+
+def free_threads(cores: int | None = None, load: float | None = None) -> int:
+    """Threads for a CPU build that shares the machine: the cores this process may use minus
+    those busy now (the 1-minute load average, rounded), at least one. Each torch op waits
+    for its slowest thread, so a thread on a busy core slows every step to that core's
+    share; with only free cores the build slows by no more than the load it gets."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # no load average on this system
+            load = 0.0
+    return max(1, min(cores, cores - int(load + 0.5)))
 
 
 def read_texts(path: str | Path) -> list[str]:
@@ -126,7 +144,10 @@ def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed:
 
 
 def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
-    h = hashlib.sha256(json.dumps({"texts": texts, "cfg": asdict(cfg), "v": 1}, ensure_ascii=False).encode())
+    """The build's inputs. Not the thread count: 1 and 2 threads built bit-identical weights
+    (the 40-step build on the shipped corpus, same weights_sha256), so it only sets the speed."""
+    inputs = {k: v for k, v in asdict(cfg).items() if k != "threads"}
+    h = hashlib.sha256(json.dumps({"texts": texts, "cfg": inputs, "v": 1}, ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 
 
@@ -142,8 +163,10 @@ def weights_sha256(state_dict: dict) -> str:
 
 
 def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(),
-                     heldout: str | Path | None = None, log=print) -> dict:
-    """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/)."""
+                     heldout: str | Path | None = None, log=print, progress_every_s: float = 30.0) -> dict:
+    """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/). On a
+    terminal a progress bar; otherwise a progress line (step, loss, elapsed, ETA) at least
+    every ``progress_every_s`` seconds, so a log file shows the build is alive."""
     from tqdm import tqdm
 
     out = Path(out_dir)
@@ -163,7 +186,10 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    threads = cfg.threads or free_threads()
+    torch.set_num_threads(threads)
+    log(f"building the base model: {cfg.steps} steps on {threads} torch thread(s)"
+        + ("" if cfg.threads else " (the cores free now)"))
     rng = random.Random(cfg.seed)
     tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
     n_text = V.add_cosyvoice_specials(tok)
@@ -184,8 +210,11 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
     model.train()
-    bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=None, mininterval=2)
-    for _ in bar:
+    on_terminal = sys.stderr.isatty()  # tqdm draws on stderr; off a terminal: a line every 30 s
+    bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=not on_terminal, mininterval=2)
+    lines = None if on_terminal else ProgressLines(cfg.steps, "pretrain base model", every_s=progress_every_s,
+                                                   out=sys.stdout)
+    for step in bar:
         batch = []
         for _ in range(cfg.batch_size):
             u = rng.random()
@@ -201,6 +230,8 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if lines is not None:
+            lines.update(step + 1, loss=loss.item())
     model.eval()
     train_seconds = time.time() - t0
 
@@ -209,7 +240,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     inner.save_pretrained(out / BLANK_EN)
     atomic_torch_save(model.state_dict(), out / "llm.pt")
     info = {"fingerprint": fp, "weights_sha256": weights_sha256(model.state_dict()), "config": asdict(cfg),
-            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "final_loss": round(loss.item(), 4)}
+            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "threads": threads, "final_loss": round(loss.item(), 4)}
     if heldout is not None:
         test = read_texts(heldout)
         info["heldout_cer_greedy"] = round(heldout_cer(model, tok, test, greedy=True), 4)
