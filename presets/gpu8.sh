@@ -51,7 +51,7 @@ REWARD_ARGS=("${SPEECH_ARGS[@]}" ${REWARD_EXTRA:-})
 CKPT_DIR=$EXP_DIR/checkpoints
 MERGED_DIR=$EXP_DIR/merged
 LOGGERS=${LOGGERS:-console}   # console[,tensorboard][,wandb]; TensorBoard files go to $EXP_DIR/tensorboard
-GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
+GRPO_ARGS=(--preset gpu8 --loggers "$LOGGERS")  # PRESETS["gpu8"] in ttsrl/train/grpo.py
 
 # stage 2 with TRAINER=dpo|kto: pair mining with transformers on GPU (the engine that samples by
 # CosyVoice2's rule), TRL on 8 GPUs through accelerate FSDP (never run yet). The policy is loaded

@@ -29,12 +29,13 @@ def composed(overrides: list[str]):
     return cfg
 
 
-def gpu(**kw) -> GRPOConfig:
-    return GRPOConfig(model_path="/m/hf model", train_files="/d/train.parquet", val_files="/d/test.parquet", **kw)
+def gpu(preset: str = "gpu", **kw) -> GRPOConfig:
+    return GRPOConfig.from_preset(preset, model_path="/m/hf model", train_files="/d/train.parquet",
+                                  val_files="/d/test.parquet", **kw)
 
 
-def test_gpu_preset_is_the_reference_recipe():
-    cfg = composed(gpu().to_overrides())
+def test_gpu8_preset_is_the_reference_recipe():
+    cfg = composed(gpu(preset="gpu8").to_overrides())
     a = cfg.actor_rollout_ref
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo is True
     assert cfg.data.train_batch_size == 32 and a.actor.ppo_mini_batch_size == 32
@@ -63,8 +64,14 @@ def test_reward_keys_are_the_verl_091_ones():
     assert cfg.custom_reward_function.path is None
 
 
-def test_default_reward_file_is_the_repo_one():
-    assert gpu().reward_file == str(ROOT / "reward_tts.py")
+def test_default_reward_file_holds_the_default_reward_function():
+    import importlib.util
+
+    c = gpu()
+    spec = importlib.util.spec_from_file_location("reward_under_test", c.reward_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # what verl does with reward.custom_reward_function.path
+    assert callable(getattr(module, c.reward_function))
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -223,3 +230,73 @@ def test_verl_model_setup_survives_trl_without_value_head():
     trl_compat.install()
     monkey_patch.apply_monkey_patch(model)
     assert monkey_patch.is_trl_available() == trl_compat.trl_value_head_available()
+
+
+# ---------------------------------------------------------------------------
+# the CLI is the dataclass: options, help and presets declared once in ttsrl/train/grpo.py
+
+REQUIRED_ARGV = ["--model-path", "/m", "--train-files", "/t", "--val-files", "/v"]
+
+
+def test_every_config_field_is_an_option_with_its_declared_help():
+    import dataclasses
+
+    import train_grpo
+
+    by_dest = {a.dest: a for a in train_grpo._parser()._actions}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.name == "extra":  # the raw overrides after --
+            assert f.name not in by_dest
+            continue
+        assert f.name in by_dest, f"GRPOConfig.{f.name} has no train_grpo.py option"
+        assert by_dest[f.name].help.startswith(f.metadata["help"].replace("%", "%%")), f.name
+
+
+def test_embedded_preset_is_the_embedded_run():
+    """The values presets/embedded.sh passed as flags before they moved into PRESETS (literal numbers)."""
+    import train_grpo
+
+    cfg, _, _ = train_grpo.build(["--preset", "embedded", *REQUIRED_ARGV])
+    assert (cfg.device, cfg.rollout, cfg.n_gpus_per_node, cfg.experiment_name) == ("cpu", "hf", 1, "embedded")
+    assert (cfg.train_batch_size, cfg.ppo_mini_batch_size, cfg.micro_batch_size_per_gpu, cfg.n) == (16, 16, 32, 8)
+    assert cfg.lr == 3e-4 and cfg.max_response_length == 64
+    assert (cfg.total_epochs, cfg.total_training_steps, cfg.save_freq, cfg.test_freq) == (4, 80, 20, 20)
+    assert cfg.max_prompt_length == 1024 and cfg.loggers == ("console",)  # run.sh gives the prompt length
+
+
+def test_gpu8_preset_has_eight_gpus_and_the_bare_gpu_path_one():
+    import train_grpo
+
+    assert train_grpo.build(["--preset", "gpu8", *REQUIRED_ARGV])[0].n_gpus_per_node == 8
+    bare, _, _ = train_grpo.build(REQUIRED_ARGV)  # --preset gpu: the field defaults
+    assert (bare.device, bare.n_gpus_per_node, bare.lr, bare.train_batch_size) == ("gpu", 1, 1e-6, 32)
+
+
+def test_flags_win_over_the_preset():
+    import train_grpo
+
+    cfg, cmd, _ = train_grpo.build(["--preset", "embedded", *REQUIRED_ARGV, "--lr", "1e-5", "--n", "4",
+                                    "--total-training-steps", "7", "--experiment-name", "mine"])
+    assert (cfg.lr, cfg.n, cfg.total_training_steps, cfg.experiment_name) == (1e-5, 4, 7, "mine")
+    assert cfg.train_batch_size == 16  # the rest stays the preset's
+    assert "actor_rollout_ref.actor.optim.lr=1e-05" in cmd and "trainer.total_training_steps=7" in cmd
+
+
+def test_unknown_preset_lists_the_known_ones(capsys):
+    import train_grpo
+
+    with pytest.raises(ValueError, match="unknown GRPO preset 'gpu4'; known presets: gpu, cpu, gpu8, embedded"):
+        GRPOConfig.from_preset("gpu4", model_path="m", train_files="t", val_files="v")
+    with pytest.raises(SystemExit):
+        train_grpo.build(["--preset", "gpu4", *REQUIRED_ARGV])
+    assert "'gpu8'" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_preset_values(capsys):
+    import train_grpo
+
+    train_grpo.main(["--preset", "embedded", *REQUIRED_ARGV, "--dry-run"])
+    out = capsys.readouterr().out
+    for override in ("data.train_batch_size=16", "actor_rollout_ref.actor.optim.lr=0.0003",
+                     "actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=80", "trainer.save_freq=20"):
+        assert override in out, override

@@ -3,7 +3,8 @@
 The top-level scripts of the repository are thin CLIs over this package. Its layers, each
 importing only from layers below it (``tests/test_layers.py`` checks this):
 
-0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``console``,
+0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``cli`` (options
+   declared by dataclass fields), ``console``,
    ``jsonl`` (the one JSONL reader), ``text`` (normaliser, pinyin, error counts),
    ``limits``, ``stats``; and ``verl_plugin`` (our verl plugin, which imports no ttsrl code)
 1. ``model``    - the CosyVoice2 LLM: token ids, conversion, HF/vLLM classes, generation
