@@ -43,6 +43,7 @@ def test_gpu8_preset_is_the_reference_recipe():
     assert a.actor.optim.lr == pytest.approx(1e-6)
     assert cfg.data.max_prompt_length == 1024 and cfg.data.max_response_length == 512
     assert a.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
+    assert a.actor.kl_loss_coef == pytest.approx(0.001) and a.actor.kl_loss_type == "low_var_kl"
     assert a.model.enable_gradient_checkpointing is True
     assert a.model.trust_remote_code is True and a.model.use_fused_kernels is False
     assert a.model.path == "/m/hf model"
@@ -300,3 +301,19 @@ def test_dry_run_prints_the_preset_values(capsys):
     for override in ("data.train_batch_size=16", "actor_rollout_ref.actor.optim.lr=0.0003",
                      "actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=80", "trainer.save_freq=20"):
         assert override in out, override
+
+
+def test_kl_loss_settings_reach_verl_and_every_kl_type_is_verls():
+    import torch
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    import train_grpo
+
+    cfg, cmd, _ = train_grpo.build(["--preset", "gpu8", *REQUIRED_ARGV, "--use-kl-loss", "true",
+                                    "--kl-loss-coef", "0.04", "--kl-loss-type", "k3+"])
+    actor = composed(cmd[3:]).actor_rollout_ref.actor
+    assert (actor.use_kl_loss, actor.kl_loss_coef, actor.kl_loss_type) == (True, pytest.approx(0.04), "k3+")
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    field = next(f for f in __import__("dataclasses").fields(GRPOConfig) if f.name == "kl_loss_type")
+    for kind in field.metadata["choices"]:  # each one verl's estimator computes
+        assert torch.isfinite(kl_penalty(logp, ref, kind)).all(), kind

@@ -119,6 +119,10 @@ class GRPOConfig:
     max_prompt_length: int = option(1024, help="prompt budget in tokens (longer prompts are dropped by verl)")
     max_response_length: int = option(512, help="most speech tokens generated per response")
     use_kl_loss: bool = option(False, help="add a KL penalty to the reference model to the loss")
+    kl_loss_coef: float = option(0.001, help="weight of the KL loss (with --use-kl-loss true; verl's default)")
+    kl_loss_type: str = option("low_var_kl", choices=("low_var_kl", "k3", "kl", "k1", "abs", "mse", "k2", "low_var_kl+",
+                                                      "k3+", "kl+", "k1+"),
+                               help="KL estimator of the KL loss (verl's kl_penalty; + = k2 gradient, straight-through)")
     gradient_checkpointing: bool = option(True, help="recompute activations in the backward pass (less memory, "
                                                      "slower)")
     # rollout
@@ -203,6 +207,8 @@ class GRPOConfig:
             f"{ar}.actor.ppo_mini_batch_size={self.ppo_mini_batch_size}",
             f"{ar}.actor.ppo_micro_batch_size_per_gpu={mb}",
             f"{ar}.actor.use_kl_loss={v(self.use_kl_loss)}",
+            f"{ar}.actor.kl_loss_coef={v(self.kl_loss_coef)}",
+            f"{ar}.actor.kl_loss_type={self.kl_loss_type}",
             f"{ar}.actor.use_fused_kernels=False",
             f"{ar}.ref.log_prob_micro_batch_size_per_gpu={mb}",
             f"{ar}.rollout.name={self.rollout}",
