@@ -14,19 +14,37 @@ one logical GPU). Any verl Hydra override can follow ``--`` and is applied last,
         -- actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=False
 
 The run resumes from the newest ``global_step_N`` in ``--checkpoint-dir``
-(``trainer.resume_mode=auto``). ``--dry-run`` prints the environment and command
-instead of running. The process is replaced by verl's (signals reach it directly).
+(``trainer.resume_mode=auto``). Before verl starts, ``<checkpoint-dir>/ttsrl_run.json``
+records the settings, the preset, the ``TTSRL_*`` knobs in effect (ttsrl/knobs.py) and
+the verl overrides. ``--dry-run`` prints the environment and command instead of running
+(and writes nothing). The process is replaced by verl's (signals reach it directly).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shlex
 import sys
+from pathlib import Path
+from typing import NamedTuple
 
+from ttsrl import knobs
+from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given
 from ttsrl.train.grpo import PRESETS, GRPOConfig
+
+RUN_RECORD = "ttsrl_run.json"  # in --checkpoint-dir: what the latest launch ran with
+
+
+class Run(NamedTuple):
+    config: GRPOConfig
+    command: list[str]
+    env: dict[str, str]  # set on top of the caller's environment
+    preset: str
+    dry_run: bool
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def build(argv: list[str]) -> tuple[GRPOConfig, list[str], dict[str, str]]:
-    """argv -> (config, command, extra environment)."""
+def build(argv: list[str]) -> Run:
+    """argv -> the run: config, verl command, extra environment, preset name, dry run or not."""
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -50,22 +68,36 @@ def build(argv: list[str]) -> tuple[GRPOConfig, list[str], dict[str, str]]:
     args = _parser().parse_args(argv)
     cfg = GRPOConfig.from_preset(args.preset, **given(args, GRPOConfig), extra=extra)
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *cfg.to_overrides()]
-    return cfg, command, cfg.env()
+    return Run(cfg, command, cfg.env(), args.preset, args.dry_run)
+
+
+def write_run_record(run: Run, environ: dict[str, str]) -> Path:
+    """``<checkpoint_dir>/ttsrl_run.json`` (atomic): the settings, the preset, the TTSRL_* knobs
+    in ``environ`` (the environment verl gets) and the verl overrides."""
+    path = Path(run.config.checkpoint_dir) / RUN_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"preset": run.preset, "config": dataclasses.asdict(run.config), "knobs": knobs.in_effect(environ),
+              "env": run.env, "verl_overrides": run.config.to_overrides()}
+    atomic_write_text(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    cfg, command, env = build(argv)
-    dry = "--dry-run" in argv[: argv.index("--")] if "--" in argv else "--dry-run" in argv
-    if dry:
+    run = build(argv)
+    cfg, command, env = run.config, run.command, run.env
+    if run.dry_run:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
         print(" \\\n  ".join(shlex.quote(c) for c in command))
         return
-    print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode})", flush=True)
+    environ = {**os.environ, **env}
+    record = write_run_record(run, environ)
+    print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode}); settings, "
+          f"knobs and overrides -> {record}", flush=True)
     print("[train_grpo] verl command: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
           + shlex.join(command), flush=True)
-    os.execvpe(command[0], command, {**os.environ, **env})
+    os.execvpe(command[0], command, environ)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -51,6 +50,7 @@ from typing import Iterable
 
 import aiohttp
 
+from ttsrl import knobs
 from ttsrl.model.vocab import SpeechVocab
 from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
@@ -91,33 +91,23 @@ class RequestFailed(Exception):
 
 @dataclass
 class RewardClientConfig:
+    """Defaults and meanings: the reward client's knobs in ttsrl/knobs.py (from_env reads them)."""
+
     url: str = DEFAULT_URL
     model: str = DEFAULT_MODEL_NAME
-    max_fail_fraction: float = 0.1
-    retries: int = 4  # attempts after the first
-    backoff_s: float = 0.5  # first retry delay; doubles each retry (capped at 30 s), with jitter
-    timeout_s: float = 300.0  # per attempt
-    step_gap_s: float = 1.0  # idle time that closes a step window
-    max_connections: int = 256  # concurrent requests per event loop
+    max_fail_fraction: float = knobs.default(ENV_MAX_FAIL)
+    retries: int = knobs.default(ENV_RETRIES)  # attempts after the first
+    backoff_s: float = knobs.default(ENV_BACKOFF)  # first retry delay; doubles each retry (capped at 30 s), jitter
+    timeout_s: float = knobs.default(ENV_TIMEOUT)  # per attempt
+    step_gap_s: float = knobs.default(ENV_STEP_GAP)  # idle time that closes a step window
+    max_connections: int = knobs.default(ENV_MAX_CONN)  # concurrent requests per event loop
 
     @classmethod
     def from_env(cls) -> "RewardClientConfig":
-        d = cls()
-
-        def get(name, default, conv):
-            raw = os.environ.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return conv(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not a valid {conv.__name__}") from None
-
-        cfg = cls(url=get(ENV_URL, d.url, str).rstrip("/"), model=get(ENV_MODEL, d.model, str),
-                  max_fail_fraction=get(ENV_MAX_FAIL, d.max_fail_fraction, float),
-                  retries=get(ENV_RETRIES, d.retries, int), backoff_s=get(ENV_BACKOFF, d.backoff_s, float),
-                  timeout_s=get(ENV_TIMEOUT, d.timeout_s, float), step_gap_s=get(ENV_STEP_GAP, d.step_gap_s, float),
-                  max_connections=get(ENV_MAX_CONN, d.max_connections, int))
+        g = knobs.get
+        cfg = cls(url=(g(ENV_URL) or DEFAULT_URL).rstrip("/"), model=g(ENV_MODEL) or DEFAULT_MODEL_NAME,
+                  max_fail_fraction=g(ENV_MAX_FAIL), retries=g(ENV_RETRIES), backoff_s=g(ENV_BACKOFF),
+                  timeout_s=g(ENV_TIMEOUT), step_gap_s=g(ENV_STEP_GAP), max_connections=g(ENV_MAX_CONN))
         if not 0.0 <= cfg.max_fail_fraction <= 1.0:
             raise ValueError(f"{ENV_MAX_FAIL} must be in [0, 1], got {cfg.max_fail_fraction}")
         if cfg.retries < 0 or cfg.backoff_s < 0 or cfg.timeout_s <= 0 or cfg.max_connections < 1:
