@@ -36,6 +36,8 @@ def test_only_typed_values_are_given_and_parsed_to_the_field_types():
     assert got == {"path": "f", "steps": 5, "rate": 0.5, "fast": True, "mode": "b", "tags": ("y", "z"),
                    "rule": "r2"}
     assert Demo(**got).hidden == []
+    assert parse(["--fast", "--path", "f"]) == {"fast": True, "path": "f"}  # a bool option alone is true
+    assert parse(["--path", "f", "--fast", "off"]) == {"fast": False, "path": "f"}
 
 
 @pytest.mark.parametrize("argv", [[], ["--path", "f", "--steps", "x"], ["--path", "f", "--fast", "maybe"],

@@ -16,8 +16,9 @@ from the fields and parses straight into the config::
 Field metadata (``option`` fills it): ``help`` (required: a field without it is an error
 that names its FILE:LINE), ``flag`` (the option's name when not ``--field-name``),
 ``choices`` (allowed values; for a tuple field, allowed items) and ``cli=False`` (a field
-set by code, not an option). Types: ``str``, ``int``, ``float``, ``bool`` (true/false,
-1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]`` (comma-separated).
+set by code, not an option). Types: ``str``, ``int``, ``float``, ``bool`` (``--flag`` alone
+is true; or a value: true/false, 1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]``
+(comma-separated).
 
 Every option's argparse default is ``None``, so :func:`given` returns only the values
 typed on the command line: the caller layers them over the dataclass defaults (or a
@@ -128,6 +129,8 @@ def add_fields(parser, cls: type) -> None:
                              else f"{METAVARS[item]}[,{METAVARS[item]}...]")
         else:
             kw["type"] = conv
+            if item is bool:  # --flag alone means true; --flag false also parses
+                kw.update(nargs="?", const=True)
             if choices:
                 kw["choices"] = tuple(choices)
             else:
