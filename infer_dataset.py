@@ -50,14 +50,13 @@ import sys
 from ttsrl.data.testsets import TestSetError, parse_test_set_arg
 from ttsrl.eval.evaluate import EvalConfig, run_sweep
 from ttsrl.eval.report import HEADLINES
-from ttsrl.model.cosyvoice_lm import SAMPLING_RULES, SamplingConfig
+from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
 from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
 from ttsrl.stats import DEFAULT_RESAMPLES
 
 
 def parse_args(argv=None) -> EvalConfig:
-    s = SamplingConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("models and outputs")
     g.add_argument("--start-model", required=True, help="converted start model (HF dir) = step 0")
@@ -87,18 +86,7 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--seed", type=int, default=0, help="sampling seed (per utterance: seed + id)")
     g.add_argument("--seeds", type=int, default=1,
                    help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and spread across seeds")
-    g.add_argument("--sampling-rule", choices=SAMPLING_RULES, default=s.rule,
-                   help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
-                        "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
-                        "cosyvoice2-2024 = the earlier rule (for comparison with older numbers)")
-    g.add_argument("--top-p", type=float, default=s.top_p)
-    g.add_argument("--top-k", type=int, default=s.top_k)
-    g.add_argument("--win-size", type=int, default=s.win_size, help="repetition-aware sampling window")
-    g.add_argument("--tau-r", type=float, default=s.tau_r, help="repetition threshold (fraction of window)")
-    g.add_argument("--min-token-text-ratio", type=float, default=s.min_token_text_ratio,
-                   help="minimum speech codes per text token (stop tokens refused before)")
-    g.add_argument("--max-token-text-ratio", type=float, default=s.max_token_text_ratio,
-                   help="maximum speech codes per text token")
+    add_sampling_args(g)  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
     g.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine")
     g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0 = cores / ranks)")
 
@@ -124,9 +112,7 @@ def parse_args(argv=None) -> EvalConfig:
         backend.validate()
     except ValueError as e:
         p.error(str(e))
-    sampling = SamplingConfig(top_p=a.top_p, top_k=a.top_k, win_size=a.win_size, tau_r=a.tau_r,
-                              min_token_text_ratio=a.min_token_text_ratio,
-                              max_token_text_ratio=a.max_token_text_ratio, rule=a.sampling_rule)
+    sampling = sampling_from_args(a)
     return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, dev_sets=dev_sets,
                       merged_dir=a.merged_dir, seeds=a.seeds, headline=HEADLINES[a.headline], resamples=a.resamples,
                       steps=steps, backend=backend,

@@ -31,10 +31,12 @@ import argparse
 import sys
 
 
-def main(argv=None) -> int:
-    from ttsrl.model.cosyvoice_lm import SamplingConfig
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked; ``.sampling`` holds its SamplingConfig."""
+    import math
 
-    s = SamplingConfig()
+    from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="converted (or merged) HF checkpoint to sample from")
     p.add_argument("--out", required=True, help="pairs Parquet to write")
@@ -53,13 +55,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (transformers engine)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=s.top_p)
-    p.add_argument("--top-k", type=int, default=s.top_k)
-    p.add_argument("--min-token-text-ratio", type=float, default=s.min_token_text_ratio)
-    p.add_argument("--max-token-text-ratio", type=float, default=s.max_token_text_ratio)
+    add_sampling_args(p.add_argument_group("sampling (CosyVoice2's rule; mining only)"))
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     a = p.parse_args(argv)
-    import math
 
     if a.user_pairs:
         given = [f for f, v in (("--k", a.k), ("--min-margin", a.min_margin), ("--limit", a.limit)) if v is not None]
@@ -77,6 +75,12 @@ def main(argv=None) -> int:
         p.error(f"--min-margin must be a finite number >= 0, got {a.min_margin}")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be at least 1, got {a.limit}")
+    a.sampling = sampling_from_args(a)
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     from ttsrl.atomic import check_output_file
 
     try:  # before any work: never over an input, never over a file the user did not name for replacing
@@ -86,7 +90,6 @@ def main(argv=None) -> int:
         return 2
 
     import dataclasses
-    import os
 
     import torch
     from tqdm import tqdm
@@ -119,11 +122,10 @@ def main(argv=None) -> int:
         return 2
     if a.limit is not None:
         utts = utts[:a.limit]
-    if a.reward_url:
-        os.environ["TTSRL_REWARD_URL"] = a.reward_url
     rcfg = RewardClientConfig.from_env()
-    sampling = dataclasses.replace(s, top_p=a.top_p, top_k=a.top_k, min_token_text_ratio=a.min_token_text_ratio,
-                                   max_token_text_ratio=a.max_token_text_ratio)
+    if a.reward_url:
+        rcfg = dataclasses.replace(rcfg, url=a.reward_url.rstrip("/"))
+    sampling = a.sampling
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
     lm = load_speech_lm(a.model, device=a.device)
     tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)

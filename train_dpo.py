@@ -34,45 +34,64 @@ launch through accelerate, e.g. FSDP on 8 GPUs:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from ttsrl.cli import add_fields, given, option
+from ttsrl.train.dpo import AVERAGES, LOSS_TYPES
+
+DPO_ONLY = ("loss_type", "label_smoothing", "sft_weight", "average")
+KTO_ONLY = ("desirable_weight", "undesirable_weight")
+
+
+@dataclass
+class PreferenceRun:
+    """The CLI's settings, each with its --help. Fields marked ``run=False`` do not change the
+    weights; the others are the run's settings recorded in OUT_DIR/RUN.json."""
+
+    model: str = option(help="converted start model (HF dir); also the reference", run=False)
+    pairs: str = option(help="pairs Parquet (mine_pairs.py)", run=False)
+    out_dir: str = option(help="OUT_DIR/step_N checkpoints (merged layout)", run=False)
+    trainer: str = option("dpo", choices=("dpo", "kto"),
+                          help="dpo: paired losses below; kto: TRL's KTO on chosen=desirable, rejected=undesirable")
+    loss_type: str = option("sigmoid", choices=LOSS_TYPES, help="(dpo) the paired loss (see above)")
+    desirable_weight: float = option(1.0, help="(kto) weight of the desirable (chosen) samples' loss")
+    undesirable_weight: float = option(1.0, help="(kto) weight of the undesirable (rejected) samples' loss")
+    beta: float = option(0.01, help="DPO/KTO beta (CosyVoice2: 0.01)")
+    label_smoothing: float = option(0.0, help="(dpo) cdpo's epsilon in (0, 0.5)")
+    sft_weight: float = option(0.0, help="(dpo) weight of the chosen NLL term (RPO)")
+    average: str = option("sum", choices=AVERAGES,
+                          help="(dpo) sequence log-prob: sum over speech tokens, or per-token mean (CosyVoice2)")
+    lr: float = option(1e-5, help="learning rate (constant after the warm-up)")
+    batch_size: int = option(8, help="pairs per device per step")
+    grad_accum: int = option(1, help="gradient accumulation steps per optimizer step")
+    max_steps: int = option(-1, help="optimizer steps (-1: --epochs)")
+    epochs: float = option(1.0, help="passes over the pairs (when --max-steps is -1)")
+    save_steps: int = option(0, help="save every N steps (0: only at the end)")
+    warmup_steps: int = option(0, help="linear learning-rate warm-up steps")
+    seed: int = option(0, help="seed of TRL's data order and dropout")
+    dtype: str = option("float32", choices=("float32", "bfloat16"),
+                        help="dtype the policy is loaded in: its master weights (keep float32 at small learning rates)")
+    bf16_compute: bool = option(False, help="compute in bf16 (autocast / FSDP mixed precision) over the --dtype "
+                                            "master weights")
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    threads: int = option(0, help="torch CPU threads (0: default)", run=False)
+    force: bool = option(False, help="delete the steps of an earlier run with other settings in --out-dir", run=False)
+
+    def run_settings(self) -> dict:
+        """The settings that shape the weights (RUN.json), the other trainer's options left out."""
+        other = KTO_ONLY if self.trainer == "dpo" else DPO_ONLY
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("run", True) and f.name not in other}
 
 
 def main(argv=None) -> int:
-    from ttsrl.train.dpo import AVERAGES, LOSS_TYPES
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="converted start model (HF dir); also the reference")
-    p.add_argument("--pairs", required=True, help="pairs Parquet (mine_pairs.py)")
-    p.add_argument("--out-dir", required=True, help="OUT_DIR/step_N checkpoints (merged layout)")
-    p.add_argument("--trainer", choices=("dpo", "kto"), default="dpo",
-                   help="dpo: paired losses below; kto: TRL's KTO on chosen=desirable, rejected=undesirable")
-    p.add_argument("--loss-type", choices=LOSS_TYPES, default="sigmoid", help="(dpo)")
-    p.add_argument("--desirable-weight", type=float, default=1.0, help="(kto)")
-    p.add_argument("--undesirable-weight", type=float, default=1.0, help="(kto)")
-    p.add_argument("--beta", type=float, default=0.01, help="DPO beta (CosyVoice2: 0.01)")
-    p.add_argument("--label-smoothing", type=float, default=0.0, help="cdpo's ε in (0, 0.5)")
-    p.add_argument("--sft-weight", type=float, default=0.0, help="weight of the chosen NLL term (RPO)")
-    p.add_argument("--average", choices=AVERAGES, default="sum",
-                   help="sequence log-prob: sum over speech tokens, or per-token mean (CosyVoice2)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--batch-size", type=int, default=8, help="pairs per device per step")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (-1: --epochs)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--save-steps", type=int, default=0, help="save every N steps (0: only at the end)")
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype the policy is loaded in: its master weights (keep float32 at small learning rates)")
-    p.add_argument("--bf16-compute", action="store_true",
-                   help="compute in bf16 (autocast / FSDP mixed precision) over the --dtype master weights")
-    p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    p.add_argument("--force", action="store_true",
-                   help="delete the steps of an earlier run with other settings in --out-dir")
-    a = p.parse_args(argv)
+    add_fields(p, PreferenceRun)
+    a = PreferenceRun(**given(p.parse_args(argv), PreferenceRun))
 
     import torch
 
@@ -93,11 +112,7 @@ def main(argv=None) -> int:
     if not pairs_path.is_file():
         print(f"error: --pairs {pairs_path}: no such file (run mine_pairs.py first)", file=sys.stderr)
         return 2
-    weights = ["trainer", "beta", "lr", "batch_size", "grad_accum", "max_steps", "epochs", "save_steps",
-               "warmup_steps", "seed", "dtype", "bf16_compute", "gradient_checkpointing"]
-    weights += (["loss_type", "label_smoothing", "sft_weight", "average"] if a.trainer == "dpo"
-                else ["desirable_weight", "undesirable_weight"])
-    run = run_settings({k: getattr(a, k) for k in weights}, Path(a.model), pairs_path)
+    run = run_settings(a.run_settings(), Path(a.model), pairs_path)
     try:  # before anything slow: a folder that cannot take this run stops it now
         prepare_out_dir(out_dir, run, force=a.force, log=lambda m: print(f"[{a.trainer}] {m}", flush=True),
                         write=os.environ.get("RANK", "0") == "0")  # one writer under accelerate

@@ -24,11 +24,8 @@
 REWARD_ARGS=()
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
-# GRPO on CPU: 16 prompts x n=8 samples a step, 80 steps (~3.9 epochs of the 329 prompts
-# left after the dev slice, 20.6 steps an epoch); a tiny model needs a far larger lr than the 0.5B recipe.
-GRPO_ARGS=(--preset cpu --experiment-name embedded --train-batch-size 16 --ppo-mini-batch-size 16
-  --micro-batch-size-per-gpu 32 --n 8 --lr 3e-4 --max-response-length 64 --total-epochs 4
-  --total-training-steps 80 --save-freq 20 --test-freq 20 --loggers "$LOGGERS")
+# GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
+GRPO_ARGS=(--preset embedded --loggers "$LOGGERS")
 
 # stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
 MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)

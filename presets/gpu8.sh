@@ -45,7 +45,7 @@ SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoi
   --prompt-dir "$PROMPT_DIR" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
 REWARD_ARGS=("${SPEECH_ARGS[@]}")
 
-GRPO_ARGS=(--preset gpu --n-gpus-per-node 8 --loggers "$LOGGERS")
+GRPO_ARGS=(--preset gpu8 --loggers "$LOGGERS")  # PRESETS["gpu8"] in ttsrl/train/grpo.py
 
 # stage 2 with TRAINER=dpo|kto: pair mining with transformers on GPU (the engine that samples by
 # CosyVoice2's rule), TRL on 8 GPUs through accelerate FSDP (never run yet). The policy is loaded

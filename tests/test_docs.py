@@ -19,9 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 PREFIXES = ("ttsrl/", "scripts/", "presets/", "benchmarks/", "tests/", "docs/")
-# Issue 20: files that changes landing this hour create (the knobs registry). Remove these
-# entries when ttsrl/knobs.py exists.
-NOT_YET = {"ttsrl/knobs.py"}
 
 TOKEN = re.compile(r"(?<![\w./$-])[\w.{},*/-]+")
 MODULE = re.compile(r"(?<![\w./-])ttsrl(?:\.\w+)+")
@@ -44,8 +41,6 @@ def expand_braces(path: str) -> list[str]:
 
 
 def path_exists(path: str, root: Path) -> bool:
-    if path in NOT_YET:
-        return True
     if "*" in path:
         return any(root.glob(path))
     return (root / path).exists()
@@ -74,7 +69,7 @@ def module_resolves(dotted: str, root: Path) -> bool:
             continue
         file = here / f"{part}.py"
         if not file.is_file():
-            return str(file.relative_to(root)) in NOT_YET
+            return False
         rest = parts[i + 1:]
         if not rest:
             return True
@@ -154,7 +149,6 @@ def test_checks_catch_what_they_should(tmp_path):
     assert missing_paths(bad, tmp_path) == ["ttsrl/sim.py", "ttsrl/data/", "gone.py", "ttsrl/model/*.txt"]
     assert missing_modules("ttsrl.records, ttsrl.model.vocab.nothing and ttsrl.model.gone",
                            tmp_path) == ["ttsrl.records", "ttsrl.model.vocab.nothing", "ttsrl.model.gone"]
-    assert missing_paths("`ttsrl/knobs.py`", tmp_path) == []  # NOT_YET
     stages = ["-2", "-1", "0", "1"]
     assert unknown_stages("bash run.sh -1 1, stage 0, stages -2..1", stages) == []
     assert unknown_stages("bash run.sh 0 7; Stage 9 and bash run.sh 6", stages) == ["7", "6", "9"]

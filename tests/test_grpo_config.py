@@ -29,12 +29,13 @@ def composed(overrides: list[str]):
     return cfg
 
 
-def gpu(**kw) -> GRPOConfig:
-    return GRPOConfig(model_path="/m/hf model", train_files="/d/train.parquet", val_files="/d/test.parquet", **kw)
+def gpu(preset: str = "gpu", **kw) -> GRPOConfig:
+    return GRPOConfig.from_preset(preset, model_path="/m/hf model", train_files="/d/train.parquet",
+                                  val_files="/d/test.parquet", **kw)
 
 
-def test_gpu_preset_is_the_reference_recipe():
-    cfg = composed(gpu().to_overrides())
+def test_gpu8_preset_is_the_reference_recipe():
+    cfg = composed(gpu(preset="gpu8").to_overrides())
     a = cfg.actor_rollout_ref
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo is True
     assert cfg.data.train_batch_size == 32 and a.actor.ppo_mini_batch_size == 32
@@ -42,6 +43,7 @@ def test_gpu_preset_is_the_reference_recipe():
     assert a.actor.optim.lr == pytest.approx(1e-6)
     assert cfg.data.max_prompt_length == 1024 and cfg.data.max_response_length == 512
     assert a.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
+    assert a.actor.kl_loss_coef == pytest.approx(0.001) and a.actor.kl_loss_type == "low_var_kl"
     assert a.model.enable_gradient_checkpointing is True
     assert a.model.trust_remote_code is True and a.model.use_fused_kernels is False
     assert a.model.path == "/m/hf model"
@@ -135,7 +137,8 @@ def test_cli_builds_command_with_extras(capsys):
     argv = ["--preset", "cpu", "--model-path", "/m", "--train-files", "/t", "--val-files", "/v",
             "--train-batch-size", "8", "--ppo-mini-batch-size", "8", "--val-before-train", "false",
             "--loggers", "console,tensorboard", "--algorithm", "rloo", "--", "trainer.save_freq=3"]
-    cfg, cmd, env = train_grpo.build(argv)
+    cfg, cmd, env, preset, dry = train_grpo.build(argv)
+    assert (preset, dry) == ("cpu", False)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
     assert cfg.device == "cpu" and cfg.train_batch_size == 8 and cfg.val_before_train is False
     assert cfg.loggers == ("console", "tensorboard") and cmd[-1] == "trainer.save_freq=3"
@@ -233,3 +236,119 @@ def test_verl_model_setup_survives_trl_without_value_head():
     trl_compat.install()
     monkey_patch.apply_monkey_patch(model)
     assert monkey_patch.is_trl_available() == trl_compat.trl_value_head_available()
+
+
+# ---------------------------------------------------------------------------
+# the CLI is the dataclass: options, help and presets declared once in ttsrl/train/grpo.py
+
+REQUIRED_ARGV = ["--model-path", "/m", "--train-files", "/t", "--val-files", "/v"]
+
+
+def test_every_config_field_is_an_option_with_its_declared_help():
+    import dataclasses
+
+    import train_grpo
+
+    by_dest = {a.dest: a for a in train_grpo._parser()._actions}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.name == "extra":  # the raw overrides after --
+            assert f.name not in by_dest
+            continue
+        assert f.name in by_dest, f"GRPOConfig.{f.name} has no train_grpo.py option"
+        assert by_dest[f.name].help.startswith(f.metadata["help"].replace("%", "%%")), f.name
+
+
+def test_embedded_preset_is_the_embedded_run():
+    """The values presets/embedded.sh passed as flags before they moved into PRESETS (literal numbers)."""
+    import train_grpo
+
+    cfg, *_ = train_grpo.build(["--preset", "embedded", *REQUIRED_ARGV])
+    assert (cfg.device, cfg.rollout, cfg.n_gpus_per_node, cfg.experiment_name) == ("cpu", "hf", 1, "embedded")
+    assert (cfg.train_batch_size, cfg.ppo_mini_batch_size, cfg.micro_batch_size_per_gpu, cfg.n) == (16, 16, 32, 8)
+    assert cfg.lr == 3e-4 and cfg.max_response_length == 64
+    assert (cfg.total_epochs, cfg.total_training_steps, cfg.save_freq, cfg.test_freq) == (4, 80, 20, 20)
+    assert cfg.max_prompt_length == 1024 and cfg.loggers == ("console",)  # run.sh gives the prompt length
+
+
+def test_gpu8_preset_has_eight_gpus_and_the_bare_gpu_path_one():
+    import train_grpo
+
+    assert train_grpo.build(["--preset", "gpu8", *REQUIRED_ARGV])[0].n_gpus_per_node == 8
+    bare, *_ = train_grpo.build(REQUIRED_ARGV)  # --preset gpu: the field defaults
+    assert (bare.device, bare.n_gpus_per_node, bare.lr, bare.train_batch_size) == ("gpu", 1, 1e-6, 32)
+
+
+def test_flags_win_over_the_preset():
+    import train_grpo
+
+    cfg, cmd, *_ = train_grpo.build(["--preset", "embedded", *REQUIRED_ARGV, "--lr", "1e-5", "--n", "4",
+                                    "--total-training-steps", "7", "--experiment-name", "mine"])
+    assert (cfg.lr, cfg.n, cfg.total_training_steps, cfg.experiment_name) == (1e-5, 4, 7, "mine")
+    assert cfg.train_batch_size == 16  # the rest stays the preset's
+    assert "actor_rollout_ref.actor.optim.lr=1e-05" in cmd and "trainer.total_training_steps=7" in cmd
+
+
+def test_unknown_preset_lists_the_known_ones(capsys):
+    import train_grpo
+
+    with pytest.raises(ValueError, match="unknown GRPO preset 'gpu4'; known presets: gpu, cpu, gpu8, embedded"):
+        GRPOConfig.from_preset("gpu4", model_path="m", train_files="t", val_files="v")
+    with pytest.raises(SystemExit):
+        train_grpo.build(["--preset", "gpu4", *REQUIRED_ARGV])
+    assert "'gpu8'" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_preset_values(capsys):
+    import train_grpo
+
+    train_grpo.main(["--preset", "embedded", *REQUIRED_ARGV, "--dry-run"])
+    out = capsys.readouterr().out
+    for override in ("data.train_batch_size=16", "actor_rollout_ref.actor.optim.lr=0.0003",
+                     "actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=80", "trainer.save_freq=20"):
+        assert override in out, override
+
+
+def test_kl_loss_settings_reach_verl_and_every_kl_type_is_verls():
+    import torch
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    import train_grpo
+
+    cfg, cmd, *_ = train_grpo.build(["--preset", "gpu8", *REQUIRED_ARGV, "--use-kl-loss", "true",
+                                    "--kl-loss-coef", "0.04", "--kl-loss-type", "k3+"])
+    actor = composed(cmd[3:]).actor_rollout_ref.actor
+    assert (actor.use_kl_loss, actor.kl_loss_coef, actor.kl_loss_type) == (True, pytest.approx(0.04), "k3+")
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    field = next(f for f in __import__("dataclasses").fields(GRPOConfig) if f.name == "kl_loss_type")
+    for kind in field.metadata["choices"]:  # each one verl's estimator computes
+        assert torch.isfinite(kl_penalty(logp, ref, kind)).all(), kind
+
+
+def test_a_launch_records_settings_knobs_and_overrides(tmp_path, monkeypatch):
+    """train_grpo.py writes <checkpoint_dir>/ttsrl_run.json before it becomes verl (exec stopped here)."""
+    import json
+
+    import train_grpo
+
+    launched = []
+
+    def fake_exec(path, command, env):  # the process would be replaced by verl here
+        launched.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_grpo.os, "execvpe", fake_exec)
+    monkeypatch.setenv("TTSRL_REWARD_RETRIES", "7")
+    ckpt = tmp_path / "run one" / "checkpoints"
+    argv = ["--preset", "embedded", *REQUIRED_ARGV, "--checkpoint-dir", str(ckpt), "--lr", "2e-4", "--", "x.y=1"]
+    train_grpo.main([*argv[:-2], "--dry-run", *argv[-2:]])
+    assert not ckpt.exists()  # a dry run writes nothing
+    with pytest.raises(SystemExit):
+        train_grpo.main(argv)
+    record = json.loads((ckpt / "ttsrl_run.json").read_text())
+    assert record["preset"] == "embedded" and record["config"]["lr"] == 2e-4
+    assert record["config"]["train_batch_size"] == 16 and record["config"]["extra"] == ["x.y=1"]
+    assert record["knobs"]["TTSRL_REWARD_RETRIES"] == 7 and record["knobs"]["TTSRL_HF_ROLLOUT_MAX_BATCH"] == 64
+    assert "TTSRL_USE_PYTHON" not in record["knobs"]  # shell-only knobs are not the run's
+    assert "actor_rollout_ref.actor.optim.lr=0.0002" in record["verl_overrides"] and record["verl_overrides"][-1] == "x.y=1"
+    assert record["env"]["VERL_PLATFORM"] == "cpu" and launched[0]["VERL_PLATFORM"] == "cpu"
+    assert [p.name for p in ckpt.iterdir()] == ["ttsrl_run.json"]  # no temp file left

@@ -3,9 +3,11 @@
 The top-level scripts of the repository are thin CLIs over this package. Its layers, each
 importing only from layers below it (``tests/test_layers.py`` checks this):
 
-0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``console``,
-   ``jsonl`` (the one JSONL reader), ``text`` (normaliser, pinyin, error counts),
-   ``limits``, ``stats``; and ``verl_plugin`` (our verl plugin, which imports no ttsrl code)
+0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``cli`` (options
+   declared by dataclass fields), ``console``, ``jsonl`` (the one JSONL reader),
+   ``knobs`` (every ``TTSRL_*`` environment variable), ``text`` (normaliser, pinyin, error
+   counts), ``limits``, ``stats``; and ``verl_plugin`` (our verl plugin, which imports no
+   ttsrl code but ``knobs``)
 1. ``model``    - the CosyVoice2 LLM: token ids, conversion, HF/vLLM classes, generation
 2. ``embedded`` - the CPU preset's simulated codec and tiny model;
    ``data``     - stage 0, test sets, the dev split

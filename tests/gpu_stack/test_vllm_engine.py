@@ -11,13 +11,14 @@ step made by the real merge path (verl.model_merger) is served in test_vllm_grpo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
 import torch
 
-DEVICE = os.environ.get("TTSRL_TEST_DEVICE", "cpu")
+from ttsrl import knobs
+
+DEVICE = knobs.get("TTSRL_TEST_DEVICE")
 TEXTS = ["今天天气很好", "银行的行长在行走", "Hello world",
          "二零二四年三月五日", "重庆的重量很重要", "你好"]
 LOGP_TOL = 1e-4  # fp32 on both sides; measured max |diff| is printed

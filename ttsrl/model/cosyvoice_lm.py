@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from ttsrl.cli import add_fields, given, option
 from ttsrl.model.vocab import EOS_INDEX, NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
 
 IGNORE_ID = -1
@@ -74,20 +75,37 @@ SAMPLING_RULES = (RULE_2026, RULE_2024)
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """CosyVoice2's inference defaults (cosyvoice2.yaml / Qwen2LM.inference)."""
+    """CosyVoice2's inference defaults (cosyvoice2.yaml / Qwen2LM.inference). Each field's
+    help is its command-line option in every CLI that samples (:func:`add_sampling_args`)."""
 
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10  # repetition-aware sampling window
-    tau_r: float = 0.1  # repetition threshold as a fraction of the window
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    max_trials: int = 100  # rule cosyvoice2-2024 only: redraws while stop tokens are not allowed
-    rule: str = RULE_2026  # one of SAMPLING_RULES
+    top_p: float = option(0.8, help="nucleus sampling: keep the most likely tokens until their mass reaches this")
+    top_k: int = option(25, help="nucleus sampling: keep at most this many tokens")
+    win_size: int = option(10, help="repetition-aware sampling window (last N tokens)")
+    tau_r: float = option(0.1, help="repetition threshold (fraction of the window): a pick repeated this often "
+                                    "is redrawn")
+    min_token_text_ratio: float = option(2.0, help="minimum speech codes per text token (stop tokens refused "
+                                                   "before)")
+    max_token_text_ratio: float = option(20.0, help="maximum speech codes per text token")
+    max_trials: int = option(100, cli=False, help="rule cosyvoice2-2024 only: redraws while stop tokens are not "
+                                                  "allowed")
+    rule: str = option(RULE_2026, flag="--sampling-rule", choices=SAMPLING_RULES,
+                       help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
+                            "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
+                            "cosyvoice2-2024 = the earlier rule (for comparison with older numbers)")
 
     def __post_init__(self):
         if self.rule not in SAMPLING_RULES:
             raise ValueError(f"unknown sampling rule {self.rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
+
+
+def add_sampling_args(parser) -> None:
+    """The sampling options (one per ``SamplingConfig`` field) on ``parser`` or an argument group."""
+    add_fields(parser, SamplingConfig)
+
+
+def sampling_from_args(args) -> SamplingConfig:
+    """The ``SamplingConfig`` of a command line parsed with :func:`add_sampling_args`."""
+    return SamplingConfig(**given(args, SamplingConfig))
 
 
 def nucleus_sampling(logp: torch.Tensor, top_p: float, top_k: int, generator=None) -> int:

@@ -16,6 +16,8 @@ instead. ``TTSRL_PLUGIN_LOADED_LOG=1`` prints one line per process that loads th
 
 import os
 
+from ttsrl import knobs
+
 ARCH = "CosyVoice2Qwen2ForCausalLM"
 
 
@@ -26,7 +28,7 @@ def register() -> None:
         # lazy "module:Class" form: vLLM imports the model only when it is used
         ModelRegistry.register_model(ARCH, "ttsrl.model.vllm_model:CosyVoice2Qwen2ForCausalLM")
     onednn_off = _cpu_no_weight_repacking()
-    if os.environ.get("TTSRL_PLUGIN_LOADED_LOG") == "1":
+    if knobs.get("TTSRL_PLUGIN_LOADED_LOG"):
         print(f"[ttsrl.model.vllm_plugin] registered {ARCH} in pid {os.getpid()} (cpu oneDNN repacking off: "
               f"{onednn_off})", flush=True)
 

@@ -56,12 +56,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
+from ttsrl import knobs
 from ttsrl.model.vocab import SpeechVocab
 from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
@@ -97,39 +97,29 @@ class RewardServiceError(RuntimeError):
 
 @dataclass
 class RewardClientConfig:
+    """Defaults and meanings: the reward client's knobs in ttsrl/knobs.py (from_env reads them)."""
+
     url: str = DEFAULT_URL  # one base URL or a comma-separated list (see ``urls``)
     model: str = DEFAULT_MODEL_NAME
-    max_fail_fraction: float = 0.1
-    fail_window: int = 64  # the fraction is judged over this process's last this-many requests
-    retries: int = 4  # waits for a usable server when none is left (each up to the backoff)
-    backoff_s: float = 0.5  # a failed server's first time out of rotation; doubles per failure
+    max_fail_fraction: float = knobs.default(ENV_MAX_FAIL)
+    fail_window: int = knobs.default(ENV_FAIL_WINDOW)  # the fraction is judged over this process's last this-many requests
+    retries: int = knobs.default(ENV_RETRIES)  # waits for a usable server when none is left (each up to the backoff)
+    backoff_s: float = knobs.default(ENV_BACKOFF)  # a failed server's first time out of rotation; doubles per failure
     max_backoff_s: float = 30.0
-    timeout_s: float = 300.0  # per attempt
-    max_connections: int = 256  # concurrent requests per event loop
+    timeout_s: float = knobs.default(ENV_TIMEOUT)  # per attempt
+    max_connections: int = knobs.default(ENV_MAX_CONN)  # concurrent requests per event loop
 
     @classmethod
     def from_env(cls) -> "RewardClientConfig":
-        """The configuration from ``TTSRL_REWARD_*`` (the only place this module reads the environment)."""
-        d = cls()
-
-        def get(name, default, conv):
-            raw = os.environ.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return conv(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not a valid {conv.__name__}") from None
-
+        """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only)."""
+        g = knobs.get
         for old, new in ENV_OBSOLETE.items():
-            if os.environ.get(old) and old not in _WARNED:
+            if g(old) is not None and old not in _WARNED:
                 _WARNED.add(old)
                 log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
-        cfg = cls(url=get(ENV_URL, d.url, str), model=get(ENV_MODEL, d.model, str),
-                  max_fail_fraction=get(ENV_MAX_FAIL, d.max_fail_fraction, float),
-                  fail_window=get(ENV_FAIL_WINDOW, d.fail_window, int),
-                  retries=get(ENV_RETRIES, d.retries, int), backoff_s=get(ENV_BACKOFF, d.backoff_s, float),
-                  timeout_s=get(ENV_TIMEOUT, d.timeout_s, float), max_connections=get(ENV_MAX_CONN, d.max_connections, int))
+        cfg = cls(url=g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME,
+                  max_fail_fraction=g(ENV_MAX_FAIL), fail_window=g(ENV_FAIL_WINDOW), retries=g(ENV_RETRIES),
+                  backoff_s=g(ENV_BACKOFF), timeout_s=g(ENV_TIMEOUT), max_connections=g(ENV_MAX_CONN))
         try:
             cfg.url = ",".join(cfg.urls)
         except ValueError as e:

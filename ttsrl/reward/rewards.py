@@ -11,17 +11,16 @@ Everything here is a pure function of its arguments.
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable
 
 import jiwer
 from pypinyin import Style, lazy_pinyin
 
+from ttsrl import knobs
 from ttsrl.model.vocab import TOKEN_RATE_HZ
 from ttsrl.text import SYLLABLES_PER_SECOND, cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
 
@@ -110,7 +109,7 @@ def _reference_normalizer():
         from tn.chinese.normalizer import Normalizer
     except ImportError as e:
         raise ImportError("reward 'tanh_reference' needs WeTextProcessing (pip install wetextprocessing==1.2.0)") from e
-    cache = Path(os.environ.get("TTSRL_CACHE_DIR") or Path.home() / ".cache" / "ttsrl") / "wetext-reference"
+    cache = knobs.get("TTSRL_CACHE_DIR") / "wetext-reference"
     cache.mkdir(parents=True, exist_ok=True)
     return Normalizer(cache_dir=str(cache), remove_erhua=False, remove_interjections=False,
                       remove_puncts=True, overwrite_cache=False)

@@ -1,20 +1,27 @@
 """Stage 2 configuration: a typed GRPO recipe -> Hydra overrides for verl 0.9.1.
 
 ``GRPOConfig`` carries the reference CosyVoice2 recipe's training settings moved
-to verl 0.9.1's keys (the GPU preset); ``to_overrides`` renders them as the
-command-line overrides of ``python -m verl.trainer.main_ppo``. ``device="cpu"``
-adds what a CPU-only run needs (our plugin ``ttsrl.verl_plugin``, see its docstring),
-and ``algorithm`` switches between GRPO variants without forking code.
+to verl 0.9.1's keys; ``PRESETS`` name the runs (``gpu8``, ``embedded``, and the bare
+``gpu``/``cpu`` paths) as field values over those defaults. ``to_overrides`` renders a
+config as the command-line overrides of ``python -m verl.trainer.main_ppo``.
+``device="cpu"`` adds what a CPU-only run needs (our plugin ``ttsrl.verl_plugin``, see
+its docstring), and ``algorithm`` switches between GRPO variants without forking code.
 Anything not modelled here is passed through as a raw Hydra override (``extra``),
 applied last so it wins.
+
+Adding a setting: one field declared with ``option(default, help=...)`` (that is also
+its ``train_grpo.py`` option and ``--help``) and, when it maps to verl, one line in
+``recipe_overrides``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from ttsrl.cli import option
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REWARD_FILE = REPO_ROOT / "reward_tts.py"
@@ -51,6 +58,27 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 DEVICES = ("gpu", "cpu")
 LOGGERS = ("console", "wandb", "tensorboard")
 
+# Named presets: field values over the dataclass defaults (the reference recipe on one GPU).
+# train_grpo.py --preset NAME; flags given on its command line win over the preset.
+_CPU = {"device": "cpu", "rollout": "hf", "n_gpus_per_node": 1}
+PRESETS: dict[str, dict] = {
+    # the reference recipe as declared below (one GPU unless --n-gpus-per-node)
+    "gpu": {},
+    # the CPU path: our verl plugin, the hf rollout, one logical GPU (tests and benchmarks
+    # give their own batch shape on top)
+    "cpu": _CPU,
+    # presets/gpu8.sh: the reference recipe on one node of 8 GPUs
+    "gpu8": {"n_gpus_per_node": 8},
+    # presets/embedded.sh: the tiny stage -1 model on a 2-core CPU. 16 prompts x n=8 samples a
+    # step, 80 steps (~3.9 epochs of the 329 prompts left after the 64-text dev slice, 20.6
+    # steps an epoch); the tiny model needs a far larger lr than the 0.5B recipe's 1e-6; the
+    # simulated codec's responses are short (64 codes); a checkpoint and a validation every 20
+    # steps give stage 5 four steps to choose from.
+    "embedded": {**_CPU, "experiment_name": "embedded", "train_batch_size": 16, "ppo_mini_batch_size": 16,
+                 "micro_batch_size_per_gpu": 32, "n": 8, "lr": 3e-4, "max_response_length": 64,
+                 "total_epochs": 4, "total_training_steps": 80, "save_freq": 20, "test_freq": 20},
+}
+
 
 def _hydra_value(v) -> str:
     if isinstance(v, bool):
@@ -67,50 +95,60 @@ def _hydra_value(v) -> str:
 
 @dataclass
 class GRPOConfig:
-    """Stage-2 settings. Defaults: the 8-GPU preset (reference recipe)."""
+    """Stage-2 settings, each with its ``--help`` text (``train_grpo.py`` builds its options
+    from these fields). Defaults: the reference CosyVoice2 recipe on one GPU; ``PRESETS``
+    below set the cluster shape and the embedded run's values on top."""
 
-    model_path: str
-    train_files: str
-    val_files: str
-    checkpoint_dir: str = "exp/checkpoints"
-    reward_file: str = str(DEFAULT_REWARD_FILE)
-    reward_function: str = "compute_score"
-    reward_manager: str = "naive"  # speech tokens are not special, so naive's decode keeps them
-    algorithm: str = "grpo"
-    device: str = "gpu"
+    model_path: str = option(help="the Hugging Face checkpoint to train (stage -1's hf_model/ or a merged step)")
+    train_files: str = option(help="training Parquet from stage 0 (train.parquet)")
+    val_files: str = option(help="validation Parquet from stage 0 (test.parquet)")
+    checkpoint_dir: str = option("exp/checkpoints", help="where verl writes global_step_N/ (and resumes from)")
+    reward_file: str = option(str(DEFAULT_REWARD_FILE), help="Python file holding the reward function verl calls")
+    reward_function: str = option("compute_score", help="name of the reward function in --reward-file")
+    # speech tokens are not special tokens, so naive's decode keeps them
+    reward_manager: str = option("naive", help="verl reward manager (naive: one call per response, batched by "
+                                               "the server)")
+    algorithm: str = option("grpo", choices=tuple(ALGORITHMS),
+                            help="advantage/loss variant (ALGORITHMS in ttsrl/train/grpo.py)")
+    device: str = option("gpu", choices=DEVICES, help="gpu, or cpu: our verl plugin's CPU path (ttsrl.verl_plugin)")
     # batch shape
-    train_batch_size: int = 32
-    ppo_mini_batch_size: int = 32
-    micro_batch_size_per_gpu: int = 4
-    lr: float = 1e-6
-    max_prompt_length: int = 1024
-    max_response_length: int = 512
-    use_kl_loss: bool = False
-    gradient_checkpointing: bool = True
+    train_batch_size: int = option(32, help="prompts per training step")
+    ppo_mini_batch_size: int = option(32, help="prompts per optimiser update (<= --train-batch-size)")
+    micro_batch_size_per_gpu: int = option(4, help="sequences per forward/backward pass on one GPU")
+    lr: float = option(1e-6, help="actor learning rate")
+    max_prompt_length: int = option(1024, help="prompt budget in tokens (longer prompts are dropped by verl)")
+    max_response_length: int = option(512, help="most speech tokens generated per response")
+    use_kl_loss: bool = option(False, help="add a KL penalty to the reference model to the loss")
+    kl_loss_coef: float = option(0.001, help="weight of the KL loss (with --use-kl-loss true; verl's default)")
+    kl_loss_type: str = option("low_var_kl", choices=("low_var_kl", "k3", "kl", "k1", "abs", "mse", "k2", "low_var_kl+",
+                                                      "k3+", "kl+", "k1+"),
+                               help="KL estimator of the KL loss (verl's kl_penalty; + = k2 gradient, straight-through)")
+    gradient_checkpointing: bool = option(True, help="recompute activations in the backward pass (less memory, "
+                                                     "slower)")
     # rollout
-    rollout: str = "vllm"
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.6
-    n: int = 4
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 25
+    rollout: str = option("vllm", help="generation engine: vllm (GPU) or hf (transformers, the CPU path)")
+    tensor_parallel_size: int = option(1, help="GPUs per vLLM rollout engine")
+    gpu_memory_utilization: float = option(0.6, help="fraction of GPU memory vLLM may take")
+    n: int = option(4, help="responses sampled per prompt (the GRPO group size)")
+    temperature: float = option(0.8, help="rollout sampling temperature")
+    top_p: float = option(0.95, help="rollout nucleus sampling threshold")
+    top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25)")
     # schedule
-    total_epochs: int = 1
-    total_training_steps: Optional[int] = None
-    save_freq: int = 100
-    test_freq: int = 100
-    val_before_train: bool = True
-    resume_mode: str = "auto"
+    total_epochs: int = option(1, help="passes over the training data")
+    total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
+    save_freq: int = option(100, help="save a checkpoint every N steps")
+    test_freq: int = option(100, help="validate every N steps")
+    val_before_train: bool = option(True, help="validate once before the first step")
+    resume_mode: str = option("auto", help="verl resume mode: auto (newest global_step_N), disable, resume_path")
     # cluster
-    n_gpus_per_node: int = 8
-    nnodes: int = 1
+    n_gpus_per_node: int = option(1, help="GPUs per node (the CPU path uses 1 logical GPU)")
+    nnodes: int = option(1, help="nodes in the Ray cluster")
     # logging
-    project_name: str = "ttsrl"
-    experiment_name: str = "cosyvoice2_grpo"
-    loggers: tuple[str, ...] = ("console",)
-    # raw Hydra overrides, applied last
-    extra: list[str] = field(default_factory=list)
+    project_name: str = option("ttsrl", help="project name for the loggers")
+    experiment_name: str = option("cosyvoice2_grpo", help="experiment name for the loggers (and verl's folders)")
+    loggers: tuple[str, ...] = option(("console",), choices=LOGGERS, help="comma-separated loggers")
+    # raw Hydra overrides, applied last (train_grpo.py: everything after --)
+    extra: list[str] = option([], cli=False, help="raw verl Hydra overrides, applied last")
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -130,11 +168,16 @@ class GRPOConfig:
         self.loggers = tuple(self.loggers)
 
     @classmethod
-    def cpu_preset(cls, **kw) -> "GRPOConfig":
-        """The embedded CPU preset: one logical GPU, the ``hf`` rollout, console logs."""
-        base = dict(device="cpu", rollout="hf", n_gpus_per_node=1, loggers=("console",))
-        base.update(kw)
-        return cls(**base)
+    def from_preset(cls, preset: str, **values) -> "GRPOConfig":
+        """The named preset (``PRESETS``) with ``values`` over it (explicit settings win)."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown GRPO preset {preset!r}; known presets: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[preset], **values})
+
+    @classmethod
+    def cpu_preset(cls, **values) -> "GRPOConfig":
+        """The ``cpu`` preset: the CPU path without the embedded run's values."""
+        return cls.from_preset("cpu", **values)
 
     # ------------------------------------------------------------------------
     def recipe_overrides(self) -> list[str]:
@@ -164,6 +207,8 @@ class GRPOConfig:
             f"{ar}.actor.ppo_mini_batch_size={self.ppo_mini_batch_size}",
             f"{ar}.actor.ppo_micro_batch_size_per_gpu={mb}",
             f"{ar}.actor.use_kl_loss={v(self.use_kl_loss)}",
+            f"{ar}.actor.kl_loss_coef={v(self.kl_loss_coef)}",
+            f"{ar}.actor.kl_loss_type={self.kl_loss_type}",
             f"{ar}.actor.use_fused_kernels=False",
             f"{ar}.ref.log_prob_micro_batch_size_per_gpu={mb}",
             f"{ar}.rollout.name={self.rollout}",

@@ -64,8 +64,10 @@ def cpu_env() -> dict[str, str]:
 def _check_version() -> None:
     from importlib.metadata import version
 
+    from ttsrl import knobs
+
     found = version("verl")
-    if found != VERL_VERSION and os.environ.get("TTSRL_ALLOW_VERL_MISMATCH") != "1":
+    if found != VERL_VERSION and not knobs.get("TTSRL_ALLOW_VERL_MISMATCH"):
         raise ImportError(f"ttsrl.verl_plugin is written against verl=={VERL_VERSION}, found verl=={found}; "
                           "re-check the plugin (tests/test_grpo_cpu.py) before changing the pin")
 

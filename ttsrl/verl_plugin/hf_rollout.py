@@ -34,14 +34,15 @@ from typing import Any, Generator, Optional
 import ray
 import torch
 
+from ttsrl import knobs
 from ttsrl.verl_plugin.sampling import Sampling, eos_ids_of, parse_sampling
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
 # Concurrent requests arriving within this window are generated as one batch.
-BATCH_WINDOW_S = float(os.environ.get("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S", "0.05"))
-MAX_BATCH = int(os.environ.get("TTSRL_HF_ROLLOUT_MAX_BATCH", "64"))
+BATCH_WINDOW_S = knobs.get("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S")
+MAX_BATCH = knobs.get("TTSRL_HF_ROLLOUT_MAX_BATCH")
 WEIGHT_CHUNK_BYTES = 256 << 20
 
 
@@ -70,7 +71,7 @@ class HFRolloutServer:
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank, self.node_rank = replica_rank, node_rank
-        threads = int(os.environ.get("TTSRL_HF_ROLLOUT_THREADS", "0")) or (os.cpu_count() or 1)
+        threads = knobs.get("TTSRL_HF_ROLLOUT_THREADS") or (os.cpu_count() or 1)
         torch.set_num_threads(threads)
 
         dtype = getattr(torch, str(self.config.dtype)) if self.config.dtype else torch.float32

@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ttsrl import knobs
 from ttsrl.atomic import atomic_path, atomic_write_bytes
 from ttsrl.reward.backends.base import ASR, Audio
 
@@ -76,7 +77,7 @@ def preload_cublas12() -> None:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TTSRL_CACHE_DIR") or Path.home() / ".cache" / "ttsrl")
+    return knobs.get("TTSRL_CACHE_DIR")
 
 
 def _wheel_file(dist: str, rel: str) -> Path:
