@@ -82,7 +82,7 @@ def run(tmp_path_factory, sim_server_url):
 def test_grpo_steps_with_vllm_rollout(run):
     ws, log = run
     # the plugin ran inside verl's vLLM processes (not in the trainer process: it has no vLLM engine)
-    loaded = re.findall(r"\[ttsrl\.vllm_plugin\] registered CosyVoice2Qwen2ForCausalLM in pid (\d+) "
+    loaded = re.findall(r"\[ttsrl\.model\.vllm_plugin\] registered CosyVoice2Qwen2ForCausalLM in pid (\d+) "
                         r"\(cpu oneDNN repacking off: True\)", log)
     assert loaded, log[-4000:]
     assert "vLLMHttpServer" in log
