@@ -266,7 +266,9 @@ def test_embedded_preset_is_the_embedded_run():
     assert (cfg.device, cfg.rollout, cfg.n_gpus_per_node, cfg.experiment_name) == ("cpu", "hf", 1, "embedded")
     assert (cfg.train_batch_size, cfg.ppo_mini_batch_size, cfg.micro_batch_size_per_gpu, cfg.n) == (16, 16, 32, 8)
     assert cfg.lr == 3e-4 and cfg.max_response_length == 64
-    assert (cfg.total_epochs, cfg.total_training_steps, cfg.save_freq, cfg.test_freq) == (4, 80, 20, 20)
+    assert (cfg.total_epochs, cfg.total_training_steps, cfg.save_freq, cfg.test_freq) == (4, 80, 40, -1)
+    # the speed settings (issue 20): none changes what is learned
+    assert (cfg.val_before_train, cfg.gradient_checkpointing, cfg.bypass_old_log_prob) == (False, False, True)
     assert cfg.max_prompt_length == 1024 and cfg.loggers == ("console",)  # run.sh gives the prompt length
 
 
@@ -304,7 +306,8 @@ def test_dry_run_prints_the_preset_values(capsys):
     train_grpo.main(["--preset", "embedded", *REQUIRED_ARGV, "--dry-run"])
     out = capsys.readouterr().out
     for override in ("data.train_batch_size=16", "actor_rollout_ref.actor.optim.lr=0.0003",
-                     "actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=80", "trainer.save_freq=20"):
+                     "actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=80", "trainer.save_freq=40",
+                     "algorithm.rollout_correction.bypass_mode=True"):
         assert override in out, override
 
 
@@ -347,8 +350,21 @@ def test_a_launch_records_settings_knobs_and_overrides(tmp_path, monkeypatch):
     record = json.loads((ckpt / "ttsrl_run.json").read_text())
     assert record["preset"] == "embedded" and record["config"]["lr"] == 2e-4
     assert record["config"]["train_batch_size"] == 16 and record["config"]["extra"] == ["x.y=1"]
-    assert record["knobs"]["TTSRL_REWARD_RETRIES"] == 7 and record["knobs"]["TTSRL_HF_ROLLOUT_MAX_BATCH"] == 64
+    assert record["knobs"]["TTSRL_REWARD_RETRIES"] == 7 and record["knobs"]["TTSRL_HF_ROLLOUT_MAX_BATCH"] == 128
     assert "TTSRL_USE_PYTHON" not in record["knobs"]  # shell-only knobs are not the run's
     assert "actor_rollout_ref.actor.optim.lr=0.0002" in record["verl_overrides"] and record["verl_overrides"][-1] == "x.y=1"
     assert record["env"]["VERL_PLATFORM"] == "cpu" and launched[0]["VERL_PLATFORM"] == "cpu"
     assert [p.name for p in ckpt.iterdir()] == ["ttsrl_run.json"]  # no temp file left
+
+
+def test_bypass_mode_refuses_an_algorithm_with_its_own_policy_loss():
+    """verl's bypass mode swaps in its own loss: with GSPO's sequence-level loss that would be a
+    silent change of algorithm, so the embedded preset's bypass must be switched off for it."""
+    import train_grpo
+
+    with pytest.raises(ValueError, match="gspo.*--bypass-old-log-prob false"):
+        train_grpo.build(["--preset", "embedded", "--algorithm", "gspo", *REQUIRED_ARGV])
+    cfg, cmd, *_ = train_grpo.build(["--preset", "embedded", "--algorithm", "gspo", "--bypass-old-log-prob", "false",
+                                    *REQUIRED_ARGV])
+    assert "algorithm.rollout_correction.bypass_mode=False" in cmd
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=gspo" in cmd

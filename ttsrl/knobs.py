@@ -52,9 +52,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("TTSRL_REWARD_STEP_GAP_S", str, None, "obsolete, no longer read (the failure rule counts the last "
          "TTSRL_REWARD_FAIL_WINDOW calls); setting it logs a warning once", _REWARD),
     Knob("TTSRL_REWARD_MAX_CONNECTIONS", int, 256, "concurrent reward requests per event loop", _REWARD),
-    Knob("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S", float, 0.05, "hf rollout: requests arriving within this many seconds "
-         "are generated as one batch", _ROLLOUT),
-    Knob("TTSRL_HF_ROLLOUT_MAX_BATCH", int, 64, "hf rollout: most sequences generated in one batch", _ROLLOUT),
+    Knob("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S", float, 0.05, "hf rollout: requests keep being collected into one batch "
+         "until none arrived for this many seconds", _ROLLOUT),
+    Knob("TTSRL_HF_ROLLOUT_MAX_BATCH", int, 128, "hf rollout: most sequences generated in one batch (the embedded "
+         "run's 16 prompts x n=8 = 128: one batch a step)", _ROLLOUT),
     Knob("TTSRL_HF_ROLLOUT_THREADS", int, 0, "hf rollout: torch CPU threads of the generating actor (0: all "
          "cores)", _ROLLOUT),
     Knob("TTSRL_ALLOW_VERL_MISMATCH", bool, False, "load our verl plugin under a verl other than the pinned one",

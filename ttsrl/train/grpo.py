@@ -72,11 +72,15 @@ PRESETS: dict[str, dict] = {
     # presets/embedded.sh: the tiny stage -1 model on a 2-core CPU. 16 prompts x n=8 samples a
     # step, 80 steps (~3.9 epochs of the 329 prompts left after the 64-text dev slice, 20.6
     # steps an epoch); the tiny model needs a far larger lr than the 0.5B recipe's 1e-6; the
-    # simulated codec's responses are short (64 codes); a checkpoint and a validation every 20
-    # steps give stage 5 four steps to choose from.
+    # simulated codec's responses are short (64 codes). For speed, none of which changes what is
+    # learned: the fp32 hf rollout's log-probs are the actor's (max |p diff| 2e-5 measured), so
+    # they serve as old log-probs (no second forward pass); no validation inside stage 2 (stage 4
+    # scores every saved step on dev and test); no activation recomputation (a tiny model needs
+    # no memory saved); a checkpoint every 40 steps gives stage 5 steps 40 and 80 to choose from.
     "embedded": {**_CPU, "experiment_name": "embedded", "train_batch_size": 16, "ppo_mini_batch_size": 16,
                  "micro_batch_size_per_gpu": 32, "n": 8, "lr": 3e-4, "max_response_length": 64,
-                 "total_epochs": 4, "total_training_steps": 80, "save_freq": 20, "test_freq": 20},
+                 "total_epochs": 4, "total_training_steps": 80, "save_freq": 40, "test_freq": -1,
+                 "val_before_train": False, "gradient_checkpointing": False, "bypass_old_log_prob": True},
 }
 
 
@@ -125,6 +129,9 @@ class GRPOConfig:
                                help="KL estimator of the KL loss (verl's kl_penalty; + = k2 gradient, straight-through)")
     gradient_checkpointing: bool = option(True, help="recompute activations in the backward pass (less memory, "
                                                      "slower)")
+    bypass_old_log_prob: bool = option(False, help="use the rollout's log-probs as the PPO ratio's old log-probs "
+                                                   "instead of recomputing them with the actor (verl's rollout_correction "
+                                                   "bypass mode); exact only when rollout and actor compute alike")
     # rollout
     rollout: str = option("vllm", help="generation engine: vllm (GPU) or hf (transformers, the CPU path)")
     tensor_parallel_size: int = option(1, help="GPUs per vLLM rollout engine")
@@ -137,7 +144,7 @@ class GRPOConfig:
     total_epochs: int = option(1, help="passes over the training data")
     total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
     save_freq: int = option(100, help="save a checkpoint every N steps")
-    test_freq: int = option(100, help="validate every N steps")
+    test_freq: int = option(100, help="validate every N steps (-1: never; stage 4 scores every saved step)")
     val_before_train: bool = option(True, help="validate once before the first step")
     resume_mode: str = option("auto", help="verl resume mode: auto (newest global_step_N), disable, resume_path")
     # cluster
@@ -165,6 +172,11 @@ class GRPOConfig:
         if self.ppo_mini_batch_size > self.train_batch_size:
             raise ValueError(f"ppo_mini_batch_size {self.ppo_mini_batch_size} > train_batch_size "
                              f"{self.train_batch_size}")
+        own_loss = [o for o in ALGORITHMS[self.algorithm] if ".policy_loss.loss_mode=" in o]
+        if self.bypass_old_log_prob and own_loss:
+            # verl's bypass mode replaces the policy loss with its own (ppo_clip on rollout log-probs)
+            raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss[0]}), which "
+                             "bypass_old_log_prob would replace: pass --bypass-old-log-prob false")
         self.loggers = tuple(self.loggers)
 
     @classmethod
@@ -223,6 +235,7 @@ class GRPOConfig:
             f"reward.custom_reward_function.name={v(self.reward_function)}",
             f"reward.reward_manager.name={self.reward_manager}",
             "algorithm.use_kl_in_reward=False",
+            f"algorithm.rollout_correction.bypass_mode={v(self.bypass_old_log_prob)}",
             *ALGORITHMS[self.algorithm],
             f"trainer.project_name={v(self.project_name)}",
             f"trainer.experiment_name={v(self.experiment_name)}",

@@ -29,7 +29,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
 import ray
 import torch
@@ -44,6 +44,19 @@ ROLLOUT_NAME = "hf"
 BATCH_WINDOW_S = knobs.get("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S")
 MAX_BATCH = knobs.get("TTSRL_HF_ROLLOUT_MAX_BATCH")
 WEIGHT_CHUNK_BYTES = 256 << 20
+
+
+async def settle(size: Callable[[], int], window_s: float, cap: int) -> int:
+    """Wait until requests stop arriving: one ``window_s`` at least, then another for as long as
+    the queue grew during the last one and holds fewer than ``cap``. verl's agent loop submits a
+    step's n x batch requests as a burst that, on a loaded machine, takes longer than one window
+    to arrive; batching them all into one ``generate`` call halves the decode loop's Python
+    overhead against two batches (benchmarks/bench_hf_rollout_batch.py). Returns the size seen."""
+    seen = -1
+    while (now := size()) != seen and now < cap:
+        seen = now
+        await asyncio.sleep(window_s)
+    return size()
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
@@ -138,7 +151,7 @@ class HFRolloutServer:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            await asyncio.sleep(BATCH_WINDOW_S)  # let the rest of the step's requests arrive
+            await settle(lambda: len(self._queue), BATCH_WINDOW_S, MAX_BATCH)  # the rest of the step's requests
             while self._queue:
                 head = self._queue[0].sampling
                 batch = [r for r in self._queue if r.sampling == head][:MAX_BATCH]
