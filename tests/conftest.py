@@ -69,6 +69,17 @@ def start_reward_server(*args: str) -> tuple[subprocess.Popen, str]:
         pytest.fail(str(e))
 
 
+def dead_url() -> str:
+    """A loopback URL nothing listens on (a port that was free a moment ago)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
 def stop_process(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:

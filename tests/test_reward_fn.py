@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import dead_url
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SpeechVocab
@@ -37,13 +37,6 @@ def server():
     with BackgroundServer(ServerConfig(port=0, max_delay_ms=20)) as srv:
         yield srv
 
-
-def dead_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return f"http://127.0.0.1:{port}"
 
 
 def cfg_for(url: str, **kw) -> RewardClientConfig:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from conftest import start_reward_server, stop_process
+from conftest import dead_url, start_reward_server, stop_process
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SpeechVocab
@@ -27,13 +26,6 @@ from ttsrl.reward.protocol import READY_PATH
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
 SERVER_ARGS = ("--backend", "sim", "--log-level", "WARNING", "--max-delay-ms", "5")
 
-
-def dead_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return f"http://127.0.0.1:{port}"
 
 
 def served(url: str) -> int:

@@ -258,6 +258,15 @@ def _speech_head_in_trl(module: str = "trl.trainer.dpo_trainer"):
         mod.add_fused_lm_head = saved
 
 
+def _require_columns(dataset, need: set[str], name: str):
+    """The pre-tokenised dataset itself (TRL's own preparation is skipped), or ValueError
+    naming the columns it lacks."""
+    missing = need - set(dataset.column_names)
+    if missing:
+        raise ValueError(f"{name} dataset lacks {sorted(missing)}")
+    return dataset
+
+
 def make_trainer_class():
     from trl import DPOTrainer
 
@@ -272,11 +281,7 @@ def make_trainer_class():
                 super().__init__(*args, **kwargs)
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            need = {"prompt_ids", "chosen_ids", "rejected_ids"}
-            missing = need - set(dataset.column_names)
-            if missing:
-                raise ValueError(f"{dataset_name} dataset lacks {sorted(missing)}")
-            return dataset
+            return _require_columns(dataset, {"prompt_ids", "chosen_ids", "rejected_ids"}, dataset_name)
 
         def _compute_loss(self, model, inputs, return_outputs):
             mode = "train" if self.model.training else "eval"
@@ -337,10 +342,7 @@ def make_kto_trainer_class():
                 super().__init__(*args, **kwargs)
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            need = {"prompt_ids", "completion_ids", "label"}
-            missing = need - set(dataset.column_names)
-            if missing:
-                raise ValueError(f"{dataset_name} dataset lacks {sorted(missing)}")
+            _require_columns(dataset, {"prompt_ids", "completion_ids", "label"}, dataset_name)
             if self.calculate_KL:  # TRL's rule: completions rotated by one within each batch
                 def add_kl(batch):
                     batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
