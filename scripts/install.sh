@@ -104,13 +104,9 @@ fi
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # pipq ARGS...: pip with its output in LOG; on failure the last lines of LOG and exit 1.
-# Installs skip pip's byte-compilation of every installed file (~25,000 .py files, about 2 min of
-# one core): Python compiles a module on its first import instead, once, and only those used.
-pipq() {
-  local args=("$@")
-  [[ ${args[0]} == install ]] && args=(install --no-compile "${args[@]:1}")
-  "${PIP[@]}" "${args[@]}" >>"$LOG" 2>&1 || pip_failed "$*"
-}
+# pip byte-compiles what it installs; keep it so: with PYTHONDONTWRITEBYTECODE=1 (set on CI
+# machines) Python would otherwise compile every module from source in every process, every run.
+pipq() { "${PIP[@]}" "$@" >>"$LOG" 2>&1 || pip_failed "$*"; }
 pipq install --upgrade pip
 # pin NAME: the exact version requirements.txt gives NAME (the one source of the GPU versions)
 pin() { sed -nE "s/^$1(\[[^]]*\])?==([^ ;#]+).*/\2/p" requirements.txt | head -1; }
