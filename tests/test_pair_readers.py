@@ -137,7 +137,9 @@ def test_mining_reports_the_reward_servers_real_error(lm, tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**ENV, "TTSRL_REWARD_RETRIES": "0"})
     assert r.returncode == 1, r.stderr[-2000:]
-    assert "the last reward error: ClientConnectorError talking to http://127.0.0.1:9" in r.stderr, r.stderr[-2000:]
+    # the pool's error names every server with its own last error (here the one refused connection)
+    assert "the last reward error: no reward server could answer" in r.stderr, r.stderr[-2000:]
+    assert "http://127.0.0.1:9: ClientConnectorError talking to http://127.0.0.1:9" in r.stderr, r.stderr[-2000:]
 
 
 def test_train_dpo_names_a_bad_pairs_file(lm, tiny_hf, tmp_path):
