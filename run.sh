@@ -217,12 +217,7 @@ server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
 wait_for_servers() {  # every server of REWARD_URLS (or REWARD_MIN_READY of them) answers ready
   "$PY" -m ttsrl.reward.health "$REWARD_URLS" --wait 300 ${REWARD_MIN_READY:+--at-least "$REWARD_MIN_READY"}
 }
-start_server() {
-  if [[ ,$REWARD_URLS, != *,"$REWARD_URL",* ]]; then  # remote servers only: nothing to start here
-    wait_for_servers || { echo "reward servers $REWARD_URLS are not ready (message above)" >&2; exit 1; }
-    echo "     reward servers answering at $REWARD_URLS (not started here)"
-    return 0
-  fi
+start_local_server() {  # this machine's server at REWARD_URL: started, adopted or used
   if server_ready; then
     if (( STARTED_SERVER )); then
       echo "     reward server of stage 1 answering at $REWARD_URL"
@@ -234,7 +229,6 @@ start_server() {
       rm -f "$SERVER_PID_FILE"  # stale: its process is gone, the pid may be someone else's by now
       echo "     reward server already answering at $REWARD_URL (not started by run.sh: used, and left running)"
     fi
-    [[ $REWARD_URLS == "$REWARD_URL" ]] || wait_for_servers || { echo "reward servers $REWARD_URLS are not ready" >&2; exit 1; }
     return 0
   fi
   rm -f "$SERVER_PID_FILE"
@@ -245,7 +239,14 @@ start_server() {
   STARTED_SERVER=1
   "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
   echo "     reward server pid $(cat "$SERVER_PID_FILE") at $REWARD_URL (log $LOG_DIR/reward_server.log)"
-  [[ $REWARD_URLS == "$REWARD_URL" ]] || wait_for_servers || { echo "reward servers $REWARD_URLS are not ready" >&2; exit 1; }
+}
+start_server() {  # the local server when REWARD_URLS lists it, then every listed server ready
+  if [[ ,$REWARD_URLS, == *,"$REWARD_URL",* ]]; then
+    start_local_server
+    [[ $REWARD_URLS == "$REWARD_URL" ]] && return 0
+  fi
+  wait_for_servers || { echo "reward servers $REWARD_URLS are not ready (message above)" >&2; exit 1; }
+  [[ ,$REWARD_URLS, == *,"$REWARD_URL",* ]] || echo "     reward servers answering at $REWARD_URLS (not started here)"
 }
 stop_server() {
   [[ -f $SERVER_PID_FILE ]] || return 0
