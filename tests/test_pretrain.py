@@ -75,3 +75,16 @@ def test_auto_threads_follow_the_load_average(tmp_path, monkeypatch):
         assert info["threads"] == 3 and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("steps", [2, 3, 20, 39])
+def test_short_builds_train_every_step_count(tmp_path, steps):
+    """A short build used to stop with ZeroDivisionError in OneCycleLR at exactly 20 steps
+    (5% warm-up = one step); every count trains, and the preset's 2,000 keep their 5%."""
+    from ttsrl.embedded.pretrain import warmup_share
+
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TEXTS), encoding="utf-8")
+    info = build_base_model(corpus, tmp_path / "m", dataclasses.replace(CFG, steps=steps))
+    assert info["config"]["steps"] == steps and info["final_loss"] > 0
+    assert warmup_share(2000) == 0.05

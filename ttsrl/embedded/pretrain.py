@@ -75,6 +75,13 @@ def free_threads(cores: int | None = None, load: float | None = None) -> int:
     return max(1, min(cores, cores - int(load + 0.5)))
 
 
+def warmup_share(steps: int) -> float:
+    """OneCycleLR's warm-up share: 5%, and at least 2 steps from 3 steps on. At exactly 20
+    steps 5% is one step, where OneCycleLR divides by zero (its warm-up ends at step 0);
+    from 40 steps on (the preset's 2,000) it is 5% as before, so those weights are unchanged."""
+    return max(0.05, 2 / steps) if steps >= 3 else 0.05
+
+
 def read_texts(path: str | Path) -> list[str]:
     texts = []
     for where, row in iter_objects(path):
@@ -208,7 +215,8 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     def drill() -> tuple[list[int], list[int]]:
         return example("".join(rng.choice(chars) for _ in range(rng.randint(cfg.min_span, cfg.max_random))))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
+                                                pct_start=warmup_share(cfg.steps))
     model.train()
     on_terminal = sys.stderr.isatty()  # tqdm draws on stderr; off a terminal: a line every 30 s
     bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=not on_terminal, mininterval=2)
