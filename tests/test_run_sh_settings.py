@@ -10,6 +10,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +172,36 @@ def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
     assert stamp() not in (first, second)
     installer = (ROOT / "scripts" / "install.sh").read_text()
     assert "-r requirements-torch-cpu.txt" in installer and not re.search(r"torch==\d", installer)
+
+
+def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(tmp_path):
+    """Every node of a multi-node run runs stage -2; on a shared checkout they would install
+    into one venv at once. install.sh holds a lock per venv: the second waits, then finds the
+    stamp current and installs nothing. (The venv is this machine's real Python, linked.)"""
+    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
+             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    for f in files:
+        (tmp_path / f).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+    installer = str(tmp_path / "scripts" / "install.sh")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    stamp = subprocess.run(["bash", installer, "--stamp"], capture_output=True, text=True, timeout=60).stdout.strip()
+    (tmp_path / ".venv" / ".ttsrl-install-cpu").write_text(stamp)
+    lock = tmp_path / ".install-cpu.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "6"])  # the first installer, still busy
+    try:
+        for _ in range(200):  # until the holder has the lock
+            if lock.exists() and subprocess.run(["flock", "-n", str(lock), "true"]).returncode != 0:
+                break
+            time.sleep(0.05)
+        r = subprocess.run(["bash", installer], capture_output=True, text=True, timeout=60)
+        holder_done = holder.poll() is not None  # the installer returned only after the lock was let go
+    finally:
+        holder.wait(timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "another install into" in r.stdout and "is up to date" in r.stdout, r.stdout
+    assert holder_done
 
 
 def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
