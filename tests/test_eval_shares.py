@@ -206,8 +206,10 @@ def test_cli_node_share_options(tmp_path, monkeypatch):
     cfg = parse_args(base + ["--node-share", "1/2"])
     assert (cfg.node_share, cfg.wait_shares) == (NodeShare(1, 2), None)
     assert (parse_args(base).node_share, parse_args(base).wait_shares) == (None, None)
+    with pytest.raises(ValueError, match="head node"):
+        EvalConfig(start_model="m", out_dir=str(tmp_path), test_sets=[], node_share=NodeShare(1, 2), wait_shares=5)
     for bad in (["--node-share", "2/2"], ["--wait-shares", "5"], ["--node-share", "1/2", "--wait-shares", "5"],
-                ["--node-share", "0/2", "--wait-shares", "-1"]):
+                ["--node-share", "0/2", "--wait-shares", "-1"], ["--node-share", "0/2", "--wait-shares", "86400"]):
         with pytest.raises(SystemExit):
             parse_args(base + bad)
 
