@@ -10,7 +10,15 @@ another directory.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -209,3 +217,183 @@ def test_help_shows_the_attach_option(capsys):
 
 # ---------------------------------------------------------------------------
 # the environment: a real two-raylet cluster
+
+CLUSTER = r"""
+import sys
+from ray.cluster_utils import Cluster
+
+# two raylets with one logical GPU each (verl's pools put one group per node); the head is node 1
+cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=2, num_gpus=1, include_dashboard=False))
+try:
+    cluster.add_node(num_cpus=2, num_gpus=1)
+    cluster.wait_for_nodes()
+    print("ADDRESS " + cluster.address, flush=True)
+    sys.stdin.read()  # until the test closes stdin (or dies)
+finally:
+    cluster.shutdown()
+    print("SHUT DOWN", flush=True)
+"""
+
+DRIVER = r"""
+import json, os, sys
+sys.path.insert(0, os.environ.pop("TEST_REPO_ROOT"))  # train_grpo.py's own folder, as `python train_grpo.py` has it
+mode, address, checkpoints = sys.argv[1:4]
+
+import ray
+import verl
+from hydra import compose, initialize_config_dir
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from verl.trainer.main_ppo import run_ppo
+
+import train_grpo
+
+run = train_grpo.build(["--preset", "cpu", "--model-path", "/m", "--train-files", "/t", "--val-files", "/v",
+                        "--checkpoint-dir", checkpoints, "--nnodes", "2", "--ray-address", address])
+overrides = run.command[3:]
+if mode == "without":  # the negative control: the same run, nothing forwarded
+    overrides = [o for o in overrides if not o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars.")]
+os.environ.update(run.env)  # what train_grpo.py hands the verl process
+with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                           version_base=None):
+    config = compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@ray.remote(num_cpus=0)
+class TaskRunner:  # stands in for verl's: run_ppo's own ray.init (attach + runtime env) is under test
+    def run(self, config):
+        return None
+
+
+run_ppo(config, task_runner_class=TaskRunner)
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def report(self):
+        import os, sys
+        r = {k: os.environ.get(k) for k in ("TTSRL_REWARD_URL", "VERL_USE_EXTERNAL_MODULES", "PYTHONPATH",
+                                            "CUDA_VISIBLE_DEVICES", "WANDB_API_KEY")}
+        r.update(node=ray.get_runtime_context().get_node_id(), cwd=os.getcwd(), pid=os.getpid())
+        try:
+            import verl  # noqa: F401  (verl/__init__.py imports what VERL_USE_EXTERNAL_MODULES names)
+            from verl.workers.rollout.replica import get_rollout_replica_class
+            r["verl_import"] = "ok"
+        except Exception as e:
+            r["verl_import"] = repr(e)
+        plugin = sys.modules.get("ttsrl.verl_plugin.plugin")
+        r["plugin"] = getattr(plugin, "__file__", None)
+        try:
+            r["hf_rollout"] = get_rollout_replica_class("hf").__name__
+        except Exception as e:
+            r["hf_rollout"] = repr(e)[:200]
+        return r
+
+
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+probes = [Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+reports = ray.get([p.report.remote() for p in probes], timeout=900)
+print("RESULT " + json.dumps({"driver_node": ray.get_runtime_context().get_node_id(), "nodes": nodes,
+                              "reports": reports}), flush=True)
+ray.shutdown()
+"""
+
+
+def _drain(stream, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
+
+
+def _processes_under(folder: str) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(folder in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def two_raylets(tmp_path):
+    """(address, Ray temp folder) of a two-raylet cluster started by a process with a clean
+    environment (PATH, HOME, RAY_TMPDIR only) in a folder of its own; shut down afterwards
+    whatever happens, and checked to leave no process behind."""
+    ray_tmp = tempfile.mkdtemp(prefix="ttsrl-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    home, cwd = tmp_path / "home", tmp_path / "cluster-cwd"
+    home.mkdir()
+    cwd.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAY_TMPDIR": ray_tmp}
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("ADDRESS ") for line in lines):
+            assert proc.poll() is None, "the cluster process died:\n" + "".join(lines)[-4000:]
+            assert time.monotonic() < deadline, "no cluster after 300 s:\n" + "".join(lines)[-4000:]
+            time.sleep(0.5)
+        address = next(line for line in lines if line.startswith("ADDRESS ")).split()[1]
+        yield address, ray_tmp
+    finally:
+        proc.stdin.close()  # the cluster process shuts its nodes down
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # its own session: our processes only
+            proc.wait()
+        deadline = time.monotonic() + 60
+        while _processes_under(ray_tmp) and time.monotonic() < deadline:
+            time.sleep(1)
+        left = _processes_under(ray_tmp)
+        for p in left:  # started by this test (their command lines name its temp folder)
+            p.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        assert not left, f"Ray processes left behind: {[(p.pid, p.info['cmdline'][:2]) for p in left]}"
+
+
+def _drive(mode: str, address: str, ray_tmp: str, tmp_path: Path) -> dict:
+    cwd = tmp_path / f"driver-{mode}"
+    cwd.mkdir()
+    script = cwd / "driver.py"
+    script.write_text(DRIVER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"}
+    env.update(TEST_REPO_ROOT=str(ROOT), RAY_TMPDIR=ray_tmp, TTSRL_REWARD_URL=URLS, CUDA_VISIBLE_DEVICES="7",
+               WANDB_API_KEY="s3cret-wandb")
+    r = subprocess.run([sys.executable, str(script), mode, address, str(tmp_path / "checkpoints")], cwd=cwd,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "RESULT " in r.stdout, r.stdout[-4000:] + r.stderr[-6000:]
+    result = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    print(f"[{mode}] " + json.dumps(result, indent=1))  # shown with -s or on failure
+    return result
+
+
+@pytest.mark.slow
+def test_workers_on_both_raylets_get_the_reward_urls_and_load_our_plugin(two_raylets, tmp_path):
+    """verl's run_ppo attaches to a cluster whose raylets know nothing of the driver's
+    environment; with our forwarded variables an actor pinned to each raylet sees the reward
+    URLs and verl loads our plugin there (from this checkout); without them (the negative
+    control) neither reaches any worker. (A venv with ttsrl installed imports ttsrl anyway;
+    what the workers lack then is the switch that makes verl load the plugin.)"""
+    address, ray_tmp = two_raylets
+    plugin_file = str(ROOT / "ttsrl" / "verl_plugin" / "plugin.py")
+
+    with_env = _drive("with", address, ray_tmp, tmp_path)
+    reports = with_env["reports"]
+    assert len(reports) == 2 and {r["node"] for r in reports} == set(with_env["nodes"])
+    assert any(r["node"] != with_env["driver_node"] for r in reports)  # a raylet the driver is not on
+    for r in reports:
+        assert r["TTSRL_REWARD_URL"] == URLS, r
+        assert r["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_plugin.plugin" and r["verl_import"] == "ok", r
+        assert r["plugin"] == plugin_file and r["hf_rollout"] == "HFReplica", r
+        assert r["PYTHONPATH"].split(":")[0] == str(ROOT) and not r["cwd"].startswith(str(ROOT)), r
+        assert r["CUDA_VISIBLE_DEVICES"] != "7" and r["WANDB_API_KEY"] is None, r  # never forwarded
+
+    without = _drive("without", address, ray_tmp, tmp_path)
+    assert len(without["reports"]) == 2
+    for r in without["reports"]:
+        assert r["TTSRL_REWARD_URL"] is None and r["VERL_USE_EXTERNAL_MODULES"] is None, r
+        assert r["PYTHONPATH"] is None and r["plugin"] is None and r["hf_rollout"] != "HFReplica", r
