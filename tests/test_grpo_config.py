@@ -368,3 +368,14 @@ def test_bypass_mode_refuses_an_algorithm_with_its_own_policy_loss():
                                     *REQUIRED_ARGV])
     assert "algorithm.rollout_correction.bypass_mode=False" in cmd
     assert "actor_rollout_ref.actor.policy_loss.loss_mode=gspo" in cmd
+
+
+def test_paths_reach_verl_exactly_with_spaces_quotes_and_backslashes():
+    """Every value the recipe renders is read back by verl's own config as written (a backslash
+    inside a quoted path used to come back doubled)."""
+    odd = {"model_path": "/m/it's a\\b model", "train_files": "/d/tr,ain (1).parquet",
+           "val_files": "/d/$HOME/test.parquet", "checkpoint_dir": "/c/a=b [x]\\"}
+    cfg = composed(GRPOConfig.from_preset("gpu", **odd).to_overrides())
+    assert cfg.actor_rollout_ref.model.path == odd["model_path"]
+    assert cfg.data.train_files == odd["train_files"] and cfg.data.val_files == odd["val_files"]
+    assert cfg.trainer.default_local_dir == odd["checkpoint_dir"]

@@ -95,8 +95,8 @@ def _hydra_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_hydra_value(x) for x in v) + "]"
     s = str(v)
-    if any(c in s for c in " ,=[]{}'\"()"):
-        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if any(c in s for c in " ,=[]{}'\"()\\$"):
+        return cluster.hydra_quote(s)  # read back exactly (a backslash was doubled before)
     return s
 
 
