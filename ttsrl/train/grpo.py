@@ -261,7 +261,7 @@ class GRPOConfig:
         ar = "actor_rollout_ref"
         return [
             "trainer.device=cpu",
-            "+ray_kwargs.ray_init.num_gpus=1",  # one logical GPU for verl's resource pools
+            f"+ray_kwargs.ray_init.num_gpus={self.n_gpus_per_node}",  # logical GPUs for verl's resource pools
             "ray_kwargs.ray_init.num_cpus=32",  # logical: actors must not starve on a small CPU machine
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             f"{ar}.actor.strategy=fsdp2",
