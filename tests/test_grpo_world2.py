@@ -6,7 +6,8 @@ Two FSDP2 ranks shard every weight over a gloo group (reduce_scatter of the grad
 all_gather of the parameters), each rank drives its own ``hf`` rollout server (one replica
 per rank at tensor parallel 1) and sends it the gathered weights each step, and each rank
 saves its shard. This isolates world size 2 from multi-node (two raylets: see
-notes/multi-node-on-ray.md). About 4 minutes on 2 busy cores, most of it Ray start-up.
+notes/multi-node-on-ray.md). 4 to 10 minutes on 2 shared cores (load 2 to 16), most of it
+Ray start-up and building the tiny model; a step takes about as long as at world size 1.
 """
 
 from __future__ import annotations
