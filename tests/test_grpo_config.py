@@ -114,6 +114,10 @@ def test_cpu_preset_overrides():
     assert env["VERL_USE_EXTERNAL_MODULES"] == "ttsrl.verl_plugin.plugin" and env["VERL_PLATFORM"] == "cpu"
     assert env["VERL_ENGINE_DEVICE"] == "cuda" and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert "VERL_PLATFORM" not in gpu().env()
+    # world size 2 on one raylet: as many logical GPUs as FSDP ranks
+    two = composed(GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v", n_gpus_per_node=2)
+                   .to_overrides())
+    assert two.ray_kwargs.ray_init.num_gpus == 2 and two.trainer.n_gpus_per_node == 2
 
 
 def test_extra_overrides_win_and_loggers():
