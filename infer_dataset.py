@@ -15,6 +15,19 @@ Outputs (see ttsrl/eval/evaluate.py):
   OUT/report.md, OUT/summary.json, OUT/cer.png          the sweep
 Models already scored with the same settings are skipped unless --force.
 
+Several nodes (each runs its own `torchrun --standalone` with the same arguments and the
+same --out-dir on a shared filesystem; no torch rendezvous across nodes):
+  --node-share R/N      this node (R in 0..N-1) scores only its share of the models: index i
+                        of the sorted steps with i % N == R, so the shares are disjoint and no
+                        two nodes write the same files. It writes no sweep report; when its share
+                        is done it writes the marker OUT/shares/R-of-N.json (steps, their model
+                        fingerprints, test sets, settings, host, time).
+  --wait-shares SECONDS the head node (with --node-share 0/N): after its own share, wait until
+                        every other share's marker exists and matches this run's models and
+                        settings (a stale marker of an earlier run does not count), naming the
+                        missing shares every 30 s; then score whatever is still unscored (all of
+                        a missing share's models after a timeout) and write the report as usual.
+
 Error rates, two conventions (both in every row; --headline picks the one report.md
 leads with and stage 5 chooses by):
   cer_utt_mean   Seed-TTS eval (seed-tts-eval's run_wer.py + average_wer.py): punctuation
@@ -50,6 +63,7 @@ import sys
 from ttsrl.data.testsets import TestSetError, parse_test_set_arg
 from ttsrl.eval.evaluate import EvalConfig, run_sweep
 from ttsrl.eval.report import HEADLINES
+from ttsrl.eval.shares import NodeShare
 from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
 from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
@@ -73,6 +87,11 @@ def parse_args(argv=None) -> EvalConfig:
     g.add_argument("--limit", type=int, default=None, help="only the first N utterances of each test set")
     g.add_argument("--force", action="store_true", help="re-score models that are already scored")
     g.add_argument("--no-wavs", action="store_true", help="do not write wavs (backends that make audio)")
+    g.add_argument("--node-share", default=None, metavar="R/N",
+                   help="score only node R's share of the models (of N nodes); no report, a marker OUT/shares/R-of-N.json")
+    g.add_argument("--wait-shares", type=float, default=None, metavar="SECONDS",
+                   help="head node (--node-share 0/N): wait up to SECONDS for the other shares' markers, "
+                        "score what is still unscored, write the report")
 
     g = p.add_argument_group("generation")
     g.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto",
@@ -101,8 +120,12 @@ def parse_args(argv=None) -> EvalConfig:
         test_sets = [parse_test_set_arg(t) for t in a.test_set]
         dev_sets = [parse_test_set_arg(t) for t in a.dev_set]
         steps = [int(x) for x in a.steps.split(",")] if a.steps else None
+        node_share = NodeShare.parse(a.node_share) if a.node_share is not None else None
     except ValueError as e:
         p.error(str(e))
+    if a.wait_shares is not None and (node_share is None or node_share.rank != 0 or a.wait_shares < 0):
+        p.error(f"--wait-shares is for the head node: it needs --node-share 0/N and SECONDS >= 0 "
+                f"(got --node-share {a.node_share}, --wait-shares {a.wait_shares:g})")
     if a.batch_size < 1 or a.seeds < 1 or (a.limit is not None and a.limit < 1):
         p.error("--batch-size, --seeds and --limit must be >= 1")
     if a.resamples < 100:
@@ -120,7 +143,8 @@ def parse_args(argv=None) -> EvalConfig:
                                                   batch_size=a.batch_size),
                       engine=a.engine, device=a.device, dtype=a.dtype, reward=a.reward,
                       length_guard=not a.no_length_guard, save_wavs=not a.no_wavs, force=a.force,
-                      limit=a.limit, gpu_memory_utilization=a.gpu_memory_utilization, threads=a.threads)
+                      limit=a.limit, gpu_memory_utilization=a.gpu_memory_utilization, threads=a.threads,
+                      node_share=node_share, wait_shares=a.wait_shares)
 
 
 def main(argv=None) -> int:

@@ -20,10 +20,13 @@ seed .. seed+K-1) and the summaries report the mean and the spread across seeds.
 
 Distributed (``ttsrl.eval.dist``): under ``torchrun`` every rank takes utterances
 ``rank::world`` of each test set, scores its share, and rank 0 gathers the rows and
-writes the files.
+writes the files. Over several nodes (``node_share``, ``ttsrl.eval.shares``): each node
+scores its share of the models and writes a marker; the head (``wait_shares``) waits
+for the others' markers, scores what is still unscored and writes the report.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -47,6 +50,7 @@ from ttsrl.eval.report import (
     write_sweep,
 )
 from ttsrl.eval.seedtts_eval import detect_lang, score_utterance
+from ttsrl.eval.shares import NodeShare, finish_share, start_share
 from ttsrl.model.generate import Generated, GenerationConfig, make_requests
 from ttsrl.stats import DEFAULT_RESAMPLES
 
@@ -134,8 +138,16 @@ class EvalConfig:
     seeds: int = 1  # decode every utterance with seeds seed .. seed+seeds-1
     headline: str = "cer_utt_mean"  # or cer_pooled: what report.md leads with and stage 5 chooses by
     resamples: int = DEFAULT_RESAMPLES  # bootstrap resamples per interval
+    node_share: NodeShare | None = None  # several nodes: score this node's share of the models only
+    wait_shares: float | None = None  # the head (share 0): wait this long for the other shares, then report
 
     def __post_init__(self):
+        if self.wait_shares is not None:
+            if self.node_share is None or self.node_share.rank != 0:
+                raise ValueError(f"wait_shares (--wait-shares) is for the head node: it needs node share 0/N, "
+                                 f"got {self.node_share or 'none'}")
+            if self.wait_shares < 0:
+                raise ValueError(f"wait_shares must be >= 0 seconds, got {self.wait_shares}")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if self.headline not in ("cer_utt_mean", "cer_pooled"):
@@ -240,36 +252,40 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
             say(f"[{ts.name}] {note}")
     models = models_to_score(cfg)
     settings = settings_of(cfg, engine)
-
-    # The plan is rank 0's view of what is already scored, shared so that all ranks agree.
-    plan = None
-    if d.is_main:
-        plan = []
-        for step, mdir in models.items():
-            todo = [ts.name for ts in test_sets
-                    if cfg.force or not is_scored(pair_dir(out_dir, step, ts.name), {
-                        "settings": settings, "model_fingerprint": model_fingerprint(mdir),
-                        "test_set_fingerprint": ts.fingerprint(), "schema": SCHEMA_VERSION})]
-            for name in sorted(set(names) - set(todo)):
-                say(f"step {step} / {name}: already scored (use --force to redo)")
-            if todo:
-                plan.append((step, todo))
-    plan = d.broadcast(plan)
-    say(f"stage 4: {len(models)} model(s), {len(test_sets)} test set(s), {len(plan)} model(s) to score; "
+    share, started = cfg.node_share, time.time()
+    mine = models if share is None else {s: models[s] for s in start_share(out_dir, share, models, d.is_main, say)}
+    plan = _plan(cfg, d, mine, test_sets, settings, out_dir, say, force=cfg.force)
+    say(f"stage 4: {len(mine)} model(s), {len(test_sets)} test set(s), {len(plan)} model(s) to score; "
         f"engine {engine} on {device}, {d.world} rank(s), {'greedy' if cfg.generation.greedy else 'sampling'}")
+    pipeline = functools.cache(lambda: build_pipeline(replace(cfg.backend or BackendConfig(), want_sim=True),
+                                                      device))  # built once, if at all; SIM where a speaker model exists
+    by_name = {ts.name: ts for ts in test_sets}
 
-    if plan:
-        backend = cfg.backend or BackendConfig()
-        pipeline = build_pipeline(replace(backend, want_sim=True), device)  # SIM where a speaker model exists
-        by_name = {ts.name: ts for ts in test_sets}
-        total = cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo)
-        bar = _progress(total, d)
+    def run_plan(plan):
+        if not plan:
+            return
+        bar = _progress(cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo), d)
         note = bar.write if bar is not None else say  # keep log lines off the progress bar
         for step, todo in plan:
-            _score_model(cfg, d, step, models[step], [by_name[n] for n in todo], engine, device, pipeline,
+            _score_model(cfg, d, step, models[step], [by_name[n] for n in todo], engine, device, pipeline(),
                          settings, out_dir, bar, note)
         if bar is not None:
             bar.close()
+
+    run_plan(plan)
+    if share is not None:
+        if d.is_main:  # the marker; on the head, the wait for the other shares
+            finish_share(out_dir, share, {s: model_fingerprint(p) for s, p in models.items()},
+                         {ts.name: ts.fingerprint() for ts in test_sets}, settings, SCHEMA_VERSION,
+                         scored=[s for s, _ in plan], started=started, wait=cfg.wait_shares, force=cfg.force, log=say)
+        if cfg.wait_shares is None:
+            d.barrier()
+            return None
+        # the final pass: whatever no share delivered (the fingerprint cache decides)
+        plan = _plan(cfg, d, models, test_sets, settings, out_dir, lambda _: None, force=False)
+        if plan:
+            say(f"final pass: scoring step(s) {', '.join(str(s) for s, _ in plan)} on this node")
+            run_plan(plan)
     rows = None
     if d.is_main:
         # the report covers every model with a summary on disk, not only --steps
@@ -280,6 +296,24 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
         say(f"report: {out_dir / REPORT_FILE}, {out_dir / SUMMARY_FILE}, {out_dir / PLOT_FILE}")
     d.barrier()
     return rows
+
+
+def _plan(cfg, d: Dist, models: dict[int, Path], test_sets, settings, out_dir: Path, say, *, force: bool):
+    """[(step, [set names])] not scored yet with these settings: rank 0's view of the
+    disk, shared so that all ranks agree."""
+    plan = None
+    if d.is_main:
+        plan = []
+        for step, mdir in models.items():
+            todo = [ts.name for ts in test_sets
+                    if force or not is_scored(pair_dir(out_dir, step, ts.name), {
+                        "settings": settings, "model_fingerprint": model_fingerprint(mdir),
+                        "test_set_fingerprint": ts.fingerprint(), "schema": SCHEMA_VERSION})]
+            for name in (ts.name for ts in test_sets if ts.name not in todo):
+                say(f"step {step} / {name}: already scored (use --force to redo)")
+            if todo:
+                plan.append((step, todo))
+    return d.broadcast(plan)
 
 
 def _progress(total: int, d: Dist):
