@@ -27,7 +27,7 @@ node_settings() {
     ip=${ip//[[:space:]]/}
     [[ -n $ip ]] || continue
     if [[ ! $ip =~ ^[0-9.]+$ ]]; then  # a host name (slurm's): its IPv4 address
-      resolved=$(getent ahostsv4 "$ip" 2>/dev/null | awk 'NR == 1 {print $1}')
+      resolved=$(getent ahostsv4 "$ip" 2>/dev/null | awk 'NR == 1 {print $1}' || true)
       [[ -n $resolved ]] || { problems+=("NODE_IPS: cannot resolve host name '$ip' to an IPv4 address"); continue; }
       ip=$resolved
     fi
@@ -42,8 +42,8 @@ node_settings() {
       problems+=("NODE_RANK=$NODE_RANK: expected 0 (NODE_IPS is empty: one node; set NODE_IPS=HEAD_IP,IP2,... for several)")
     fi
   fi
-  HEAD_IP=${IPS[0]:-127.0.0.1}
-  NODE_IP=${IPS[NODE_RANK]:-$HEAD_IP}
+  HEAD_IP=${IPS[0]:-127.0.0.1} NODE_IP=${IPS[0]:-127.0.0.1}
+  (( ${#problems[@]} )) || NODE_IP=${IPS[NODE_RANK]:-$HEAD_IP}
   : "${RAY_PORT:=6379}" "${RAY_NODE_PORT:=$(( RAY_PORT + 1 ))}" "${RAY_WORKER_PORTS:=10002-19999}"
   : "${RAY_TEMP_DIR:=}" "${RAY_NUM_CPUS:=16}" "${JOIN_TIMEOUT_S:=600}" "${HEAD_WAIT_S:=0}"
   declare -p RAY_START_ARGS &>/dev/null || RAY_START_ARGS=()
