@@ -13,10 +13,17 @@ one logical GPU). Any verl Hydra override can follow ``--`` and is applied last,
         --checkpoint-dir exp/checkpoints --total-training-steps 30 --save-freq 10 \\
         -- actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=False
 
+On several nodes, start Ray on each (``ray start``) and attach: ``--ray-address HOST:PORT``
+(default ``$RAY_ADDRESS``) with ``--nnodes N``. The workers on every node then get the
+variables they need through Ray's runtime environment (``TTSRL_*`` reward URLs, our plugin
+switch, ``PYTHONPATH``, ``HF_*``, ``NCCL_*``...: ttsrl/train/cluster.py); secrets
+(``WANDB_API_KEY``, ``HF_TOKEN``...) are not forwarded: export them on every node before
+``ray start``. Paths must be absolute, on a filesystem every node mounts.
+
 The run resumes from the newest ``global_step_N`` in ``--checkpoint-dir``
 (``trainer.resume_mode=auto``). Before verl starts, ``<checkpoint-dir>/ttsrl_run.json``
-records the settings, the preset, the ``TTSRL_*`` knobs in effect (ttsrl/knobs.py) and
-the verl overrides. ``--dry-run`` prints the environment and command instead of running
+records the settings, the preset, the ``TTSRL_*`` knobs in effect (ttsrl/knobs.py), the
+names of the variables forwarded to the workers and the verl overrides. ``--dry-run`` prints the environment and command instead of running
 (and writes nothing). The process is replaced by verl's (signals reach it directly).
 """
 
@@ -29,11 +36,12 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from ttsrl import knobs
 from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given
+from ttsrl.train import cluster
 from ttsrl.train.grpo import PRESETS, GRPOConfig
 
 RUN_RECORD = "ttsrl_run.json"  # in --checkpoint-dir: what the latest launch ran with
@@ -59,25 +67,47 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def build(argv: list[str]) -> Run:
-    """argv -> the run: config, verl command, extra environment, preset name, dry run or not."""
+def build(argv: list[str], environ: Mapping[str, str] | None = None) -> Run:
+    """argv -> the run: config, verl command, extra environment, preset name, dry run or not.
+    ``environ`` (default ``os.environ``): the environment the run starts from (``RAY_ADDRESS``,
+    the variables a multi-node run forwards)."""
+    environ = os.environ if environ is None else environ
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = _parser().parse_args(argv)
-    cfg = GRPOConfig.from_preset(args.preset, **given(args, GRPOConfig), extra=extra)
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *cfg.to_overrides()]
-    return Run(cfg, command, cfg.env(), args.preset, args.dry_run)
+    values = given(args, GRPOConfig)
+    if "ray_address" not in values and environ.get("RAY_ADDRESS"):
+        values["ray_address"] = environ["RAY_ADDRESS"]
+    cfg = GRPOConfig.from_preset(args.preset, **values, extra=extra)
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *cfg.to_overrides(environ)]
+    return Run(cfg, command, cfg.env(environ), args.preset, args.dry_run)
 
 
-def write_run_record(run: Run, environ: dict[str, str]) -> Path:
+def forwarding_note(run: Run, environ: Mapping[str, str]) -> str:
+    """One line naming what a multi-node run forwards to every node's workers (and the
+    secrets it leaves to each node's own environment); empty on one node."""
+    if not run.config.multi_node:
+        return ""
+    names = cluster.forwarded_names(run.command)
+    note = f"[train_grpo] attaching to {run.config.ray_address or 'a local Ray'} ({run.config.nnodes} node(s)); " \
+           f"forwarded to every node's workers: {', '.join(names) or 'nothing'}"
+    secrets = cluster.withheld_secrets(environ)
+    if secrets:
+        note += f"; not forwarded (export on every node before `ray start`): {', '.join(secrets)}"
+    return note
+
+
+def write_run_record(run: Run, environ: Mapping[str, str]) -> Path:
     """``<checkpoint_dir>/ttsrl_run.json`` (atomic): the settings, the preset, the TTSRL_* knobs
-    in ``environ`` (the environment verl gets) and the verl overrides."""
+    in ``environ`` (the environment verl gets), the names (not the values) of the variables
+    forwarded to every node's workers and the verl overrides."""
     path = Path(run.config.checkpoint_dir) / RUN_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"preset": run.preset, "config": dataclasses.asdict(run.config), "knobs": knobs.in_effect(environ),
-              "env": run.env, "verl_overrides": run.config.to_overrides()}
+              "env": run.env, "forwarded_env": cluster.forwarded_names(run.command),
+              "verl_overrides": run.command[3:]}
     atomic_write_text(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     return path
 
@@ -86,13 +116,18 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     run = build(argv)
     cfg, command, env = run.config, run.command, run.env
+    note = forwarding_note(run, os.environ)
     if run.dry_run:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
+        if note:
+            print("# " + note)
         print(" \\\n  ".join(shlex.quote(c) for c in command))
         return
     environ = {**os.environ, **env}
     record = write_run_record(run, environ)
+    if note:
+        print(note, flush=True)
     print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode}); settings, "
           f"knobs and overrides -> {record}", flush=True)
     print("[train_grpo] verl command: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "

@@ -6,6 +6,8 @@ to verl 0.9.1's keys; ``PRESETS`` name the runs (``gpu8``, ``embedded``, and the
 config as the command-line overrides of ``python -m verl.trainer.main_ppo``.
 ``device="cpu"`` adds what a CPU-only run needs (our plugin ``ttsrl.verl_plugin``, see
 its docstring), and ``algorithm`` switches between GRPO variants without forking code.
+A multi-node run (``nnodes > 1`` or ``ray_address``) attaches to a running Ray cluster,
+forwards the workers' environment and refuses relative paths (``ttsrl.train.cluster``).
 Anything not modelled here is passed through as a raw Hydra override (``extra``),
 applied last so it wins.
 
@@ -19,9 +21,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from ttsrl.cli import option
+from ttsrl.train import cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REWARD_FILE = REPO_ROOT / "reward_tts.py"
@@ -149,7 +152,13 @@ class GRPOConfig:
     resume_mode: str = option("auto", help="verl resume mode: auto (newest global_step_N), disable, resume_path")
     # cluster
     n_gpus_per_node: int = option(1, help="GPUs per node (the CPU path uses 1 logical GPU)")
-    nnodes: int = option(1, help="nodes in the Ray cluster")
+    nnodes: int = option(1, help="nodes in the Ray cluster (> 1: a multi-node run, see --ray-address)")
+    ray_address: Optional[str] = option(
+        None, help="attach to this running Ray cluster (host:port or auto); default: $RAY_ADDRESS; unset: start a "
+                   "local Ray. A multi-node run (this set or --nnodes > 1) forwards the workers' environment "
+                   "(TTSRL_*, VERL_*, HF_*, NCCL_*, PYTHONPATH...: ttsrl/train/cluster.py) and needs absolute paths "
+                   "every node mounts; secrets (*_TOKEN, *_KEY...) are not forwarded: export them on every node "
+                   "before `ray start`")
     # logging
     project_name: str = option("ttsrl", help="project name for the loggers")
     experiment_name: str = option("cosyvoice2_grpo", help="experiment name for the loggers (and verl's folders)")
@@ -178,6 +187,18 @@ class GRPOConfig:
             raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss[0]}), which "
                              "bypass_old_log_prob would replace: pass --bypass-old-log-prob false")
         self.loggers = tuple(self.loggers)
+        self.ray_address = self.ray_address or None
+        relative = cluster.relative_paths({f: getattr(self, f) for f in cluster.RELATIVE_PATH_FIELDS})
+        if self.multi_node and relative:
+            name, value = relative[0]
+            raise ValueError(f"{name}={value!r} is a relative path, but a multi-node run (nnodes={self.nnodes}, "
+                                 f"ray_address={self.ray_address!r}) resolves it in each worker's own working "
+                                 "directory: use an absolute path on a filesystem every node mounts")
+
+    @property
+    def multi_node(self) -> bool:
+        """Several nodes, or attached to a running cluster (``ttsrl.train.cluster``)."""
+        return self.nnodes > 1 or self.ray_address is not None
 
     @classmethod
     def from_preset(cls, preset: str, **values) -> "GRPOConfig":
@@ -278,23 +299,52 @@ class GRPOConfig:
             *(f"+{ar}.{role}.fsdp_config.mixed_precision.{k}=fp32" for role in ("actor", "ref")
               for k in ("param_dtype", "reduce_dtype", "buffer_dtype")),
             f"{ar}.rollout.calculate_log_probs=True",  # rollout vs actor log-prob metrics
-            f"{ar}.rollout.agent.num_workers=1",
-            "reward.num_workers=1",
+            # one of each per node (verl spreads them round-robin over the nodes; ttsrl.train.cluster)
+            f"{ar}.rollout.agent.num_workers={cluster.worker_count(self.nnodes, 1)}",
+            f"reward.num_workers={cluster.worker_count(self.nnodes, 1)}",
             "data.dataloader_num_workers=0",
         ]
 
-    def to_overrides(self) -> list[str]:
+    def cluster_overrides(self, environ: Mapping[str, str]) -> list[str]:
+        """A multi-node run's: the cluster to attach to, reward and agent-loop workers on every
+        node, and the variables every node's workers need (``ttsrl.train.cluster``)."""
+        if not self.multi_node:
+            return []
+        out = [f"+ray_kwargs.ray_init.address={cluster.hydra_quote(self.ray_address)}"] if self.ray_address else []
+        if self.device == "gpu" and self.nnodes > 1:  # verl's defaults are one node's (cpu_overrides: its own)
+            n = cluster.worker_count(self.nnodes, cluster.VERL_DEFAULT_WORKERS)
+            out += [f"actor_rollout_ref.rollout.agent.num_workers={n}", f"reward.num_workers={n}"]
+        return out + cluster.env_var_overrides(self.forwarded_env(environ))
+
+    def to_overrides(self, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+        """The ``verl.trainer.main_ppo`` overrides; ``environ`` (default ``os.environ``) is the
+        environment the run starts from, read by a multi-node run only (forwarded variables)."""
+        environ = os.environ if environ is None else environ
         out = self.recipe_overrides()
         if self.device == "cpu":
             out += self.cpu_overrides()
-        return out + list(self.extra)
+        if self.ray_address:  # Ray raises on num_cpus/num_gpus when attaching: the cluster has its own
+            out = [o for o in out if not o.startswith(("ray_kwargs.ray_init.num_cpus=",
+                                                       "+ray_kwargs.ray_init.num_gpus="))]
+        return out + self.cluster_overrides(environ) + list(self.extra)
 
-    def env(self) -> dict[str, str]:
-        """Environment the run needs (plugin import path, CPU platform)."""
+    def forwarded_env(self, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+        """What a multi-node run forwards to every worker (``ttsrl.train.cluster.forwarded_env``
+        of ``environ`` with ``env()`` over it); empty on one node."""
+        environ = os.environ if environ is None else environ
+        return cluster.forwarded_env(environ, self.env(environ)) if self.multi_node else {}
+
+    def env(self, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+        """Environment the run needs (plugin import path, CPU platform) on top of ``environ``
+        (default ``os.environ``)."""
         from ttsrl.verl_plugin import PLUGIN_MODULE, cpu_env
 
-        env = cpu_env() if self.device == "cpu" else {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
-        path = os.environ.get("PYTHONPATH", "")
+        environ = os.environ if environ is None else environ
+        env = cpu_env(environ) if self.device == "cpu" else {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
+        if self.ray_address and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in environ:
+            # the loopback-only switch of a local CPU run would make this node unreachable
+            env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        path = environ.get("PYTHONPATH", "")
         env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
         return env
 

@@ -22,6 +22,7 @@ the plugin under another verl version fails loudly unless
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 VERL_VERSION = "0.9.1"
 PLUGIN_MODULE = f"{__name__}.plugin"  # what verl imports; importing it installs the plugin
@@ -36,8 +37,9 @@ def _physical_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_env() -> dict[str, str]:
-    """Environment variables that select this plugin's CPU path.
+def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment variables that select this plugin's CPU path (values the caller's
+    ``environ``, default ``os.environ``, already sets win where said).
 
     Besides the plugin's three, two quiet and contain the single-node CPU run:
 
@@ -46,18 +48,21 @@ def cpu_env() -> dict[str, str]:
       node's address is 127.0.0.1 (``services.get_node_ip_address``), so the GCS, raylets,
       workers, dashboard agent, runtime-env agent and TransferQueue's sockets (bound to
       ``ray.util.get_node_ip_address()``) listen on loopback only, not on every interface.
+      Attaching to a running cluster needs it on (``ray start --address`` aborts without it):
+      ``GRPOConfig.env()`` leaves it out then, unless ``environ`` sets it.
     * ``TQ_NUM_THREADS``: TransferQueue (verl's data plane) sets torch's thread count to
       ``TQ_NUM_THREADS`` (default 8) around every put/get and warns "target_num_threads 8
       should not exceed total physical CPU cores" each time when the machine has fewer:
       hundreds of lines a step on a laptop. Capped at the physical core count, as it would
       cap it itself. A value set in the environment wins.
     """
+    environ = os.environ if environ is None else environ
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_PLATFORM": "cpu",
         "VERL_ENGINE_DEVICE": "cuda",
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
-        "TQ_NUM_THREADS": os.environ.get("TQ_NUM_THREADS", str(min(8, _physical_cores()))),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
+        "TQ_NUM_THREADS": environ.get("TQ_NUM_THREADS", str(min(8, _physical_cores()))),
     }
 
 
