@@ -27,6 +27,7 @@ same --out-dir on a shared filesystem; no torch rendezvous across nodes):
                         settings (a stale marker of an earlier run does not count), naming the
                         missing shares every 30 s; then score whatever is still unscored (all of
                         a missing share's models after a timeout) and write the report as usual.
+                        At most 18000 s (5 h: the head's other ranks wait in a collective).
 
 Error rates, two conventions (both in every row; --headline picks the one report.md
 leads with and stage 5 chooses by):
@@ -61,9 +62,10 @@ import argparse
 import sys
 
 from ttsrl.data.testsets import TestSetError, parse_test_set_arg
+from ttsrl.eval.dist import COLLECTIVE_TIMEOUT_S
 from ttsrl.eval.evaluate import EvalConfig, run_sweep
 from ttsrl.eval.report import HEADLINES
-from ttsrl.eval.shares import NodeShare
+from ttsrl.eval.shares import MAX_WAIT_S, NodeShare
 from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
 from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
@@ -123,9 +125,11 @@ def parse_args(argv=None) -> EvalConfig:
         node_share = NodeShare.parse(a.node_share) if a.node_share is not None else None
     except ValueError as e:
         p.error(str(e))
-    if a.wait_shares is not None and (node_share is None or node_share.rank != 0 or a.wait_shares < 0):
-        p.error(f"--wait-shares is for the head node: it needs --node-share 0/N and SECONDS >= 0 "
-                f"(got --node-share {a.node_share}, --wait-shares {a.wait_shares:g})")
+    if a.wait_shares is not None and (node_share is None or node_share.rank != 0):
+        p.error(f"--wait-shares is for the head node: it needs --node-share 0/N (got --node-share {a.node_share})")
+    if a.wait_shares is not None and not 0 <= a.wait_shares <= MAX_WAIT_S:
+        p.error(f"--wait-shares must be 0 .. {MAX_WAIT_S:.0f} seconds (the head's other ranks wait in a collective "
+                f"with a {COLLECTIVE_TIMEOUT_S / 3600:.0f} h timeout), got {a.wait_shares:g}")
     if a.batch_size < 1 or a.seeds < 1 or (a.limit is not None and a.limit < 1):
         p.error("--batch-size, --seeds and --limit must be >= 1")
     if a.resamples < 100:

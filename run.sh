@@ -423,8 +423,18 @@ if stage 4; then
     [[ -f $DEV_SET ]] || { echo "dev set $DEV_SET not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
     DEV_ARGS=(--dev-set "dev=$DEV_SET")
   fi
+  # several nodes: each scores its share of the models (one torchrun per node, EVAL_DIR shared);
+  # node 0 waits for the other shares' markers, scores what is left and writes the report
+  SHARE_ARGS=()
+  if (( ${NNODES:-1} > 1 )); then
+    SHARE_ARGS=(--node-share "${NODE_RANK:-0}/${NNODES:-1}")
+    if (( ${NODE_RANK:-0} == 0 )); then
+      SHARE_ARGS+=(--wait-shares "${SHARE_WAIT_S:-7200}")
+    fi
+  fi
   "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
-    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${DEV_ARGS[@]}" "${EVAL_ARGS[@]}"
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${DEV_ARGS[@]}" "${SHARE_ARGS[@]}" \
+    "${EVAL_ARGS[@]}"
   done_stage 4
 fi
 

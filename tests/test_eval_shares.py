@@ -206,7 +206,32 @@ def test_cli_node_share_options(tmp_path, monkeypatch):
     cfg = parse_args(base + ["--node-share", "1/2"])
     assert (cfg.node_share, cfg.wait_shares) == (NodeShare(1, 2), None)
     assert (parse_args(base).node_share, parse_args(base).wait_shares) == (None, None)
+    with pytest.raises(ValueError, match="head node"):
+        EvalConfig(start_model="m", out_dir=str(tmp_path), test_sets=[], node_share=NodeShare(1, 2), wait_shares=5)
     for bad in (["--node-share", "2/2"], ["--wait-shares", "5"], ["--node-share", "1/2", "--wait-shares", "5"],
-                ["--node-share", "0/2", "--wait-shares", "-1"]):
+                ["--node-share", "0/2", "--wait-shares", "-1"], ["--node-share", "0/2", "--wait-shares", "86400"]):
         with pytest.raises(SystemExit):
             parse_args(base + bad)
+
+
+@pytest.mark.slow
+def test_run_sh_stage_4_on_two_nodes(sweep_inputs, tmp_path):
+    """run.sh's stage 4 with NNODES=2: node 1 scores its share and writes no report,
+    node 0 (SHARE_WAIT_S) finds share 1's marker and writes the report of all three models."""
+    start, merged, test = sweep_inputs
+    exp = tmp_path / "exp"
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{start}"\nMERGED_DIR="{merged}"\nTEST_FILE="{test}"\n'
+                      'DEV_SIZE=0\nEVAL_NPROC=1\nEVAL_ARGS=(--backend sim --test-set "a=$TEST_FILE" --limit 2 --greedy '
+                      '--max-token-text-ratio 3 --threads 1 --resamples 200)\n')
+    env = {**os.environ, "PRESET": str(preset), "NNODES": "2", "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for rank in ("1", "0"):
+        runs[rank] = subprocess.run(["bash", str(ROOT / "run.sh"), "4", "4"], cwd=ROOT, capture_output=True, text=True,
+                                    env={**env, "NODE_RANK": rank, "SHARE_WAIT_S": "5"}, timeout=600)
+        assert runs[rank].returncode == 0, runs[rank].stdout[-3000:] + runs[rank].stderr[-3000:]
+    assert "node share 1/2: step(s) 2 of 0, 2, 4" in runs["1"].stdout and "report:" not in runs["1"].stdout
+    assert "every share is done" in runs["0"].stdout and "final pass" not in runs["0"].stdout
+    rows = json.loads((exp / "eval" / "summary.json").read_text())
+    assert [r["step"] for r in rows] == [0, 2, 4]

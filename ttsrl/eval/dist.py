@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+COLLECTIVE_TIMEOUT_S = 6 * 3600  # how long a rank waits in one gloo collective for the others
+
 
 def shard(items: Sequence, rank: int, world: int) -> list:
     """Items ``rank::world``: every item on exactly one rank, none repeated."""
@@ -69,7 +71,7 @@ def init_distributed() -> Dist:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=datetime.timedelta(hours=6))
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return d
 
 

@@ -50,7 +50,7 @@ from ttsrl.eval.report import (
     write_sweep,
 )
 from ttsrl.eval.seedtts_eval import detect_lang, score_utterance
-from ttsrl.eval.shares import NodeShare, finish_share, start_share
+from ttsrl.eval.shares import MAX_WAIT_S, NodeShare, finish_share, start_share
 from ttsrl.model.generate import Generated, GenerationConfig, make_requests
 from ttsrl.stats import DEFAULT_RESAMPLES
 
@@ -146,8 +146,8 @@ class EvalConfig:
             if self.node_share is None or self.node_share.rank != 0:
                 raise ValueError(f"wait_shares (--wait-shares) is for the head node: it needs node share 0/N, "
                                  f"got {self.node_share or 'none'}")
-            if self.wait_shares < 0:
-                raise ValueError(f"wait_shares must be >= 0 seconds, got {self.wait_shares}")
+            if not 0 <= self.wait_shares <= MAX_WAIT_S:  # the head's other ranks wait in one collective
+                raise ValueError(f"wait_shares must be 0 .. {MAX_WAIT_S} seconds, got {self.wait_shares}")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if self.headline not in ("cer_utt_mean", "cer_pooled"):

@@ -15,9 +15,13 @@ steps it scored and which it found cached, host name and times.
 The head (``--node-share 0/N --wait-shares SECONDS``) then waits until every other
 share's marker exists AND matches what that share must cover now (same steps, model
 and test-set fingerprints, settings, schema): a marker left by an earlier run with other
-checkpoints or settings is stale and does not count. On timeout it names the missing
-shares and goes on; its final pass scores every model not scored yet (the fingerprint
-cache decides), so the report is right either way.
+checkpoints or settings is stale and does not count (under ``--force``, also one finished
+well before the head started). On timeout it names the missing shares and goes on; its
+final pass scores every model not scored yet (the fingerprint cache decides), so the
+report is right either way. Only then may two nodes write the same files: a node still
+scoring after the head gave up on it (each file is still written whole, atomically).
+While the head waits, its other torchrun ranks wait in a gloo collective (6 h timeout,
+``ttsrl.eval.dist``): ``--wait-shares`` is at most 5 h.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ttsrl.atomic import atomic_write_text
-from ttsrl.eval.dist import shard
+from ttsrl.eval.dist import COLLECTIVE_TIMEOUT_S, shard
 
 SHARES_DIR = "shares"
 MARKER_FORMAT = 1
+# --force: a marker counts only when finished after the head started, less this slack (a
+# node may start, and finish a small share, a little before the head; clocks differ a little)
+FORCE_SLACK_S = 600.0
+MAX_WAIT_S = COLLECTIVE_TIMEOUT_S - 3600  # the head's other ranks wait for it in one collective
 
 
 @dataclass(frozen=True)
@@ -195,4 +203,4 @@ def finish_share(out_dir: str | Path, share: NodeShare, model_fps: Mapping[int, 
         log("no report on this node: the head node (--node-share 0/N --wait-shares) writes it")
         return {}
     return wait_for_shares(out_dir, {r: covers(r) for r in range(1, share.nodes)}, share.nodes, wait, log,
-                           not_before=started if force else None)
+                           not_before=started - FORCE_SLACK_S if force else None)
