@@ -107,13 +107,16 @@ ray_node_args() {
 # start_ray: this node's Ray in the background (its own process group, stopped by pid: never
 # `ray stop`, which stops every Ray on the machine). Not with the CPU path's
 # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which makes `ray start --address` abort; a worker's raylet
-# gives up 30 s after the head's GCS is gone (its `ray start` then returns).
+# gives up 30 s after the head's GCS is gone (its `ray start` then returns); a raylet waits up to
+# 5 min (not 30 s) for its dashboard agent, which a loaded machine starts slowly (seen: the raylet
+# died 27 s into the start on a 2-core machine at load 10).
 RAY_PID=
 start_ray() {
   ray_node_args
   mkdir -p "$LOG_DIR"
   echo "     ray start ${RAY_NODE_ARGS[*]}  (log $LOG_DIR/ray.log)"
   setsid env -u RAY_ADDRESS -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER RAY_gcs_rpc_server_reconnect_timeout_s=30 \
+    RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}" \
     "$(dirname "$PY")/ray" start "${RAY_NODE_ARGS[@]}" >> "$LOG_DIR/ray.log" 2>&1 < /dev/null &
   RAY_PID=$!
 }
