@@ -47,7 +47,8 @@
 #   Ray settings: RAY_PORT (6379, the head's GCS), RAY_NODE_PORT (RAY_PORT+1: each node's 10
 #   fixed ports from there), RAY_WORKER_PORTS (10002-19999), RAY_TEMP_DIR (Ray's default),
 #   RAY_NUM_CPUS (16 logical CPUs a node on DEVICE=cpu, with GPUS_PER_NODE=1 logical GPU),
-#   RAY_START_ARGS (a preset's array of more `ray start` arguments). Ranks on one host (the
+#   RAY_START_ARGS (a preset's array of more `ray start` arguments), RAY_START_ATTEMPTS (3: a node
+#   whose Ray fails to start is started again). Ranks on one host (the
 #   same or loopback IPs) split these ports. Ray's token authentication is on
 #   (RAY_AUTH_MODE=token): every node needs the head's ~/.ray/auth_token.
 #   A rehearsal on one machine: presets/multinode_sim.sh (its top says how).
@@ -212,7 +213,7 @@ print_config() {
            DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT LOGGERS \
            REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE \
            NODE_IPS NODE_RANK NNODES HEAD_IP NODE_IP GPUS_PER_NODE RAY_PORT RAY_NODE_PORT RAY_WORKER_PORTS RAY_TEMP_DIR \
-           RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S; do
+           RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S RAY_START_ATTEMPTS; do
     [[ -z ${!v+set} ]] || printf '%s=%q\n' "$v" "${!v}"
   done
   for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS RAY_START_ARGS; do

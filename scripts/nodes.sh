@@ -45,7 +45,7 @@ node_settings() {
   HEAD_IP=${IPS[0]:-127.0.0.1} NODE_IP=${IPS[0]:-127.0.0.1}
   (( ${#problems[@]} )) || NODE_IP=${IPS[NODE_RANK]:-$HEAD_IP}
   : "${RAY_PORT:=6379}" "${RAY_NODE_PORT:=$(( RAY_PORT + 1 ))}" "${RAY_WORKER_PORTS:=10002-19999}"
-  : "${RAY_TEMP_DIR:=}" "${RAY_NUM_CPUS:=16}" "${JOIN_TIMEOUT_S:=600}" "${HEAD_WAIT_S:=0}"
+  : "${RAY_TEMP_DIR:=}" "${RAY_NUM_CPUS:=16}" "${JOIN_TIMEOUT_S:=600}" "${HEAD_WAIT_S:=0}" "${RAY_START_ATTEMPTS:=3}"
   declare -p RAY_START_ARGS &>/dev/null || RAY_START_ARGS=()
   if [[ -z ${GPUS_PER_NODE:-} ]]; then
     if [[ $DEVICE == cpu ]]; then GPUS_PER_NODE=1  # logical: one FSDP rank per node
@@ -108,8 +108,10 @@ ray_node_args() {
 # `ray stop`, which stops every Ray on the machine). Not with the CPU path's
 # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which makes `ray start --address` abort; a worker's raylet
 # gives up 30 s after the head's GCS is gone (its `ray start` then returns); a raylet waits up to
-# 5 min (not 30 s) for its dashboard agent, which a loaded machine starts slowly (seen: the raylet
-# died 27 s into the start on a 2-core machine at load 10).
+# 5 min for its dashboard agent, which a loaded machine starts slowly. Ray 2.60's raylet still
+# waits only ~15-30 s for the agent's port files and then aborts (seen at load 10 on 2 cores:
+# "Timed out waiting for file .../dashboard_agent_listen_port_..."): a node whose start failed is
+# started again, RAY_START_ATTEMPTS (3) times in all (the second start finds its imports cached).
 RAY_PID=
 start_ray() {
   ray_node_args
@@ -152,13 +154,19 @@ head_ray() {
   fi
   [[ -z ${RAY_ADDRESS:-} ]] || echo "     RAY_ADDRESS=$RAY_ADDRESS does not answer: starting a Ray head here"
   RAY_AT=$HEAD_IP:$RAY_PORT
-  start_ray
-  echo "     waiting up to ${JOIN_TIMEOUT_S}s for $NNODES nodes ($NODE_IPS) with $GPUS_PER_NODE GPUs each"
-  if ! "$PY" -m ttsrl.train.nodes wait "$RAY_AT" --ips "$(IFS=,; echo "${IPS[*]}")" --gpus "$GPUS_PER_NODE" \
-      --timeout "$JOIN_TIMEOUT_S" --pid "$RAY_PID"; then
-    echo "the end of $LOG_DIR/ray.log:" >&2; tail -15 "$LOG_DIR/ray.log" >&2
-    exit 1
-  fi
+  local attempt rc
+  for (( attempt = 1; ; attempt++ )); do
+    start_ray
+    echo "     waiting up to ${JOIN_TIMEOUT_S}s for $NNODES nodes ($NODE_IPS) with $GPUS_PER_NODE GPUs each"
+    rc=0
+    "$PY" -m ttsrl.train.nodes wait "$RAY_AT" --ips "$(IFS=,; echo "${IPS[*]}")" --gpus "$GPUS_PER_NODE" \
+      --timeout "$JOIN_TIMEOUT_S" --pid "$RAY_PID" || rc=$?
+    (( rc )) || return 0
+    echo "the end of $LOG_DIR/ray.log:" >&2; tail -8 "$LOG_DIR/ray.log" >&2
+    stop_ray
+    if (( rc != 3 || attempt >= RAY_START_ATTEMPTS )); then exit 1; fi
+    echo "     the Ray head did not start (attempt $attempt of $RAY_START_ATTEMPTS): starting it again"
+  done
 }
 
 # worker_ray: join the head's Ray and block until it stops (stage 2 on a worker)
@@ -186,9 +194,24 @@ worker_ray() {
   fi
   RUN_ID=$(cat "$NODES_DIR/run_id")
   echo "     joining run $RUN_ID"
-  start_ray
-  wait "$RAY_PID" || rc=$?
-  RAY_PID=
+  local attempt
+  for (( attempt = 1; ; attempt++ )); do
+    start_ray
+    rc=0
+    wait "$RAY_PID" || rc=$?
+    RAY_PID=
+    # the head marks its run trained (or failed) before it stops its Ray: without either, this
+    # node's Ray stopped on its own (a start that failed on a loaded machine): once more
+    if grep -qsx "$RUN_ID" "$NODES_DIR/trained" || { [[ -f $NODES_DIR/failed ]] && [[ $(head -1 "$NODES_DIR/failed") == "$RUN_ID" ]]; }; then
+      break
+    fi
+    (( attempt < RAY_START_ATTEMPTS )) || break
+    echo "     this node's Ray stopped (ray start returned $rc; attempt $attempt of $RAY_START_ATTEMPTS) while the head trains: joining again"
+    for (( t = 0; t < JOIN_TIMEOUT_S; t += 5 )); do
+      "$PY" -m ttsrl.train.nodes probe "$addr" 2>/dev/null && break
+      sleep 5
+    done
+  done
   if grep -qsx "$RUN_ID" "$NODES_DIR/trained"; then
     echo "     the head's Ray stopped after training (ray start returned $rc)"
   else

@@ -10,8 +10,8 @@
 run.sh's NODE_IPS, head first; an IP listed twice needs two nodes with that IP), an alive Ray
 node with that address and at least ``N`` GPUs (logical ones on the CPU path) has joined. It
 prints each node as it joins; when ``--timeout`` passes first it exits 1 naming the ranks and
-IPs still missing (or joined with too few GPUs); with ``--pid``, at once when that process (the
-head's ``ray start``) exits. Ray's node and actor tables are read straight from the GCS
+IPs still missing (or joined with too few GPUs); with ``--pid``, exit 3 at once when that
+process (the head's ``ray start``) exits. Ray's node and actor tables are read straight from the GCS
 (``ray._raylet.GcsClient``, as ``ray status`` and the state API's aggregator read them), so no
 driver job is started and no dashboard is needed.
 
@@ -33,6 +33,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+EXIT_HEAD_GONE = 3  # `wait --pid`: that process exited before every node joined
 
 
 @dataclass(frozen=True)
@@ -247,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ips: expected at least one IP")
     try:
         nodes = wait(args.address, ips, args.gpus, args.timeout, pid=args.pid)
-    except (TimeoutError, RuntimeError) as e:
+    except TimeoutError as e:
         print(str(e), file=sys.stderr)
         return 1
+    except RuntimeError as e:  # the head's ray start exited: run.sh may start it again
+        print(str(e), file=sys.stderr)
+        return EXIT_HEAD_GONE
     print(f"     all {len(ips)} nodes joined ({sum(n.gpus for n in nodes):g} GPUs)")
     return 0
 
