@@ -116,8 +116,11 @@ def _build_model_and_texts(exp: Path) -> None:
 
 
 def _actors(address: str, env: dict) -> dict[str, list[str]]:
-    r = subprocess.run([sys.executable, "-m", "ttsrl.train.nodes", "actors", address], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    try:  # while Ray starts or stops, the table cannot be read: nothing this time
+        r = subprocess.run([sys.executable, "-m", "ttsrl.train.nodes", "actors", address], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
     return json.loads(r.stdout) if r.returncode == 0 else {}
 
 

@@ -103,8 +103,9 @@ def actor_nodes(address: str, timeout: float = 10.0) -> dict[str, list[str]]:
 
     from ray._raylet import GcsClient
 
-    async def table():
-        return await GcsClient(address=address).async_get_all_actor_info(timeout=timeout)
+    async def table():  # a GCS that went away mid-call would keep the call waiting: bounded here
+        return await asyncio.wait_for(GcsClient(address=address).async_get_all_actor_info(timeout=timeout),
+                                      timeout + 5)
 
     out: dict[str, set[str]] = {}
     for info in asyncio.run(table()).values():
