@@ -213,7 +213,7 @@ worker_ray() {
     done
   done
   if grep -qsx "$RUN_ID" "$NODES_DIR/trained"; then
-    echo "     the head's Ray stopped after training (ray start returned $rc)"
+    echo "     the head's Ray stopped after training (this node's ray start then returns, here with $rc)"
   else
     "$PY" -m ttsrl.train.nodes await "$NODES_DIR/trained" "$RUN_ID" --fail "$NODES_DIR/failed" --timeout 60 \
       || { echo "stage 2: this node's Ray stopped (ray start returned $rc) and the head did not finish training; see $LOG_DIR/ray.log" >&2; exit 1; }
