@@ -219,12 +219,16 @@ def test_help_shows_the_attach_option(capsys):
 # the environment: a real two-raylet cluster
 
 CLUSTER = r"""
-import sys
+import socket, sys
 from ray.cluster_utils import Cluster
 
+with socket.socket() as s:  # Ray's API server binds a port even without the dashboard: a free one, not 8265
+    s.bind(("127.0.0.1", 0))
+    free_port = s.getsockname()[1]
 # two raylets with one logical GPU each (verl's pools put one group per node); the head is node 1
-cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=2, num_gpus=1, include_dashboard=False))
+cluster = Cluster()
 try:
+    cluster.add_node(num_cpus=2, num_gpus=1, include_dashboard=False, dashboard_port=free_port)
     cluster.add_node(num_cpus=2, num_gpus=1)
     cluster.wait_for_nodes()
     print("ADDRESS " + cluster.address, flush=True)
@@ -321,38 +325,49 @@ def two_raylets(tmp_path):
     """(address, Ray temp folder) of a two-raylet cluster started by a process with a clean
     environment (PATH, HOME, RAY_TMPDIR only) in a folder of its own; shut down afterwards
     whatever happens, and checked to leave no process behind."""
-    ray_tmp = tempfile.mkdtemp(prefix="ttsrl-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     home, cwd = tmp_path / "home", tmp_path / "cluster-cwd"
     home.mkdir()
     cwd.mkdir()
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAY_TMPDIR": ray_tmp}
-    proc = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 300
-        while not any(line.startswith("ADDRESS ") for line in lines):
-            assert proc.poll() is None, "the cluster process died:\n" + "".join(lines)[-4000:]
-            assert time.monotonic() < deadline, "no cluster after 300 s:\n" + "".join(lines)[-4000:]
-            time.sleep(0.5)
-        address = next(line for line in lines if line.startswith("ADDRESS ")).split()[1]
-        yield address, ray_tmp
-    finally:
-        proc.stdin.close()  # the cluster process shuts its nodes down
+    failures = []
+    for _ in range(3):  # Ray gives a raylet 30 s to register: a loaded machine can miss that
+        ray_tmp = tempfile.mkdtemp(prefix="ttsrl-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAY_TMPDIR": ray_tmp}
+        proc = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
         try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # its own session: our processes only
-            proc.wait()
-        deadline = time.monotonic() + 60
-        while _processes_under(ray_tmp) and time.monotonic() < deadline:
-            time.sleep(1)
-        left = _processes_under(ray_tmp)
-        for p in left:  # started by this test (their command lines name its temp folder)
-            p.kill()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-        assert not left, f"Ray processes left behind: {[(p.pid, p.info['cmdline'][:2]) for p in left]}"
+            deadline = time.monotonic() + 300
+            while not any(line.startswith("ADDRESS ") for line in lines) and proc.poll() is None:
+                assert time.monotonic() < deadline, "no cluster after 300 s:\n" + "".join(lines)[-4000:]
+                time.sleep(0.5)
+            if proc.poll() is None:
+                address = next(line for line in lines if line.startswith("ADDRESS ")).split()[1]
+                yield address, ray_tmp
+                return
+            failures.append("".join(lines)[-3000:])
+        finally:
+            _stop_cluster(proc, ray_tmp)
+    pytest.fail("the cluster did not start in 3 tries:\n" + "\n---\n".join(failures))
+
+
+def _stop_cluster(proc: subprocess.Popen, ray_tmp: str) -> None:
+    """Shut the cluster process's nodes down (or kill its session) and check that nothing it
+    started is left."""
+    proc.stdin.close()  # the cluster process shuts its nodes down
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # its own session: our processes only
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while _processes_under(ray_tmp) and time.monotonic() < deadline:
+        time.sleep(1)
+    left = _processes_under(ray_tmp)
+    for p in left:  # started by this test (their command lines name its temp folder)
+        p.kill()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not left, f"Ray processes left behind: {[(p.pid, p.info['cmdline'][:2]) for p in left]}"
 
 
 def _drive(mode: str, address: str, ray_tmp: str, tmp_path: Path) -> dict:

@@ -192,8 +192,8 @@ class GRPOConfig:
         if self.multi_node and relative:
             name, value = relative[0]
             raise ValueError(f"{name}={value!r} is a relative path, but a multi-node run (nnodes={self.nnodes}, "
-                                 f"ray_address={self.ray_address!r}) resolves it in each worker's own working "
-                                 "directory: use an absolute path on a filesystem every node mounts")
+                             f"ray_address={self.ray_address!r}) resolves it in each worker's own working "
+                             "directory: use an absolute path on a filesystem every node mounts")
 
     @property
     def multi_node(self) -> bool:
