@@ -6,7 +6,7 @@ with the help declared on the field. ``--preset`` picks the values they start fr
 (``PRESETS`` in ttsrl/train/grpo.py: ``gpu8`` the 8-GPU recipe, ``embedded`` the CPU run
 of presets/embedded.sh, ``gpu``/``cpu`` the bare paths); options given here win over the
 preset. ``cpu`` runs through our verl plugin ``ttsrl.verl_plugin`` (the ``hf`` rollout,
-one logical GPU). Any verl Hydra override can follow ``--`` and is applied last, e.g.
+one logical GPU per ``--n-gpus-per-node``, each an FSDP rank). Any verl Hydra override can follow ``--`` and is applied last, e.g.
 
     python train_grpo.py --preset cpu --model-path exp/hf_model \\
         --train-files data/train.parquet --val-files data/test.parquet \\

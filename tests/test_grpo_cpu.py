@@ -17,13 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import requests
 import torch
-
-from ttsrl.console import parse_metrics
+from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, parse_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, SAVE_FREQ = 3, 2
@@ -31,49 +28,16 @@ pytestmark = pytest.mark.slow  # a real verl/Ray run: minutes
 # small, as on a real run (the GPU preset's 1e-6 is 1e-5 here for a tiny model in 2 steps):
 # Adam moves each weight by about lr a step, far below bf16's spacing
 LR = 1e-5
-def _rows(texts: list[str], split: str) -> list[dict]:
-    return [{"data_source": "tiny_tts", "prompt": [{"role": "user", "content": t}], "ability": "tts",
-             "reward_model": {"style": "rule", "ground_truth": t}, "extra_info": {"split": split, "index": i}}
-            for i, t in enumerate(texts)]
-
-
-def parse_steps(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines -> {N: metrics}, read by the stage-2 console's own parser."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.replace("\r", "\n").splitlines():  # tqdm redraws with \r
-        parsed = parse_metrics(line)
-        if parsed:
-            steps.setdefault(parsed[0], {}).update(parsed[1])
-    return steps
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, sim_server_url):
-    from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
-    from ttsrl.embedded.tiny_model import TinyConfig
-    from ttsrl.model.convert import cosyvoice_to_hf
-
-    ws = tmp_path_factory.mktemp("grpo")
-    # A few seconds of supervised pretraining on 12 shipped sentences, so that sampled
-    # responses get different, non-zero sim rewards and GRPO has a signal.
-    lines = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
-    (ws / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    texts = [json.loads(x)["text"] for x in lines]
-    cfg = PretrainConfig(model=TinyConfig(tokenizer_vocab=4096), steps=120, span_prob=0.0, random_prob=0.0,
-                         tone_noise=0.3, initial_noise=0.0)
-    build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", cfg, log=lambda s: None)
-    cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
-    pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")
-    pq.write_table(pa.Table.from_pylist(_rows(texts[:4], "test")), ws / "test.parquet")
-
-    cmd = [sys.executable, str(ROOT / "train_grpo.py"), "--preset", "cpu",
-           "--model-path", str(ws / "hf_model"), "--train-files", str(ws / "train.parquet"),
-           "--val-files", str(ws / "test.parquet"), "--checkpoint-dir", str(ws / "ckpt"),
-           "--reward-file", str(ROOT / "reward_tts.py"), "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
-           "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
-           "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
-           "--lr", str(LR), "--loggers", "console,tensorboard", "--",
-           "actor_rollout_ref.actor.optim.weight_decay=0.0"]
+    ws = make_grpo_workspace(tmp_path_factory.mktemp("grpo"))
+    cmd = grpo_command(ws, "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
+                       "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
+                       "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
+                       "--lr", str(LR), "--loggers", "console,tensorboard",
+                       verl=("actor_rollout_ref.actor.optim.weight_decay=0.0",))
     env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url, "TENSORBOARD_DIR": str(ws / "tensorboard")}
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=900, env=env)
@@ -102,12 +66,6 @@ def test_training_steps_and_metrics(run):
     assert list((ws / "tensorboard").glob("events.out.tfevents.*")), list(ws.iterdir())
     # the thread-count warning TransferQueue printed on every put/get (TQ_NUM_THREADS > cores) is gone
     assert "should not exceed total physical CPU cores" not in log
-
-
-def _fsdp_tensor(actor: Path, name: str) -> torch.Tensor:
-    state = torch.load(actor / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
-    t = state[name]
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).float()
 
 
 def test_merge_and_reload(run):
@@ -160,7 +118,7 @@ def test_merge_and_reload(run):
     base = AutoModelForCausalLM.from_pretrained(ws / "hf_model", trust_remote_code=True)
     assert type(merged).__name__ == "CosyVoice2Qwen2ForCausalLM"
     lo, hi = cfg["speech_output_range"]
-    trained_bias = _fsdp_tensor(ws / "ckpt" / f"global_step_{STEPS}" / "actor", "lm_head.bias")
+    trained_bias = fsdp_full_state(ws / "ckpt" / f"global_step_{STEPS}" / "actor")["lm_head.bias"]
     # the merged bias is the trained one, exactly (fp32 merge) ...
     assert merged.lm_head.bias.dtype == torch.float32 and torch.equal(merged.lm_head.bias, trained_bias)
     # ... and training moved it (by about lr a step)
@@ -175,12 +133,6 @@ def test_merge_and_reload(run):
     gen = merged.generate(**ids, max_new_tokens=8, do_sample=False)
     new = gen[0, ids["input_ids"].shape[1]:].tolist()
     assert new and all(lo <= t < hi for t in new), new
-
-
-def _master_state(actor: Path) -> dict[str, torch.Tensor]:
-    """The FSDP checkpoint's own (fp32 master) tensors, gathered (world size 1 here)."""
-    state = torch.load(actor / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
-    return {k: (v._local_tensor if hasattr(v, "_local_tensor") else v) for k, v in state.items()}
 
 
 def _merge(ws: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -205,7 +157,7 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
     from ttsrl.train.merge import update_survival
 
     ws, _, _ = run
-    master = _master_state(ws / "ckpt" / f"global_step_{SAVE_FREQ}" / "actor")
+    master = fsdp_full_state(ws / "ckpt" / f"global_step_{SAVE_FREQ}" / "actor")
     base = read_hf_tensors(ws / "hf_model")
     _merge(ws, ws / "m_fp32")
     step = ws / "m_fp32" / f"step_{SAVE_FREQ}"

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+from conftest import dead_url
+
 from ttsrl.train.grpo import GRPOConfig
 
 SCRIPT = r"""
@@ -88,3 +90,55 @@ def test_one_process_group_listens_on_no_interface():
     assert any(ip not in LOOPBACK for ip, _ in before["listening"]), before  # the store torch starts
     assert after["sum"] == [1.0, 1.0, 1.0]
     assert not [x for x in after["listening"] if x[0] not in LOOPBACK], after
+
+
+GROUP2_SCRIPT = r"""
+import json, os, psutil, torch, torch.distributed as dist
+if os.environ["PATCHED"] == "1":
+    from ttsrl.verl_plugin.patches import _patch_init_process_group
+    _patch_init_process_group()
+rank = int(os.environ["RANK"])
+# as verl.utils.distributed.initialize_global_process_group_ray calls it on CPU, FSDP world size 2
+dist.init_process_group(backend="cpu:gloo,cpu:gloo" if os.environ["PATCHED"] == "1" else "cpu:gloo",
+                        rank=rank, world_size=2, init_method=None)
+t = torch.ones(3)
+dist.all_reduce(t)
+shard = torch.empty(2)
+dist.reduce_scatter_tensor(shard, torch.arange(4.0) + rank)  # FSDP2's gradient reduction
+full = torch.empty(4)
+dist.all_gather_into_tensor(full, shard)  # FSDP2's parameter gathering
+listening = [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN]
+dist.barrier()
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"sum": t.tolist(), "shard": shard.tolist(), "full": full.tolist(),
+                              "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "listening": listening}))
+"""
+
+
+def test_two_process_group_listens_on_loopback_only():
+    """FSDP world size 2 on one host (issue 24): verl's master address is the node's 127.0.0.1,
+    but torch's env:// rendezvous serves rank 0's TCPStore on every interface ('::'). The
+    patch serves it on MASTER_ADDR only and pins gloo to the loopback interface; the
+    collectives FSDP2 uses (all_reduce, reduce_scatter, all_gather) work across the 2 ranks."""
+    def run(patched: str) -> list[dict]:
+        port = dead_url().rsplit(":", 1)[1]
+        env = {**os.environ, "PATCHED": patched, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+               "VERL_PLATFORM": "cpu"}
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        procs = [subprocess.Popen([sys.executable, "-c", GROUP2_SCRIPT], env={**env, "RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=180)
+            assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+            out.append(json.loads(stdout.split("RESULT ", 1)[1]))
+        return out
+
+    before, after = run("0"), run("1")
+    assert any(ip not in LOOPBACK for ip, _ in before[0]["listening"]), before  # the store torch starts
+    for rank, r in enumerate(after):
+        assert r["sum"] == [2.0, 2.0, 2.0] and r["full"] == [1.0, 3.0, 5.0, 7.0], r
+        assert r["shard"] == ([1.0, 3.0] if rank == 0 else [5.0, 7.0]), r
+        assert r["ifname"] and not [x for x in r["listening"] if x[0] not in LOOPBACK], r
+    assert len(after[0]["listening"]) > len(after[1]["listening"])  # rank 0 serves the store (on loopback)

@@ -67,7 +67,8 @@ _CPU = {"device": "cpu", "rollout": "hf", "n_gpus_per_node": 1}
 PRESETS: dict[str, dict] = {
     # the reference recipe as declared below (one GPU unless --n-gpus-per-node)
     "gpu": {},
-    # the CPU path: our verl plugin, the hf rollout, one logical GPU (tests and benchmarks
+    # the CPU path: our verl plugin, the hf rollout, one logical GPU (--n-gpus-per-node 2: FSDP
+    # world size 2 on one raylet, tests/test_grpo_world2.py; tests and benchmarks
     # give their own batch shape on top)
     "cpu": _CPU,
     # presets/gpu8.sh: the reference recipe on one node of 8 GPUs
@@ -151,7 +152,7 @@ class GRPOConfig:
     val_before_train: bool = option(True, help="validate once before the first step")
     resume_mode: str = option("auto", help="verl resume mode: auto (newest global_step_N), disable, resume_path")
     # cluster
-    n_gpus_per_node: int = option(1, help="GPUs per node (the CPU path uses 1 logical GPU)")
+    n_gpus_per_node: int = option(1, help="GPUs per node (the CPU path: logical GPUs, one FSDP rank each)")
     nnodes: int = option(1, help="nodes in the Ray cluster (> 1: a multi-node run, see --ray-address)")
     ray_address: Optional[str] = option(
         None, help="attach to this running Ray cluster (host:port or auto); default: $RAY_ADDRESS; unset: start a "

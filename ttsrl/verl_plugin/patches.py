@@ -7,8 +7,12 @@ and are idempotent.
    ``f"cpu:gloo,{device}:{backend}"``, which on CPU is ``"cpu:gloo,cpu:gloo"``;
    torch rejects a device listed twice. We wrap ``torch.distributed.init_process_group``
    (verl calls it through the module attribute) and drop repeated device entries. The
-   same wrapper gives a one-process group an in-process store (``single_process_store``):
-   the ``env://`` rendezvous would start a TCPStore listening on every interface.
+   same wrapper keeps the group's store off the network (``local_store``): the ``env://``
+   rendezvous starts a TCPStore on rank 0 listening on every interface; a one-process
+   group gets an in-process store instead, a group whose ``MASTER_ADDR`` is a loopback
+   address (FSDP world size 2 on one host) a TCPStore bound to that address only, and its
+   gloo connections are pinned to the loopback interface (``GLOO_SOCKET_IFNAME``; gloo
+   otherwise listens on whatever address the host name resolves to).
 2. FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` (verl forces it on the reference
    model) pins host memory, which raises when no accelerator exists. We make the
    policy's ``pin_memory`` False when CUDA is unavailable.
@@ -20,7 +24,9 @@ and are idempotent.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
+import socket
 
 import torch
 import torch.distributed
@@ -44,20 +50,86 @@ def dedup_backend(backend: str | None) -> str | None:
     return ",".join(f"{d}:{b}" for d, b in seen.items())
 
 
-def single_process_store(kwargs: dict) -> dict:
-    """A one-process group gets an in-process ``HashStore`` instead of the ``env://``
-    rendezvous, whose ``TCPStore`` server listens on every interface (not just
-    ``MASTER_ADDR``); the CPU preset's actor and reference run as one process each.
-    Other groups are left as they are."""
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: leave it to torch
+        return False
+
+
+def _loopback_tcp_store(host: str, port: int, rank: int, world: int, timeout) -> "torch.distributed.TCPStore":
+    """Rank 0 serves the store on ``host:port`` only (a socket bound there, handed to torch);
+    the other ranks connect to it as torch's own rendezvous would."""
+    from torch.distributed import TCPStore
+
+    if rank != 0:
+        return TCPStore(host, port, world_size=world, is_master=False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1" if host == "localhost" else host, port))
+        sock.listen(max(world, 16))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"torch.distributed store of a {world}-rank group: cannot listen on "
+                           f"MASTER_ADDR:MASTER_PORT = {host}:{port}: {e}") from e
+    fd = sock.detach()
+    try:
+        return TCPStore(host, port, world_size=world, is_master=True, timeout=timeout, multi_tenant=True,
+                        master_listen_fd=fd)
+    except Exception:
+        socket.close(fd)
+        raise
+
+
+def _loopback_interface() -> str:
+    """The name of the interface holding 127.0.0.1 (``lo`` on Linux)."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address == "127.0.0.1" for a in addrs):
+                return name
+    except ImportError:
+        pass
+    return "lo"
+
+
+def local_store(kwargs: dict) -> dict:
+    """The ``init_process_group`` arguments with a store that listens on no outside interface,
+    where the ``env://`` rendezvous would start a TCPStore on every interface:
+
+    * a one-process group (the CPU preset's actor and reference) gets an in-process ``HashStore``;
+    * a group of several ranks whose ``MASTER_ADDR`` is a loopback address (FSDP world size 2
+      on one host, where verl's master address is the node's 127.0.0.1) gets a ``TCPStore``
+      served on ``MASTER_ADDR:MASTER_PORT`` only.
+
+    Other groups (another ``init_method`` or store, a routable ``MASTER_ADDR``) are left as
+    they are."""
     if kwargs.get("store") is not None or kwargs.get("init_method") not in (None, "env://"):
         return kwargs
     world = kwargs.get("world_size", -1)
     if world in (None, -1):
         world = int(os.environ.get("WORLD_SIZE", "-1") or -1)
-    if world != 1 or kwargs.get("rank", 0) not in (None, -1, 0):
-        return kwargs
+    rank = kwargs.get("rank", -1)
+    if rank in (None, -1):
+        rank = int(os.environ.get("RANK", "-1") or -1)
     out = {k: v for k, v in kwargs.items() if k != "init_method"}
-    out.update(store=torch.distributed.HashStore(), rank=0, world_size=1)
+    if world == 1 and rank in (-1, 0):
+        out.update(store=torch.distributed.HashStore(), rank=0, world_size=1)
+        return out
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if world < 2 or not 0 <= rank < world or not _is_loopback(host) or not port.isdigit():
+        return kwargs
+    from torch.distributed.constants import default_pg_timeout
+
+    timeout = kwargs.get("timeout") or default_pg_timeout
+    # gloo binds its pairs to the host name's address unless told an interface: keep them on loopback
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    out.update(store=_loopback_tcp_store(host, int(port), rank, world, timeout), rank=rank, world_size=world)
     return out
 
 
@@ -72,7 +144,7 @@ def _patch_init_process_group() -> None:
             kwargs["backend"] = dedup_backend(kwargs["backend"])
         elif args:
             args = (dedup_backend(args[0]), *args[1:])
-        return original(*args, **single_process_store(kwargs))
+        return original(*args, **local_store(kwargs))
 
     setattr(init_process_group, _MARK, True)
     torch.distributed.init_process_group = init_process_group

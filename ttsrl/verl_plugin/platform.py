@@ -2,8 +2,9 @@
 
 verl knows nvidia/huawei/amd and silently falls back to nvidia on a machine
 without an accelerator. This platform is registered as ``cpu`` and chosen with
-``VERL_PLATFORM=cpu``. Ray still schedules the trainer's workers on a logical
-"GPU" resource (``ray_init.num_gpus=1``), so the Ray side reports ``GPU``.
+``VERL_PLATFORM=cpu``. Ray still schedules the trainer's workers on logical "GPU"
+resources (``ray_init.num_gpus`` = ``trainer.n_gpus_per_node``, one FSDP rank each),
+so the Ray side reports ``GPU``.
 """
 
 from __future__ import annotations
