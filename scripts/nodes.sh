@@ -95,7 +95,14 @@ ray_node_args() {
     --runtime-env-agent-port $(( base + 5 )) --min-worker-port $(( lo + slot * width ))
     --max-worker-port $(( lo + (slot + 1) * width - 1 )))
   if [[ $DEVICE == cpu ]]; then RAY_NODE_ARGS+=(--num-cpus "$RAY_NUM_CPUS" --num-gpus "$GPUS_PER_NODE"); fi
-  [[ -z $RAY_TEMP_DIR ]] || RAY_NODE_ARGS+=(--temp-dir "$RAY_TEMP_DIR")
+  # ranks on one host each keep their own session folder: a node's log monitor forwards every
+  # worker log file of its folder, so a shared one sends each line twice, and Ray's driver then
+  # merges lines that differ only in numbers (seen: verl's step 2 metrics line lost, step 6 twice)
+  if (( here > 1 )); then
+    RAY_NODE_ARGS+=(--temp-dir "${RAY_TEMP_DIR:-/tmp/ray}/node$slot")
+  elif [[ -n $RAY_TEMP_DIR ]]; then
+    RAY_NODE_ARGS+=(--temp-dir "$RAY_TEMP_DIR")
+  fi
   RAY_NODE_ARGS+=("${RAY_START_ARGS[@]}")
   if is_head; then
     RAY_NODE_ARGS+=(--head --port "$RAY_PORT" --include-dashboard=false --ray-client-server-port $(( base + 6 )))

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from ttsrl.console import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "presets/multinode_sim.sh"
-STEPS = 3
+STEPS, SAVE_FREQ = 6, 3  # steps of ~3-5 s: 5 left after the kill at step 1, so every pool meets the dead server
 IPS = ("127.0.0.2", "127.0.0.3")
 
 
@@ -146,13 +147,18 @@ def _build_model_and_texts(exp: Path) -> None:
     cosyvoice_to_hf(exp / "cosyvoice", exp / "hf_model", log=lambda s: None)
 
 
-def _actors(address: str, env: dict) -> dict[str, list[str]]:
+def _actors(address: str, env: dict, errors: list[str]) -> dict[str, list[str]]:
+    """Actor class -> node ids from the GCS actor table (dead actors stay in it)."""
     try:  # while Ray starts or stops, the table cannot be read: nothing this time
         r = subprocess.run([sys.executable, "-m", "ttsrl.train.nodes", "actors", address], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=40)
     except subprocess.TimeoutExpired:
+        errors.append("timeout")
         return {}
-    return json.loads(r.stdout) if r.returncode == 0 else {}
+    if r.returncode:
+        errors.append(r.stderr[-300:])
+        return {}
+    return json.loads(r.stdout)
 
 
 def _stats(url: str) -> dict:
@@ -178,7 +184,7 @@ def rehearsal(tmp_path_factory):
            "JOIN_TIMEOUT_S": "900"}
     overrides = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=4",
-                 "data.max_response_length=32", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=2"]
+                 "data.max_response_length=32", f"trainer.total_training_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}"]
     out = {r: (exp / f"rank{r}.out").open("w") for r in (0, 1)}
     t0 = time.monotonic()
     worker = subprocess.Popen(["bash", "run.sh", "0", "3"], cwd=ROOT, env={**env, "NODE_RANK": "1"},
@@ -188,26 +194,49 @@ def rehearsal(tmp_path_factory):
     log = exp / "logs" / "node0" / "train_grpo.log"
     auth = {**env, "RAY_AUTH_MODE": "token"}
     placed: dict[str, set[str]] = {}
-    killed, stats0 = None, {}
+    killed, stats0 = {}, {}
+
+    def kill_after_step_1() -> None:  # at once when the log shows step 1 (a step takes seconds)
+        pos, seen = 0, ""
+        while head.poll() is None:
+            if log.is_file():
+                with log.open("rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                pos += len(chunk)
+                seen = seen[-200:] + chunk.decode(errors="replace")
+            if re.search(r"\bstep:1 - ", seen):
+                stats1 = _stats(urls[1])  # what rank 1's server answered before it dies
+                pid = int((exp / "nodes" / "reward_server.1.pid").read_text())
+                os.kill(pid, signal.SIGKILL)
+                killed.update(pid=pid, stats=stats1, at_s=time.monotonic() - t0)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_after_step_1, daemon=True)
+    killer.start()
+    poll_errors: list[str] = []
+    read_after_training = False
     try:
         deadline = time.monotonic() + 1800
         while head.poll() is None and time.monotonic() < deadline:
-            for cls, nodes in _actors(f"{IPS[0]}:{ray_port}", auth).items():
-                placed.setdefault(cls, set()).update(nodes)
+            # the table once more after training (its actors, dead by then, are all in it), before the
+            # head stops its Ray
+            trained = (exp / "nodes" / "trained").is_file()
+            if not read_after_training:
+                found = _actors(f"{IPS[0]}:{ray_port}", auth, poll_errors)
+                for cls, nodes in found.items():
+                    placed.setdefault(cls, set()).update(nodes)
+                read_after_training = trained and bool(found)
             try:  # rank 0's server is stopped when its run.sh ends: its count is read while it runs
                 stats0 = _stats(urls[0])
             except requests.RequestException:
                 pass
-            text = log.read_text(errors="replace") if log.is_file() else ""
-            if killed is None and re.search(r"\bstep:1 - ", text):
-                stats1 = _stats(urls[1])  # what rank 1's server answered before it dies
-                pid = int((exp / "nodes" / "reward_server.1.pid").read_text())
-                os.kill(pid, signal.SIGKILL)
-                killed = {"pid": pid, "stats": stats1, "at_s": time.monotonic() - t0}
-            time.sleep(3)
+            time.sleep(1)
         head_rc = head.wait(timeout=max(1, deadline - time.monotonic()))
         head_s = time.monotonic() - t0
         worker_rc = worker.wait(timeout=300)
+        killer.join(timeout=10)
     finally:
         for p in (head, worker):
             if p.poll() is None:
@@ -217,6 +246,7 @@ def rehearsal(tmp_path_factory):
             f.close()
     text = {r: (exp / f"rank{r}.out").read_text() for r in (0, 1)}
     return {"exp": exp, "head_rc": head_rc, "worker_rc": worker_rc, "out": text, "placed": placed,
+            "poll_errors": poll_errors, "read_after_training": read_after_training,
             "killed": killed, "log": log.read_text(errors="replace"), "urls": urls, "stats0": stats0,
             "built_s": built_s, "head_s": head_s}
 
@@ -231,7 +261,8 @@ def _steps(log: str) -> dict[int, dict[str, float]]:
 
 
 def _report(run: dict) -> str:
-    return "\n".join(f"--- rank {r}\n{run['out'][r][-3000:]}" for r in (0, 1)) + f"\nplaced: {run['placed']}"
+    return ("\n".join(f"--- rank {r}\n{run['out'][r][-3000:]}" for r in (0, 1)) + f"\nplaced: {run['placed']}"
+            f"\nread after training: {run['read_after_training']}; poll errors: {run['poll_errors'][-3:]}")
 
 
 @pytest.mark.slow
@@ -241,23 +272,17 @@ def test_two_raylets_train_with_workers_and_rewards_on_both_nodes(rehearsal):
     nodes_seen = set().union(*run["placed"].values()) if run["placed"] else set()
     assert len(nodes_seen) == 2, _report(run)
     workers = {n for cls, ns in run["placed"].items() if "WorkerDict" in cls for n in ns}
-    rewards = {n for cls, ns in run["placed"].items() if cls.startswith(("RewardLoopWorker", "AgentLoopWorker"))
-               for n in ns}
+    rewards = set(run["placed"].get("RewardLoopWorker", ()))
     assert workers == nodes_seen, _report(run)  # the two FSDP ranks' placement groups: one per raylet
+    # verl spreads its reward workers round-robin over the nodes (cfg: one per node); its agent-loop
+    # workers land where Ray finds room (seen: both on one node, or one on each): not asserted
     assert rewards == nodes_seen, _report(run)
-    # the same from Ray's log prefixes: lines of actors on the other node than the driver's carry
-    # its ip, the driver's node's lines none
-    prefixes = set(re.findall(r"\((WorkerDict|AgentLoopWorker\w*|RewardLoopWorker) pid=\d+(, ip=[\d.]+)?\)",
-                              run["log"]))
-    for cls in ("WorkerDict", "AgentLoopWorker"):
-        ips = {ip for c, ip in prefixes if c.startswith(cls)}
-        assert len(ips) == 2, (cls, prefixes)
     # both reward servers answered (rank 1's before it was killed after step 1)
     ok0, ok1 = run["stats0"].get("ok", 0), run["killed"]["stats"].get("ok", 0)
     assert ok0 > 0 and ok1 > 0, (run["stats0"], run["killed"])
     # both FSDP ranks wrote their shards, and stage 3 (the head) merged every saved step
     exp = run["exp"]
-    for step in (2, STEPS):
+    for step in (SAVE_FREQ, STEPS):
         actor = exp / "checkpoints" / f"global_step_{step}" / "actor"
         for rank in (0, 1):
             assert (actor / f"model_world_size_2_rank_{rank}.pt").is_file(), sorted(actor.iterdir())
@@ -275,9 +300,10 @@ def test_two_raylets_train_with_workers_and_rewards_on_both_nodes(rehearsal):
 @pytest.mark.slow
 def test_a_reward_server_killed_mid_run_fails_over_once_and_no_reward_fails(rehearsal):
     run = rehearsal
-    assert run["killed"] is not None, _report(run)
+    assert run["killed"], _report(run)
     steps = _steps(run["log"])
     assert sorted(s for s in steps if s > 0) == list(range(1, STEPS + 1)), (sorted(steps), _report(run))
+    assert (run["exp"] / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
     # no sample was scored 0 for a failed request (the client logs each one: ttsrl/reward/client.py)
     assert "reward request failed" not in run["log"] and "RewardServiceError" not in run["log"]
     dead = run["urls"][1]
