@@ -96,22 +96,26 @@ def missing(ips: list[str], nodes: list[Node], gpus: float) -> list[str]:
     return out
 
 
-def actor_nodes(address: str, timeout: float = 10.0) -> dict[str, list[str]]:
+def actor_nodes(address: str) -> dict[str, list[str]]:
     """Actor class name -> the node ids (hex) its actors were placed on, dead actors included
-    (the GCS actor table, which Ray's state API lists)."""
-    import asyncio
+    (the GCS actor table, which Ray's state API lists), read as ``ray.init`` reads Ray's global
+    state, without starting a driver. (``GcsClient.async_get_all_actor_info`` was tried first:
+    it timed out on a live cluster more often than not.)"""
+    from ray._private.state import GlobalState
+    from ray._raylet import GcsClientOptions
 
-    from ray._raylet import GcsClient
-
-    async def table():  # a GCS that went away mid-call would keep the call waiting: bounded here
-        return await asyncio.wait_for(GcsClient(address=address).async_get_all_actor_info(timeout=timeout),
-                                      timeout + 5)
-
+    state = GlobalState()
+    state._initialize_global_state(GcsClientOptions.create(address, None, allow_cluster_id_nil=True,
+                                                           fetch_cluster_id_if_nil=False))
+    try:
+        table = state.actor_table(None)
+    finally:
+        state.disconnect()
     out: dict[str, set[str]] = {}
-    for info in asyncio.run(table()).values():
-        node = info.address.node_id.hex() if info.address.node_id else ""
-        if node:
-            out.setdefault(info.class_name, set()).add(node)
+    for info in table.values():
+        node = (info.get("Address") or {}).get("NodeID") or ""
+        if node and node != "0" * len(node):
+            out.setdefault(info["ActorClassName"], set()).add(node)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
