@@ -29,6 +29,29 @@
 #   MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH EXP_DIR/llm-$TRAINER.pt),
 #   PRESET_NAME (the preset's file name), LOGGERS REWARD_PORT BUILD_BASE_MODEL DEV_SIZE DEV_FILE,
 #   and for TRAINER=dpo|kto MINE_ARGS PREF_ARGS PREF_LAUNCH PAIRS_FILE USER_PAIRS.
+#
+# Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
+#   NODE_IPS=10.0.0.1,10.0.0.2 NODE_RANK=R EXP_DIR=/shared/run1 bash run.sh -2 5
+#   NODE_IPS     node IPs (or host names), comma-separated, head first (default: slurm's
+#                `scontrol show hostnames $SLURM_JOB_NODELIST`; empty: one node, as before)
+#   NODE_RANK    this node's index in NODE_IPS (default: $SLURM_NODEID, else 0); NNODES, HEAD_IP
+#                and NODE_IP follow from the two. EXP_DIR (and every folder under it) must be an
+#                absolute path on a filesystem every node mounts at the same place.
+#   The head (rank 0) runs stages -1 and 0; stage 2 starts a Ray head (unless RAY_ADDRESS answers:
+#   that cluster is used), waits until every node joined with GPUS_PER_NODE GPUs (naming the
+#   missing ones after JOIN_TIMEOUT_S=600 s), trains, stops its Ray; stage 3 merges and marks
+#   EXP_DIR/nodes/merged; stage 5 exports. A worker's stage 2 joins the head's Ray and returns when
+#   it stops; its stage 3 waits for the head's marker of the run it joined (HEAD_WAIT_S, 0: no
+#   limit); stage 4 scores its share of the checkpoints on every node. Every node serves rewards
+#   at http://NODE_IP:REWARD_PORT when REWARD_URLS lists that URL. Logs: EXP_DIR/logs/nodeR/.
+#   Ray settings: RAY_PORT (6379, the head's GCS), RAY_NODE_PORT (RAY_PORT+1: each node's 10
+#   fixed ports from there), RAY_WORKER_PORTS (10002-19999), RAY_TEMP_DIR (Ray's default),
+#   RAY_NUM_CPUS (16 logical CPUs a node on DEVICE=cpu, with GPUS_PER_NODE=1 logical GPU),
+#   RAY_START_ARGS (a preset's array of more `ray start` arguments), RAY_START_ATTEMPTS (3: a node
+#   whose Ray fails to start is started again). Ranks on one host (the
+#   same or loopback IPs) split these ports. Ray's token authentication is on
+#   (RAY_AUTH_MODE=token): every node needs the head's ~/.ray/auth_token.
+#   A rehearsal on one machine: presets/multinode_sim.sh (its top says how).
 set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
@@ -74,6 +97,7 @@ fi
 TRAINER=${TRAINER:-grpo}
 PRESET=${PRESET:-presets/embedded.sh}
 [[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
+: "${NODE_RANK:=${SLURM_NODEID:-0}}"  # before the preset, which may derive ports from it
 : "${LOGGERS:=console}"  # console[,tensorboard][,wandb]; before the preset, whose GRPO_ARGS reads it
 # without `set -u` while the preset runs: what it leaves unset is named by check_preset below,
 # all at once, instead of bash stopping at the first "unbound variable"
@@ -167,7 +191,15 @@ elif (( DEV_SIZE > 0 )); then  # stage 0 holds DEV_SIZE training texts out (ttsr
 else
   DEV_SET='' TRAIN_TEXTS=$TRAIN_FILE
 fi
+# nodes: NODE_IPS NNODES HEAD_IP NODE_IP and the Ray settings, checked (scripts/nodes.sh)
+# shellcheck source=scripts/nodes.sh
+source "$ROOT/scripts/nodes.sh"
+node_settings
 REWARD_URL=http://127.0.0.1:$REWARD_PORT   # the server stage 1 starts on this machine
+if multi_node; then  # other nodes reach it at this node's address
+  REWARD_URL=http://$NODE_IP:$REWARD_PORT
+  REWARD_ARGS+=(--host "$NODE_IP")
+fi
 # REWARD_URLS: every reward server the training and mining clients use, comma-separated (default:
 # this machine's); the client spreads requests over them and fails over (ttsrl/reward/pool.py).
 # Stage 1 starts a local server only when REWARD_URL is in the list; REWARD_MIN_READY=N waits
@@ -179,10 +211,12 @@ print_config() {
   local v quoted
   for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
            DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT LOGGERS \
-           REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE; do
+           REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE \
+           NODE_IPS NODE_RANK NNODES HEAD_IP NODE_IP GPUS_PER_NODE RAY_PORT RAY_NODE_PORT RAY_WORKER_PORTS RAY_TEMP_DIR \
+           RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S RAY_START_ATTEMPTS; do
     [[ -z ${!v+set} ]] || printf '%s=%q\n' "$v" "${!v}"
   done
-  for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS; do
+  for v in REWARD_ARGS GRPO_ARGS EVAL_ARGS MINE_ARGS PREF_ARGS PREF_LAUNCH CHECK_INPUTS_ARGS RAY_START_ARGS; do
     declare -p "$v" &>/dev/null || continue
     local -n list=$v
     quoted=''
@@ -194,6 +228,11 @@ print_config() {
 if (( SHOW_CONFIG )); then print_config; exit 0; fi
 LOG_DIR=$EXP_DIR/logs
 SERVER_PID_FILE=$EXP_DIR/reward_server.pid
+if multi_node; then  # nodes share EXP_DIR: each its own logs and server pid file
+  LOG_DIR=$EXP_DIR/logs/node$NODE_RANK
+  SERVER_PID_FILE=$NODES_DIR/reward_server.$NODE_RANK.pid
+  export RAY_AUTH_MODE=token  # as `ray start --head` sets it up; the driver and nodes.py need it too
+fi
 export TTSRL_REWARD_URL=$REWARD_URLS TENSORBOARD_DIR
 export PYTHONUNBUFFERED=1
 STARTED_SERVER=0
@@ -232,7 +271,7 @@ start_local_server() {  # this machine's server at REWARD_URL: started, adopted 
     return 0
   fi
   rm -f "$SERVER_PID_FILE"
-  mkdir -p "$LOG_DIR"
+  mkdir -p "$LOG_DIR" "$(dirname "$SERVER_PID_FILE")"
   setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" "${REWARD_ARGS[@]}" \
     > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
   echo $! > "$SERVER_PID_FILE"
@@ -255,11 +294,14 @@ stop_server() {
   echo "     reward server stopped"
 }
 on_exit() {
+  local rc=$1
+  (( rc == 0 )) || head_failed "$rc"
+  stop_ray
   if (( STARTED_SERVER )); then
     if (( STOP >= 2 )); then stop_server; else echo "     reward server left running (stop: kill \$(cat $SERVER_PID_FILE))"; fi
   fi
 }
-trap on_exit EXIT
+trap 'on_exit $?' EXIT
 
 if stage -2; then
   banner -2 "install Python packages" "$ROOT/.venv"
@@ -279,7 +321,7 @@ if stage -2; then
   done_stage -2
 fi
 
-if stage -1; then
+if stage -1 && head_only -1; then
   need_venv
   if [[ ${BUILD_BASE_MODEL:-0} == 1 ]]; then
     banner -1 "build the tiny CosyVoice2-format base model (cached)" "$COSYVOICE2_DIR"
@@ -290,7 +332,7 @@ if stage -1; then
   done_stage -1
 fi
 
-if stage 0; then
+if stage 0 && head_only 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
   if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
@@ -312,17 +354,28 @@ if stage 2; then
   need_venv
   case $TRAINER in
     grpo)
-      banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
-      start_server  # reuses one that answers already
-      mkdir -p "$LOG_DIR"
-      # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
-      # the console gets the exact verl command and one line per step (ttsrl/console.py)
-      if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
-          --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
-          -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
-        echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
-        tail -40 "$LOG_DIR/train_grpo.log" >&2
-        exit 1
+      if ! is_head; then  # a worker lends its node to the head's Ray until training ends
+        banner 2 "join the head's Ray cluster at $HEAD_IP:$RAY_PORT; returns when it stops" "$LOG_DIR/ray.log"
+        worker_ray
+      else
+        banner 2 "GRPO through verl.trainer.main_ppo" "$CKPT_DIR/global_step_N/actor"
+        start_server  # reuses one that answers already
+        mkdir -p "$LOG_DIR"
+        CLUSTER_ARGS=()
+        if multi_node; then  # Ray over NNODES nodes (scripts/nodes.sh), attached to by verl
+          head_ray
+          CLUSTER_ARGS=(--ray-address "$RAY_AT" --nnodes "$NNODES" --n-gpus-per-node "$GPUS_PER_NODE")
+        fi
+        # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
+        # the console gets the exact verl command and one line per step (ttsrl/console.py)
+        if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+            --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
+            "${CLUSTER_ARGS[@]}" -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
+          echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
+          tail -40 "$LOG_DIR/train_grpo.log" >&2
+          exit 1
+        fi
+        if multi_node; then head_mark trained; stop_ray; fi
       fi ;;
     dpo|kto)
       banner 2 "pair mining + ${TRAINER^^} (TRL)" "$PAIRS_FILE, $MERGED_DIR/step_N"
@@ -350,8 +403,14 @@ if stage 3; then
   case $TRAINER in
     grpo)
       need_venv
-      banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
-      "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"
+      if is_head; then
+        banner 3 "merge FSDP shards of every saved step" "$MERGED_DIR/step_N"
+        "$PY" merge_checkpoints.py --ckpt-dir "$CKPT_DIR" --out-dir "$MERGED_DIR" --base-model "$HF_MODEL_DIR"
+        if multi_node; then head_mark merged; fi
+      else
+        banner 3 "the head merges; this node waits for its marker" "$NODES_DIR/merged"
+        await_head merged "every saved step merged"
+      fi
       done_stage 3 ;;
     dpo|kto) banner 3 "nothing to merge: ${TRAINER^^} writes merged checkpoints" "$MERGED_DIR/step_N" ;;
   esac
@@ -380,7 +439,7 @@ if stage 4; then
   done_stage 4
 fi
 
-if stage 5; then
+if stage 5 && head_only 5; then
   need_venv
   banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to CosyVoice2's llm.pt" "$EXPORT_PATH"
   "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
