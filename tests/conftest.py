@@ -141,6 +141,12 @@ def grpo_command(ws: Path, *options: str, verl: tuple[str, ...] = ()) -> list[st
             "--reward-file", str(ROOT / "reward_tts.py"), *options, "--", *verl]
 
 
+def merge_command(ws: Path, out: Path) -> list[str]:
+    """merge_checkpoints.py over a ``make_grpo_workspace`` run's WS/ckpt into ``out``."""
+    return [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ws / "ckpt"),
+            "--out-dir", str(out), "--base-model", str(ws / "hf_model")]
+
+
 def parse_steps(log: str) -> dict[int, dict[str, float]]:
     """verl's console logger lines -> {N: metrics}, read by the stage-2 console's own parser."""
     from ttsrl.console import parse_metrics

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, parse_steps
+from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, merge_command, parse_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, SAVE_FREQ = 3, 2
@@ -75,8 +75,7 @@ def test_merge_and_reload(run):
 
     ws, _, _ = run
     out = ws / "merged"
-    cmd = [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ws / "ckpt"),
-           "--out-dir", str(out), "--base-model", str(ws / "hf_model")]
+    cmd = merge_command(ws, out)
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     for step in (SAVE_FREQ, STEPS):

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 import torch
-from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, parse_steps
+from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, merge_command, parse_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, WORLD, PROMPTS, N = 2, 2, 4, 4
@@ -90,8 +89,7 @@ def test_merged_model_is_the_trained_one(run):
 
     ws, _, _ = run
     out = ws / "merged"
-    cmd = [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ws / "ckpt"),
-           "--out-dir", str(out), "--base-model", str(ws / "hf_model")]
+    cmd = merge_command(ws, out)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     step = out / f"step_{STEPS}"
