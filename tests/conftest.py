@@ -102,7 +102,7 @@ def sim_server_url():
 # ---------------------------------------------------------------------------
 # real verl GRPO runs on CPU (test_grpo_cpu.py, test_grpo_world2.py)
 # ---------------------------------------------------------------------------
-def _grpo_rows(texts: list[str], split: str) -> list[dict]:
+def grpo_rows(texts: list[str], split: str) -> list[dict]:
     return [{"data_source": "tiny_tts", "prompt": [{"role": "user", "content": t}], "ability": "tts",
              "reward_model": {"style": "rule", "ground_truth": t}, "extra_info": {"split": split, "index": i}}
             for i, t in enumerate(texts)]
@@ -127,8 +127,8 @@ def make_grpo_workspace(ws: Path, n_texts: int = 12, n_val: int = 4) -> Path:
                          tone_noise=0.3, initial_noise=0.0)
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", cfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
-    pq.write_table(pa.Table.from_pylist(_grpo_rows(texts, "train")), ws / "train.parquet")
-    pq.write_table(pa.Table.from_pylist(_grpo_rows(texts[:n_val], "test")), ws / "test.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(texts, "train")), ws / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(texts[:n_val], "test")), ws / "test.parquet")
     return ws
 
 

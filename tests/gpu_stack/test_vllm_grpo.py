@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_grpo_cpu import _rows, parse_steps  # tests/ is on sys.path (rootdir conftest)
+from conftest import grpo_rows, parse_steps  # tests/conftest.py (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -64,8 +64,8 @@ def run(tmp_path_factory, sim_server_url):
                           tone_noise=0.3, initial_noise=0.0)
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", pcfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
-    pq.write_table(pa.Table.from_pylist(_rows(texts, "train")), ws / "train.parquet")
-    pq.write_table(pa.Table.from_pylist(_rows(texts[:4], "test")), ws / "test.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(texts, "train")), ws / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(texts[:4], "test")), ws / "test.parquet")
     (ws / "test.jsonl").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
 
     cfg = gpu_preset_for_cpu(ws)
