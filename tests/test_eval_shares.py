@@ -216,7 +216,7 @@ def test_cli_node_share_options(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_run_sh_stage_4_on_two_nodes(sweep_inputs, tmp_path):
-    """run.sh's stage 4 with NNODES=2: node 1 scores its share and writes no report,
+    """run.sh's stage 4 on two nodes (NODE_IPS): node 1 scores its share and writes no report,
     node 0 (SHARE_WAIT_S) finds share 1's marker and writes the report of all three models."""
     start, merged, test = sweep_inputs
     exp = tmp_path / "exp"
@@ -225,7 +225,8 @@ def test_run_sh_stage_4_on_two_nodes(sweep_inputs, tmp_path):
                       + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{start}"\nMERGED_DIR="{merged}"\nTEST_FILE="{test}"\n'
                       'DEV_SIZE=0\nEVAL_NPROC=1\nEVAL_ARGS=(--backend sim --test-set "a=$TEST_FILE" --limit 2 --greedy '
                       '--max-token-text-ratio 3 --threads 1 --resamples 200)\n')
-    env = {**os.environ, "PRESET": str(preset), "NNODES": "2", "OMP_NUM_THREADS": "1"}
+    # two "nodes" on loopback addresses (run.sh derives NNODES=2 from NODE_IPS, as on a cluster)
+    env = {**os.environ, "PRESET": str(preset), "NODE_IPS": "127.0.0.2,127.0.0.3", "OMP_NUM_THREADS": "1"}
     runs = {}
     for rank in ("1", "0"):
         runs[rank] = subprocess.run(["bash", str(ROOT / "run.sh"), "4", "4"], cwd=ROOT, capture_output=True, text=True,
