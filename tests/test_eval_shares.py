@@ -172,6 +172,7 @@ def cli(out, inputs, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the same split in-process and through run.sh run in the test command
 def test_two_nodes_as_two_processes(sweep_inputs, tmp_path):
     """The CLI as run.sh runs it on two nodes: the head starts first and waits for share 1."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

@@ -23,7 +23,9 @@ from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, merge_c
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, WORLD, PROMPTS, N = 2, 2, 4, 4
-pytestmark = pytest.mark.slow  # a real verl/Ray run: minutes
+# a real verl/Ray run of minutes; extended (bash scripts/test.sh -m extended): tests/test_multinode.py
+# trains at world size 2 across two raylets in the test command, this isolates world size 2 from that
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 LR = 1e-5
 
 
