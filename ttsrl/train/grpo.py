@@ -281,10 +281,14 @@ class GRPOConfig:
     def cpu_overrides(self) -> list[str]:
         """What a CPU-only machine needs (see ``ttsrl.verl_plugin``); used with ``cpu_env()``."""
         ar = "actor_rollout_ref"
-        return [
-            "trainer.device=cpu",
+        # a local Ray's logical resources; an attached cluster has its own (Ray raises on these)
+        local_ray = [] if self.ray_address else [
             f"+ray_kwargs.ray_init.num_gpus={self.n_gpus_per_node}",  # logical GPUs for verl's resource pools
             "ray_kwargs.ray_init.num_cpus=32",  # logical: actors must not starve on a small CPU machine
+        ]
+        return [
+            "trainer.device=cpu",
+            *local_ray,
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             f"{ar}.actor.strategy=fsdp2",
             f"{ar}.ref.strategy=fsdp2",
@@ -324,9 +328,6 @@ class GRPOConfig:
         out = self.recipe_overrides()
         if self.device == "cpu":
             out += self.cpu_overrides()
-        if self.ray_address:  # Ray raises on num_cpus/num_gpus when attaching: the cluster has its own
-            out = [o for o in out if not o.startswith(("ray_kwargs.ray_init.num_cpus=",
-                                                       "+ray_kwargs.ray_init.num_gpus="))]
         return out + self.cluster_overrides(environ) + list(self.extra)
 
     def forwarded_env(self, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
