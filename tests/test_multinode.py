@@ -110,6 +110,20 @@ def test_missing_nodes_are_named_by_rank_and_ip():
     assert missing([IPS[0], IPS[0]], [head], 1) == [f"rank 1 ({IPS[0]}): no Ray node with this address has joined"]
 
 
+def test_actors_not_yet_placed_are_left_out_of_the_placement():
+    from ttsrl.train.nodes import placed_nodes
+
+    a, b = "1f" * 28, "2e" * 28
+    table = [{"ActorClassName": "WorkerDict", "Address": {"NodeID": a}},
+             {"ActorClassName": "WorkerDict", "Address": {"NodeID": b}},
+             {"ActorClassName": "HFRolloutServer", "Address": {"NodeID": a}},
+             # pending creation: Ray's nil id (all f's, as CI's actor table showed), or the default
+             {"ActorClassName": "HFRolloutServer", "Address": {"NodeID": "f" * 56}},
+             {"ActorClassName": "RewardLoopWorker", "Address": {"NodeID": "0" * 56}},
+             {"ActorClassName": "RewardLoopWorker", "Address": None}]
+    assert placed_nodes(table) == {"HFRolloutServer": [a], "WorkerDict": sorted([a, b])}
+
+
 # ---------------------------------------------------------------------------- the rehearsal (slow)
 def _free_block(n: int) -> int:
     """A base port B such that B..B+n-1 are free on the two loopback addresses."""

@@ -111,10 +111,17 @@ def actor_nodes(address: str) -> dict[str, list[str]]:
         table = state.actor_table(None)
     finally:
         state.disconnect()
+    return placed_nodes(table.values())
+
+
+def placed_nodes(actors) -> dict[str, list[str]]:
+    """Actor class name -> node ids, from actor-table entries; an actor not yet placed (pending
+    creation) carries a nil node id and is left out: Ray's ``NodeID.nil()`` is all f's (seen in
+    CI), all zeros the protobuf default."""
     out: dict[str, set[str]] = {}
-    for info in table.values():
+    for info in actors:
         node = (info.get("Address") or {}).get("NodeID") or ""
-        if node and node != "0" * len(node):
+        if node.strip("0") and node.strip("f"):
             out.setdefault(info["ActorClassName"], set()).add(node)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
