@@ -3,7 +3,11 @@ progress lines off a terminal, and its thread count on a shared machine."""
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -62,12 +66,29 @@ def test_free_threads_leaves_the_busy_cores_alone(cores, load, threads):
     assert free_threads(cores, load) == threads
 
 
-def test_auto_threads_follow_the_load_average(tmp_path, monkeypatch):
+def test_busy_cores_sees_a_spinning_process():
+    """Measured, not the lagging load average: one process spinning for the whole window is
+    at least ~one busy core (other work on the machine only adds to it)."""
+    from ttsrl.embedded.pretrain import busy_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy = busy_cores(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy is not None and 0.8 <= busy <= os.cpu_count() + 0.01, busy
+    assert busy_cores(0.1, stat="/nonexistent") is None
+
+
+def test_auto_threads_follow_the_busy_cores(tmp_path, monkeypatch):
     import ttsrl.embedded.pretrain as pretrain
 
     corpus = tmp_path / "train.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TEXTS), encoding="utf-8")
-    monkeypatch.setattr(pretrain.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    monkeypatch.setattr(pretrain, "busy_cores", lambda: 1.2)
+    monkeypatch.setattr(pretrain.os, "getloadavg", lambda: (3.0, 0.0, 0.0))  # not read: busy_cores answers
     monkeypatch.setattr(pretrain.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     threads = torch.get_num_threads()
     try:
