@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -240,6 +241,46 @@ def test_flash_attn_builds_for_this_machines_gpus_only(tmp_path):
     assert _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="").stdout.strip() == "90"
     r = _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus="9.0\\n", extra_env={"FLASH_ATTN_CUDA_ARCHS": "100"})
     assert r.stdout.strip() == "100"
+
+
+def test_flash_attn_archs_are_ones_its_build_compiles(tmp_path):
+    """Issue 23: flash-attn 2.8.3's setup.py adds -gencode flags only for FLASH_ATTN_CUDA_ARCHS
+    entries 80, 90, 100 and 120 (default all four: hours), and then torch's builder ignores
+    the user's TORCH_CUDA_ARCH_LIST: that list is translated here. A cubin runs on later minors
+    of its major, so 8.x -> 80, 10.x -> 100, 12.x -> 120 (an A10's "86" left the choice to
+    torch); a GPU flash-attn 2 cannot serve (7.5) is refused before the long install.
+    nvidia-smi is a fake here: this machine has no GPU."""
+    def archs(gpus, **env):
+        return _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus=gpus, extra_env=env)
+
+    for gpus, want in (("8.6\\n", "80"), ("8.9\\n8.9\\n", "80"), ("10.3\\n", "100"), ("12.0\\n", "120"),
+                       ("9.0\\n8.6\\n", "80;90")):
+        r = archs(gpus)
+        assert r.returncode == 0 and r.stdout.strip() == want, (gpus, r.stdout, r.stderr)
+    r = archs("9.0\\n", TORCH_CUDA_ARCH_LIST="8.0;8.6+PTX 9.0a")
+    assert r.returncode == 0 and r.stdout.strip() == "80;90", r.stdout + r.stderr
+    r = archs("7.5\\n")
+    assert r.returncode == 1 and "7.5" in r.stderr and "TTSRL_SKIP_FLASH_ATTN=1" in r.stderr, r.stdout + r.stderr
+    r = archs("")  # no GPU visible (a docker build): the recipe's H100/H200, said so
+    assert r.returncode == 0 and r.stdout.strip() == "90" and "FLASH_ATTN_CUDA_ARCHS" in r.stderr, r.stderr
+
+
+def test_flash_attn_must_import_with_its_compiled_extension(tmp_path):
+    """After the build, flash_attn and its compiled flash_attn_2_cuda must import in the venv
+    (a build against another torch fails there with an undefined symbol, not mid-run). Fake
+    packages stand in for a CUDA build, which this machine cannot make."""
+    pkgs = tmp_path / "site"
+    (pkgs / "flash_attn").mkdir(parents=True)
+    (pkgs / "flash_attn" / "__init__.py").write_text("__version__ = '2.8.3'\n")
+    env = {"PYTHONPATH": str(pkgs)}
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 1 and "flash_attn_2_cuda" in r.stderr and sys.executable in r.stderr, r.stderr
+    (pkgs / "flash_attn_2_cuda.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 1 and "undefined symbol" in r.stderr and "torch" in r.stderr, r.stderr
+    (pkgs / "flash_attn_2_cuda.py").write_text("")
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 0 and "flash-attn 2.8.3" in r.stdout, r.stdout + r.stderr
 
 
 def _pins(path: Path, strict: bool = True) -> dict[str, str]:
