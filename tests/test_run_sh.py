@@ -21,8 +21,8 @@ import pytest
 from conftest import start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/test.sh", "scripts/nodes.sh", "presets/embedded.sh", "presets/gpu8.sh",
-                 "presets/multinode_sim.sh"]
+SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh", "scripts/nodes.sh",
+                 "presets/embedded.sh", "presets/gpu8.sh", "presets/multinode_sim.sh"]
 
 
 def run_sh(*args, env=None, timeout=300):
