@@ -131,8 +131,13 @@ def prompt_wav_header_problem(path: str | Path) -> str | None:
     if info is None:
         return None
     rate, declared, frames = info
-    return (_rate_or_length(path, rate, declared) or (f"{path}: {cut}" if (cut := _wav_truncation(path)) else None)
-            or _too_short(path, frames, rate))
+    why = _rate_or_length(path, rate, declared)
+    if why:
+        return why
+    cut = _wav_truncation(path)
+    if cut:
+        return f"{path}: {cut}"
+    return _too_short(path, frames, rate)
 
 
 def prompt_wav_problem(path: str | Path) -> str | None:
