@@ -1,7 +1,10 @@
 # GPU image for the 8-GPU recipe: verl's own image plus ttsrl's requirements.
 #   docker build -t ttsrl --build-arg BASE_IMAGE=<a verl 0.9.1 + vLLM 0.24 image> .
-#   docker run --gpus all --ipc=host -v $PWD/pretrained_models:/ttsrl/pretrained_models \
+#   docker run --gpus all --shm-size=64g -e PRESET=presets/gpu8.sh \
+#       -v $PWD/pretrained_models:/ttsrl/pretrained_models -v $PWD/data:/ttsrl/data \
 #       -v $PWD/exp:/ttsrl/exp ttsrl bash run.sh -1 5
+# (the 8-GPU preset, with the folders it reads and writes mounted: docs/gpu.md; Docker's default
+# 64 MB /dev/shm is too small for Ray's object store and NCCL)
 # Any image with CUDA, Python 3.11-3.12 and verl 0.9.1's GPU stack works as the base;
 # requirements.txt pins the versions ttsrl was written against (verl is pinned exactly).
 ARG BASE_IMAGE=verlai/verl:vllm024.latest

@@ -4,44 +4,30 @@
 run.sh calls it for presets that set CHECK_INPUTS_ARGS (presets/gpu8.sh). It prints ONE
 message listing everything missing or unusable and exits 1, or prints nothing and exits 0.
 Prompt wavs get the backend's own check (ttsrl/reward/wavcheck.py, soundfile) when this Python
-has soundfile (run.sh uses the venv's once it exists); before the venv exists only the
-standard library runs, and a non-PCM wav's format is left to that check. See README
-"GPU recipe".
+has soundfile (run.sh uses the venv's once it exists); before the venv exists, the same limits
+from the RIFF/WAVE header read with the standard library (any PCM width, float, mu-law/A-law,
+extensible; not the wave module, which opens 8-32-bit PCM only). See README "GPU recipe".
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import wave
 from pathlib import Path
 
 # keep in sync with ttsrl.reward.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
 MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
                      "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ttsrl.reward.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, prompt_wav_problem  # noqa: E402 - stdlib-only import
+from ttsrl.reward.wavcheck import prompt_wav_header_problem, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
 
 def _wav_problem(p: Path) -> str | None:
     try:  # the backend's own check when this Python has soundfile (the venv's does)
         import soundfile  # noqa: F401
     except ImportError:
-        pass
-    else:
-        return prompt_wav_problem(p)
-    try:
-        with wave.open(str(p), "rb") as w:
-            rate, frames = w.getframerate(), w.getnframes()
-    except wave.Error as e:  # float32, mu-law, extensible: the venv's soundfile checks those
-        return None if "unknown format" in str(e) else f"{p}: not a readable wav ({e})"
-    except (EOFError, OSError) as e:
-        return f"{p}: not a readable wav ({e})"
-    if rate < PROMPT_MIN_RATE:
-        return f"{p}: {rate} Hz (CosyVoice2 needs >= {PROMPT_MIN_RATE} Hz)"
-    if frames / rate > PROMPT_MAX_S:
-        return f"{p}: {frames / rate:.1f} s (CosyVoice2 takes <= {PROMPT_MAX_S:.0f} s)"
-    return None
+        return prompt_wav_header_problem(p)
+    return prompt_wav_problem(p)
 
 
 def problems(a) -> list[str]:

