@@ -39,6 +39,10 @@
 : "${REWARD_BACKEND:=cosyvoice2}"
 : "${ASR_MODEL_DIR:=pretrained_models/sherpa-onnx-paraformer-zh}"
 : "${PROMPT_DIR:=data/speaker_prompts}"   # *.wav; one is chosen per text
+# how long stage 1 waits for the server: one replica per GPU, each loading flow + HiFT, its ASR and
+# its ONNX sessions on its own GPU (prompt features are extracted once and shared); a server that
+# dies stops the wait at once, so the margin costs nothing when start-up fails
+: "${REWARD_START_TIMEOUT_S:=900}"
 : "${SEEDTTS_ZH_DIR:=data/seedtts_testset/zh}"
 # argument lists are bash arrays: a path with a space stays one argument
 SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"

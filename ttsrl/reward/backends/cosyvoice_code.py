@@ -11,6 +11,7 @@ import inspect
 import io
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -120,21 +121,66 @@ def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
     return cfg
 
 
+def ort_providers(providers, dev) -> list:
+    """ONNX Runtime providers for a session of a replica on ``dev``: CUDA on ``dev``'s GPU
+    (``device_id``; a bare "CUDAExecutionProvider" means GPU 0), none on a CPU replica; the
+    CPU provider last as the fallback."""
+    out = []
+    for p in providers or ["CPUExecutionProvider"]:
+        name, options = (p[0], dict(p[1])) if isinstance(p, (tuple, list)) else (p, {})
+        if name == "CUDAExecutionProvider":
+            if dev.type != "cuda":
+                continue
+            options["device_id"] = dev.index
+            out.append((name, options))
+        else:
+            out.append((name, options) if options else name)
+    if "CPUExecutionProvider" not in [p[0] if isinstance(p, tuple) else p for p in out]:
+        out.append("CPUExecutionProvider")
+    return out
+
+
+class _OrtOn:
+    """``onnxruntime`` as CosyVoice's frontend module sees it while one frontend is built:
+    every session it opens gets :func:`ort_providers` for ``dev``."""
+
+    def __init__(self, ort, dev):
+        self._ort, self._dev = ort, dev
+
+    def __getattr__(self, name):
+        return getattr(self._ort, name)
+
+    def InferenceSession(self, path, *args, providers=None, **kwargs):  # noqa: N802 - onnxruntime's name
+        return self._ort.InferenceSession(path, *args, providers=ort_providers(providers, self._dev), **kwargs)
+
+
+_FRONTEND_LOCK = threading.Lock()  # replicas are built in threads; one swaps the module's onnxruntime at a time
+
+
 def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
     """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
-    and the speech tokenizer never read text), its device set to ``dev``."""
-    fe = call_matching(FrontEnd, get_tokenizer=NoText, feat_extractor=feat_extractor,
-               campplus_model=str(model_dir / "campplus.onnx"),
-               speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
-               allowed_special="all")
-    fe.device = dev
-    sess = getattr(fe, "speech_tokenizer_session", None)
-    if dev.type == "cuda" and sess is not None and "CUDAExecutionProvider" in sess.get_providers():
-        import onnxruntime  # CosyVoice opens it on CUDA device 0: use this replica's GPU
+    and the speech tokenizer never read text), its device set to ``dev``.
 
-        fe.speech_tokenizer_session = onnxruntime.InferenceSession(
-            str(model_dir / "speech_tokenizer_v2.onnx"),
-            providers=[("CUDAExecutionProvider", {"device_id": dev.index}), "CPUExecutionProvider"])
+    CosyVoice opens its speech tokenizer with a bare CUDA provider whenever CUDA is visible,
+    i.e. on GPU 0 whatever the replica (eight replicas: eight sessions on GPU 0, and a CPU
+    replica on a GPU too). While it is built, its module's ``onnxruntime`` opens every session
+    on ``dev`` instead: one session per replica, on its own device."""
+    module = sys.modules.get(getattr(FrontEnd, "__module__", ""))
+    ort = getattr(module, "onnxruntime", None)
+    kwargs = dict(get_tokenizer=NoText, feat_extractor=feat_extractor, campplus_model=str(model_dir / "campplus.onnx"),
+                  speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
+                  allowed_special="all")
+    if ort is None or not hasattr(ort, "InferenceSession"):
+        raise RuntimeError(f"{FrontEnd.__module__} does not open its sessions through `onnxruntime`: this "
+                           "CosyVoice frontend is not one ttsrl knows (cosyvoice-minicpmo 0.1.0 or a checkout "
+                           "of that age)")
+    with _FRONTEND_LOCK:
+        module.onnxruntime = _OrtOn(ort, dev)
+        try:
+            fe = call_matching(FrontEnd, **kwargs)
+        finally:
+            module.onnxruntime = ort
+    fe.device = dev
     return fe
 
 
