@@ -133,3 +133,60 @@ def test_start_timeout_is_a_setting(tmp_path):
                         "--pid", str(dead.pid)], cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert r.returncode == 1 and f"pid {dead.pid}) exited before it was ready" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 30
+
+
+def _old_folder(model: Path, dest: Path, edit) -> Path:
+    import shutil
+
+    shutil.copytree(model, dest)
+    (dest / "cosyvoice2.yaml").write_text(edit((model / "cosyvoice2.yaml").read_text()))
+    return dest
+
+
+def _as_before_2025(yaml: str) -> str:
+    """The flow decoder as a CosyVoice2-0.5B yaml downloaded before CosyVoice's commit 1c062ab
+    (April 2025) has it: ConditionalDecoder with `causal: True`, no chunk settings."""
+    new = "estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder\n"
+    assert yaml.count(new) == 1
+    yaml = yaml.replace(new, "estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder\n"
+                             "            causal: True   # the old key\n")
+    for line in ("            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>\n",
+                 "            num_decoding_left_chunks: !ref <num_decoding_left_chunks>\n"):
+        assert yaml.count(line) == 1
+        yaml = yaml.replace(line, "")
+    return yaml
+
+
+def test_an_old_yaml_with_causal_decoder_is_read_as_the_current_one(folders, tmp_path, caplog):
+    """Issue 23, finding 4: the pinned CosyVoice has no `causal` argument in ConditionalDecoder
+    (a TypeError at server start). The old yaml is read as the current one, with a note naming
+    the file: the same flow.pt loads (strict) and the same codes give the same waveform."""
+    import logging
+
+    import numpy as np
+
+    model, prompts = folders
+    old = _old_folder(model, tmp_path / "CosyVoice2-old", _as_before_2025)
+    assert "causal: True" in (old / "cosyvoice2.yaml").read_text()
+    with caplog.at_level(logging.WARNING, logger="ttsrl.reward.backends"):
+        t_old = cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(old), prompt_dir=str(prompts), device="cpu"))
+    assert any(str(old / "cosyvoice2.yaml") in r.getMessage() and "causal" in r.getMessage() for r in caplog.records)
+    t_new = cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    codes = [(5 + 37 * i) % 6561 for i in range(15)]
+    a, b = (t.synthesize([codes], [None])[0].waveform for t in (t_old, t_new))
+    assert np.array_equal(a, b)
+
+
+def test_a_key_the_cosyvoice_code_does_not_take_is_named_with_its_yaml(folders, tmp_path):
+    model, _ = folders
+
+    def hift_causal(yaml: str) -> str:
+        line = "hift: !new:cosyvoice.hifigan.generator.HiFTGenerator\n"
+        return yaml.replace(line, line + "    causal: True\n")
+
+    bad = _old_folder(model, tmp_path / "CosyVoice2-bad", hift_causal)
+    with pytest.raises(ValueError) as e:
+        load_yaml_without_llm(bad / "cosyvoice2.yaml")
+    msg = str(e.value)
+    assert str(bad / "cosyvoice2.yaml") in msg and "'causal'" in msg and "HiFTGenerator" in msg, msg
+    assert "current cosyvoice2.yaml" in msg, msg

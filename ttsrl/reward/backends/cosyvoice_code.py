@@ -7,8 +7,11 @@ to the installed version's signatures (:func:`call_matching`)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import io
+import logging
 import re
 import sys
 import threading
@@ -24,6 +27,7 @@ TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "sp
 #: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
 MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
 YAML_KEEP = ("flow", "hift", "feat_extractor")
+log = logging.getLogger("ttsrl.reward.backends")
 
 
 def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> list[str]:
@@ -78,6 +82,12 @@ def import_cosyvoice(checkout: str | None):
     return CosyVoiceFrontEnd, CosyVoice2Model
 
 
+def where_cosyvoice() -> str:
+    """Where the ``cosyvoice`` package in use comes from."""
+    spec = importlib.util.find_spec("cosyvoice")
+    return str(Path(spec.origin).parent) if spec is not None and spec.origin else "cosyvoice not found"
+
+
 def call_matching(fn, **kwargs):
     """Call ``fn`` with the subset of ``kwargs`` its signature accepts."""
     params = inspect.signature(fn).parameters
@@ -107,14 +117,75 @@ def resolve_device(spec: str):
     return dev
 
 
+_OLD_DECODER = re.compile(r"^(?P<indent>[ \t]*)(?P<key>\w+):[ \t]*!new:cosyvoice\.flow\.decoder\.ConditionalDecoder[ \t]*$",
+                          flags=re.M)
+
+
+def old_decoder_yaml(text: str, path: Path) -> str:
+    """A CosyVoice2 yaml from before CosyVoice's commit 1c062ab (April 2025; CosyVoice2-0.5B
+    downloads of that time) builds the flow's estimator as ``ConditionalDecoder`` with
+    ``causal: True``. The CosyVoice code in use split that class: ``ConditionalDecoder`` no
+    longer takes ``causal`` (TypeError), its causal form is ``CausalConditionalDecoder``, with the
+    same modules (the same ``flow.pt`` loads) and the same full attention when not streaming
+    (our token2wav never streams). Such a yaml is read as the current one: the class renamed
+    and ``causal`` dropped (``causal: False``: only dropped), with a logged note. Unchanged when
+    the installed ``ConditionalDecoder`` still takes ``causal``."""
+    m = _OLD_DECODER.search(text)
+    if m is None:
+        return text
+    decoder = importlib.import_module("cosyvoice.flow.decoder")
+    if "causal" in inspect.signature(decoder.ConditionalDecoder.__init__).parameters:
+        return text
+    # the block: the lines after the class line indented deeper than it
+    lines = text[m.end():].split("\n")[1:]
+    block = []
+    for line in lines:
+        if line.strip() and len(line) - len(line.lstrip()) <= len(m["indent"]):
+            break
+        block.append(line)
+    causal = [i for i, line in enumerate(block) if re.match(r"[ \t]+causal[ \t]*:", line)]
+    if not causal:
+        return text
+    value = block[causal[0]].split(":", 1)[1].split("#")[0].strip().lower()
+    del block[causal[0]]
+    cls = "ConditionalDecoder"
+    if value in ("true", "yes", "on", "1"):
+        if not hasattr(decoder, "CausalConditionalDecoder"):
+            raise ValueError(f"{path}: its flow decoder is `ConditionalDecoder` with `causal: True`, which the "
+                             "CosyVoice code in use takes neither that way nor as `CausalConditionalDecoder`; "
+                             "download the model folder's current cosyvoice2.yaml (CosyVoice2-0.5B)")
+        cls = "CausalConditionalDecoder"
+    log.warning("%s is an older CosyVoice2 yaml (flow decoder `ConditionalDecoder` with `causal: %s`, before "
+                "CosyVoice commit 1c062ab): read as `%s` without `causal`, as the CosyVoice code in use has it "
+                "(the same modules and weights); the model folder's current cosyvoice2.yaml avoids this note",
+                path, value, cls)
+    head = f"{m['indent']}{m['key']}: !new:cosyvoice.flow.decoder.{cls}"
+    rest = lines[len(block) + 1:]
+    return text[:m.start()] + "\n".join([head, *block, *rest])
+
+
 def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
-    """CosyVoice's yaml with every top-level object not in ``keep`` set to None."""
+    """CosyVoice's yaml with every top-level object not in ``keep`` set to None. An older
+    CosyVoice2 yaml's decoder is read as the current one (:func:`old_decoder_yaml`); any other
+    argument the CosyVoice code in use does not take is named, with its yaml file."""
     from hyperpyyaml import load_hyperpyyaml
 
-    text = path.read_text(encoding="utf-8")
+    text = old_decoder_yaml(path.read_text(encoding="utf-8"), path)
     keys = re.findall(r"^([A-Za-z_]\w*)\s*:\s*!(?:new|name|apply):", text, flags=re.M)
     overrides = {k: None for k in keys if k not in keep}
-    cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
+    try:
+        cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
+    except TypeError as e:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if bad is None:
+            raise
+        classes = re.findall(r"Invalid argument to class ([\w.]+)", str(e))
+        where = f" of {classes[-1]}" if classes else ""
+        raise ValueError(
+            f"{path}: the key '{bad[1]}'{where} is not an argument of the CosyVoice code in use "
+            f"({where_cosyvoice()}): the yaml and the code come from different CosyVoice releases. Use the "
+            "model folder's current cosyvoice2.yaml (download CosyVoice2-0.5B again), or remove that key "
+            "from the yaml, or set COSYVOICE_ROOT to a CosyVoice checkout of the yaml's age") from e
     for k in keep:
         if cfg.get(k) is None:
             raise ValueError(f"{path}: no '{k}' entry in the yaml")
