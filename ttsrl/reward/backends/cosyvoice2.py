@@ -24,9 +24,9 @@ the pipeline from the text); zero-shot evaluation passes each utterance's own pr
 (:meth:`prompt_from_wav`). Prompt wavs must be >= 16 kHz and <= 30 s (CosyVoice's limits).
 The features of ``prompt_dir``'s wavs are extracted once per process and shared by every
 replica (:func:`shared_prompt_features`, keyed by the model files and the wav's content):
-a server with eight replicas extracts each wav once, not eight times. They are the same on
-any device (CosyVoice computes them on the CPU and with ONNX Runtime); each replica keeps
-its own copy on its device.
+a server with eight replicas extracts each wav once, not eight times, and every replica voices
+a speaker with the same features (CosyVoice's frontend computes mels on the CPU and the
+speech tokens and campplus embedding with ONNX Runtime), each from its own device copy.
 """
 
 from __future__ import annotations
