@@ -41,14 +41,17 @@ def folders(tmp_path_factory):
     return model, prompts
 
 
-def test_prompt_wavs_are_extracted_once_for_all_replicas(folders, monkeypatch):
+def test_prompt_wavs_are_extracted_once_for_all_replicas(folders, monkeypatch, tmp_path):
     """Three replicas built as the server builds them (in threads, at once): each prompt wav's
     features are extracted once, and every replica holds the same features."""
+    import shutil
+
     import torch
 
     from ttsrl.reward.server import BackgroundServer, ServerConfig
 
-    model, prompts = folders
+    model, shared = folders
+    prompts = shutil.copytree(shared, tmp_path / "prompts")  # changed below
     extracted = []
     real = cv2.zero_shot_inputs
 
@@ -57,6 +60,7 @@ def test_prompt_wavs_are_extracted_once_for_all_replicas(folders, monkeypatch):
         return real(fe, wav, rate)
 
     monkeypatch.setattr(cv2, "zero_shot_inputs", counting)
+    monkeypatch.setattr(cv2, "_SHARED", {}, raising=False)  # this process's earlier tests extracted nothing
     backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
     with BackgroundServer(ServerConfig(backend=backend, port=0, devices=["cpu"] * 3, max_batch=1)) as srv:
         replicas = [p.token2wav for p in srv.server.pipelines]
