@@ -109,7 +109,7 @@ def parse_args(argv=None) -> EvalConfig:
                    help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and spread across seeds")
     add_sampling_args(g)  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
     g.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0 = cores / ranks)")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0 = this machine's cores / its ranks, GPU ranks too)")
 
     g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
     add_backend_args(g, cpu_threads=False)  # --threads sets the backend's threads too

@@ -44,6 +44,8 @@
 #   it stops; its stage 3 waits for the head's marker of the run it joined (HEAD_WAIT_S, 0: no
 #   limit); stage 4 scores its share of the checkpoints on every node. Every node serves rewards
 #   at http://NODE_IP:REWARD_PORT when REWARD_URLS lists that URL. Logs: EXP_DIR/logs/nodeR/.
+#   REWARD_START_TIMEOUT_S: how long stage 1 (and 2, when it starts the server) waits for reward
+#   servers to answer ready (run.sh's default 300 s; presets/gpu8.sh: 900 s, 8 replicas loading).
 #   Ray settings: RAY_PORT (6379, the head's GCS), RAY_NODE_PORT (RAY_PORT+1: each node's 10
 #   fixed ports from there), RAY_WORKER_PORTS (10002-19999), RAY_TEMP_DIR (Ray's default),
 #   RAY_NUM_CPUS (16 logical CPUs a node on DEVICE=cpu, with GPUS_PER_NODE=1 logical GPU),
@@ -131,7 +133,7 @@ check_preset
 # run.sh's defaults, derived from EXP_DIR where they are paths
 : "${PRESET_NAME:=$(basename "$PRESET" .sh)}"
 : "${HF_MODEL_DIR:=$EXP_DIR/hf_model}" "${DATA_DIR:=$EXP_DIR/data}" "${CKPT_DIR:=$EXP_DIR/checkpoints}"
-: "${REWARD_PORT:=8000}" "${BUILD_BASE_MODEL:=0}" "${DEV_FILE:=}" "${DEV_SIZE:=0}" "${USER_PAIRS:=}"
+: "${REWARD_PORT:=8000}" "${REWARD_START_TIMEOUT_S:=300}" "${BUILD_BASE_MODEL:=0}" "${DEV_FILE:=}" "${DEV_SIZE:=0}" "${USER_PAIRS:=}"
 [[ $EXP_DIR == /* ]] && EXP_ABS=$EXP_DIR || EXP_ABS=$ROOT/$EXP_DIR
 : "${TENSORBOARD_DIR:=$EXP_ABS/tensorboard}"  # used when LOGGERS has tensorboard
 # Offline preference optimisation (TRAINER=dpo|kto): stage 2 becomes "mine pairs (mine_pairs.py)
@@ -210,7 +212,7 @@ REWARD_MIN_READY=${REWARD_MIN_READY:-}
 print_config() {
   local v quoted
   for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
-           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT LOGGERS \
+           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT REWARD_START_TIMEOUT_S LOGGERS \
            REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE \
            NODE_IPS NODE_RANK NNODES HEAD_IP NODE_IP GPUS_PER_NODE RAY_PORT RAY_NODE_PORT RAY_WORKER_PORTS RAY_TEMP_DIR \
            RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S RAY_START_ATTEMPTS; do
@@ -254,7 +256,7 @@ fi
 
 server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
 wait_for_servers() {  # every server of REWARD_URLS (or REWARD_MIN_READY of them) answers ready
-  "$PY" -m ttsrl.reward.health "$REWARD_URLS" --wait 300 ${REWARD_MIN_READY:+--at-least "$REWARD_MIN_READY"}
+  "$PY" -m ttsrl.reward.health "$REWARD_URLS" --wait "$REWARD_START_TIMEOUT_S" ${REWARD_MIN_READY:+--at-least "$REWARD_MIN_READY"}
 }
 start_local_server() {  # this machine's server at REWARD_URL: started, adopted or used
   if server_ready; then
@@ -276,7 +278,8 @@ start_local_server() {  # this machine's server at REWARD_URL: started, adopted 
     > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
   echo $! > "$SERVER_PID_FILE"
   STARTED_SERVER=1
-  "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait 300 || { echo "reward server did not come up; see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
+  "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait "$REWARD_START_TIMEOUT_S" --pid "$(cat "$SERVER_PID_FILE")" \
+    || { echo "reward server did not come up (waited up to ${REWARD_START_TIMEOUT_S}s: REWARD_START_TIMEOUT_S); see $LOG_DIR/reward_server.log" >&2; tail -20 "$LOG_DIR/reward_server.log" >&2; exit 1; }
   echo "     reward server pid $(cat "$SERVER_PID_FILE") at $REWARD_URL (log $LOG_DIR/reward_server.log)"
 }
 start_server() {  # the local server when REWARD_URLS lists it, then every listed server ready

@@ -87,10 +87,20 @@ class PreferenceRun:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.metadata.get("run", True) and f.name not in other}
 
+    def precision(self) -> tuple[str, bool]:
+        """(dtype the policy is loaded in, i.e. the master weights FSDP/Adam update; whether TRL
+        computes in bf16: ``bf16=True``, autocast / accelerate's mixed precision over them)."""
+        return self.dtype, self.dtype == "bfloat16" or self.bf16_compute
 
-def main(argv=None) -> int:
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, PreferenceRun)
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = PreferenceRun(**given(p.parse_args(argv), PreferenceRun))
 
     import torch
@@ -126,8 +136,8 @@ def main(argv=None) -> int:
 
     from ttsrl.model.hf_model import load_speech_lm
 
-    dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
-    lm = load_speech_lm(a.model, dtype=dtype)
+    dtype_name, bf16 = a.precision()
+    lm = load_speech_lm(a.model, dtype=getattr(torch, dtype_name))
     try:
         pairs = read_pairs(pairs_path, lm.vocab)
     except PairsError as e:
@@ -140,7 +150,7 @@ def main(argv=None) -> int:
         num_train_epochs=a.epochs, warmup_steps=a.warmup_steps, lr_scheduler_type="constant_with_warmup",
         logging_steps=1, save_strategy="no", report_to=[], seed=a.seed, beta=a.beta,
         precompute_ref_log_probs=True, max_length=None, trust_remote_code=True, use_cpu=use_cpu,
-        bf16=a.dtype == "bfloat16" or a.bf16_compute, gradient_checkpointing=a.gradient_checkpointing,
+        bf16=bf16, gradient_checkpointing=a.gradient_checkpointing,
         remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=bars_off_a_terminal())
     if a.trainer == "dpo":
         ds = Dataset.from_list(pairs_to_rows(pairs, lm.vocab))

@@ -39,6 +39,10 @@
 : "${REWARD_BACKEND:=cosyvoice2}"
 : "${ASR_MODEL_DIR:=pretrained_models/sherpa-onnx-paraformer-zh}"
 : "${PROMPT_DIR:=data/speaker_prompts}"   # *.wav; one is chosen per text
+# how long stage 1 waits for the server: one replica per GPU, each loading flow + HiFT, its ASR and
+# its ONNX sessions on its own GPU (prompt features are extracted once and shared); a server that
+# dies stops the wait at once, so the margin costs nothing when start-up fails
+: "${REWARD_START_TIMEOUT_S:=900}"
 : "${SEEDTTS_ZH_DIR:=data/seedtts_testset/zh}"
 # argument lists are bash arrays: a path with a space stays one argument
 SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"
@@ -57,9 +61,17 @@ PREF_LAUNCH=(-m accelerate.commands.launch --num_processes 8 --use_fsdp --fsdp_s
   --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16)
 
 : "${EVAL_NPROC:=8}"
-# CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens)
+# CosyVoice2's own inference rule and length limits (min 2x, max 20x the text tokens).
+# --batch-size: sequences one rank samples at once on the transformers engine (default 8). Memory
+# per sequence is its KV cache: Qwen2-0.5B has 24 layers x 2 KV heads x 64 dims, K and V, in fp32
+# (the engine's dtype) 24 KiB a token; at the longest (a 1024-token prompt with the prompt wav's
+# speech tokens, plus 20x a Seed-TTS text's ~50 tokens) ~2k tokens, 48 MiB a sequence, so 64
+# sequences hold ~3 GiB beside 2 GiB of fp32 weights and the rank's flow/HiFT/ASR: a few percent
+# of an H200's 141 GB. A step costs about the same at 8 or 64 (reading the weights dominates), so
+# 64 decodes ~8x the sequences per step; larger buys little, as a batch runs until its longest
+# item stops and each of 8 ranks has ~250 of Seed-TTS zh's ~2k utterances.
 EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEEDTTS_ZH_DIR"
-  --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20)
+  --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20 --batch-size 64)
 
 CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "$PROMPT_DIR" --sherpa-model-dir "$ASR_MODEL_DIR"
   --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR"

@@ -386,3 +386,28 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
         moved += (a.detach().float() != b.detach().float()).sum().item()
         total += a.numel()
     assert moved / total > 0.5, f"only {moved} of {total} weights moved: the update was rounded away"
+
+
+def test_gpu8_preference_args_give_fp32_masters_with_bf16_compute_and_mining_on_transformers():
+    """Issue 23, finding 1, as run.sh passes the gpu8 preset's lists (`run.sh --config`, which
+    runs nothing): PREF_ARGS parse into a run whose policy loads in fp32 (the master weights
+    FSDP and Adam update) and computes in bf16 (TRL's bf16=True), and mining samples on the
+    transformers engine. Why fp32 masters: near a weight of 0.02, bf16's step is 2**-13 ~ 1.2e-4,
+    so a 1e-6 update added in bf16 leaves the weight unchanged."""
+    import shlex
+
+    import train_dpo
+
+    w = torch.tensor(0.02, dtype=torch.bfloat16)
+    assert w + torch.tensor(1e-6, dtype=torch.bfloat16) == w  # rounded away in bf16
+    assert (w.float() + 1e-6) != w.float()  # kept in fp32
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "--config"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PRESET="presets/gpu8.sh", TRAINER="dpo"), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lists = {name: shlex.split(value[1:-1]) for name, _, value in (line.partition("=") for line in r.stdout.splitlines())
+             if value.startswith("(")}
+    run = train_dpo.PreferenceRun(**train_dpo.given(train_dpo.parser().parse_args(
+        ["--model", "m", "--pairs", "p", "--out-dir", "o", *lists["PREF_ARGS"]]), train_dpo.PreferenceRun))
+    assert run.precision() == ("float32", True), lists["PREF_ARGS"]
+    mine = lists["MINE_ARGS"]
+    assert mine[mine.index("--engine") + 1] == "hf", mine

@@ -141,6 +141,27 @@ def test_an_item_whose_scoring_raises_fails_alone(exc, status):
         assert "cannot voice these codes" in rsps[7].json()["error"]
 
 
+def test_a_batch_split_by_one_bad_item_is_counted():
+    """Issue 23, finding 2: a batch of 32 where one item's synthesis raises. Only that item
+    gets its error; the 31 others their rewards; the batch that was scored item by item is
+    counted in /stats (split_batches) and in /metrics (ttsrl_batches_split_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cfg = ServerConfig(port=0, max_batch=32, max_delay_ms=2000)
+    with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(RuntimeError), SimASR())]) as srv:
+        jobs = [(codec.encode(VALID[i % 4]), VALID[i % 4]) for i in range(31)]
+        jobs.insert(13, (BOOM, "坏的请求"))
+        rsps = post_all(srv.url, jobs)
+        got = [r.status_code for r in rsps]
+        assert got == [200] * 13 + [500] + [200] * 18, got
+        assert all(r.json()["outputs"][0]["data"][0] == pytest.approx(1.0) for i, r in enumerate(rsps) if i != 13)
+        stats = requests.get(f"{srv.url}/v2/models/{MODEL}/stats", timeout=5).json()
+        assert stats["max_batch_size"] == 32 and stats["split_batches"] == 1, stats
+        metrics = requests.get(f"{srv.url}/metrics", timeout=5).text
+        values = {s.name: s.value for f in text_string_to_metric_families(metrics) for s in f.samples}
+        assert values["ttsrl_batches_split_total"] == 1, metrics
+
+
 def test_the_client_does_not_retry_an_answer_that_will_never_change():
     cfg = ServerConfig(port=0, max_batch=8, max_delay_ms=0)
     with BackgroundServer(cfg, pipelines=[SpeechPipeline(Fragile(ValueError), SimASR())]) as srv:

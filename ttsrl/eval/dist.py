@@ -58,6 +58,21 @@ class Dist:
         return box[0]
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def rank_threads(requested: int, local_world: int, cores: int | None = None) -> int:
+    """torch CPU threads for one rank: ``requested`` when given (> 0), else the cores shared
+    among the ranks on this machine (at least 1). On GPU ranks too: each still does CPU work
+    (resampling, fbank, a CPU ASR, sampling bookkeeping), and torch's default of every core in
+    every rank oversubscribes an 8-GPU node 8 times."""
+    if requested > 0:
+        return requested
+    return max(1, (usable_cores() if cores is None else cores) // max(1, local_world))
+
+
 def init_distributed() -> Dist:
     """Join torchrun's process group (gloo: only small Python objects travel between
     ranks, and gloo keeps that traffic off the GPU the generation engine owns)."""

@@ -29,14 +29,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ttsrl.data.testsets import TestSet, Utterance, read_test_set
-from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, shard
+from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, rank_threads, shard
 from ttsrl.eval.report import (
     PLOT_FILE,
     REPORT_FILE,
@@ -232,13 +231,11 @@ def run_sweep(cfg: EvalConfig, log: Callable[[str], None] = print) -> list[dict]
 
 def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
     say = log if d.is_main else (lambda _: None)
+    torch.set_num_threads(rank_threads(cfg.threads, d.local_world))  # every rank, CPU or GPU
     if cfg.device in ("auto", "cuda"):
         pin_local_gpu(d)
     device = _device(cfg)
     engine = _choose_engine(cfg, device)
-    if device == "cpu":
-        threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, d.local_world))
-        torch.set_num_threads(threads)
     out_dir = Path(cfg.out_dir)
     roles = {n: "dev" for n, _ in cfg.dev_sets}
     test_sets = [read_test_set(n, p) for n, p in [*cfg.dev_sets, *cfg.test_sets]]

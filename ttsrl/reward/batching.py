@@ -8,6 +8,7 @@ is refused (the server answers 503 with ``Retry-After``).
 One bad item never fails its neighbours: when scoring a batch raises, each of its
 items is scored alone, and only an item that fails by itself gets an error (422 when
 its input made scoring raise ``ValueError``, which a retry cannot change; else 500).
+Such a batch is counted (``split_batches`` in /stats, ``ttsrl_batches_split_total``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Stats:
         self.backend_errors = 0
         self.server_errors = 0  # requests answered 500
         self.batches = 0
+        self.split_batches = 0  # batches that raised and were scored item by item
         self.items = 0
         self.backend_seconds = 0.0
         self.batch_sizes: Counter[int] = Counter()
@@ -54,7 +56,7 @@ class Stats:
             "requests": self.requests, "ok": self.ok, "client_errors": self.client_errors,
             "rejected_queue_full": self.rejected_full, "backend_errors": self.backend_errors,
             "server_errors": self.server_errors,
-            "batches": self.batches, "items": self.items,
+            "batches": self.batches, "split_batches": self.split_batches, "items": self.items,
             "mean_batch_size": self.items / self.batches if self.batches else 0.0,
             "max_batch_size": max(self.batch_sizes, default=0),
             "batch_size_histogram": {str(k): v for k, v in sorted(self.batch_sizes.items())},
@@ -66,10 +68,12 @@ class Batcher:
     """Bounded queue + one batching worker per pipeline (device)."""
 
     def __init__(self, cfg, pipelines: Sequence[SpeechPipeline], stats: Stats,
-                 score: Callable[[SpeechPipeline, list, list], list[Scored]], errors=None):
+                 score: Callable[[SpeechPipeline, list, list], list[Scored]], errors=None,
+                 on_split: Callable[[], None] | None = None):
         self.cfg = cfg  # a ServerConfig: max_batch, max_delay_ms, max_queue
         self.score = score
         self.errors = errors  # a RepeatedErrors: a failure that repeats is logged once, counted
+        self.on_split = on_split  # called once per batch scored item by item (the server's metric)
         self.pipelines = list(pipelines)
         self.stats = stats
         self.queue: deque[Item] = deque()
@@ -139,6 +143,9 @@ class Batcher:
                     continue
                 # one bad item must not fail its neighbours: score each alone, so only
                 # the items that fail by themselves get an error
+                self.stats.split_batches += 1
+                if self.on_split is not None:
+                    self.on_split()
                 results = []
                 for it in batch:
                     try:

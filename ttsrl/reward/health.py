@@ -1,12 +1,14 @@
-"""Are KServe-v2 reward servers ready?  ``python -m ttsrl.reward.health URL[,URL...] [--wait S] [--at-least N]``.
+"""Are KServe-v2 reward servers ready?  ``python -m ttsrl.reward.health URL[,URL...] [--wait S] [--at-least N] [--pid P]``.
 
 Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``) answers 200 for every
 listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming the servers not ready.
+With ``--pid``, the wait ends (status 1) as soon as that process (the server being started) has exited.
 URLs are comma-separated (as in ``TTSRL_REWARD_URL``) and/or separate arguments.
 :func:`launch_server` starts the reward-server CLI as a user does and returns its URL once it
 says it is ready (tests, benchmarks, ``scripts/gpu_check.py``)."""
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -29,14 +31,29 @@ def wait_ready(url: str, seconds: float) -> bool:
     return wait_ready_all([url], seconds) == [url]
 
 
-def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None) -> list[str]:
-    """Poll ``urls`` until all (or ``at_least`` of them) are ready or ``seconds`` pass; the ready ones."""
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None, pid: int | None = None) -> list[str]:
+    """Poll ``urls`` until all (or ``at_least`` of them) are ready, ``seconds`` pass or process ``pid``
+    has exited; the ready ones."""
     need = len(urls) if at_least is None else at_least
     deadline = time.monotonic() + seconds
     ready_urls: list[str] = []
     while True:
         ready_urls += [u for u in urls if u not in ready_urls and ready(u)]
-        if len(ready_urls) >= need or time.monotonic() >= deadline:
+        if len(ready_urls) >= need or time.monotonic() >= deadline or (pid is not None and not alive(pid)):
             return [u for u in urls if u in ready_urls]
         time.sleep(0.5)
 
@@ -71,6 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--wait", type=float, default=0.0, help="keep trying this many seconds")
     p.add_argument("--at-least", type=int, default=None, metavar="N",
                    help="succeed once N servers are ready (default: all of them)")
+    p.add_argument("--pid", type=int, default=None,
+                   help="the server process being started: stop waiting once it has exited")
     a = p.parse_args(argv)
     try:
         urls = list(split_urls(",".join(a.urls)))
@@ -78,10 +97,12 @@ def main(argv=None) -> int:
         p.error(str(e))
     if a.at_least is not None and not 1 <= a.at_least <= len(urls):
         p.error(f"--at-least {a.at_least}: expected 1..{len(urls)} (the number of URLs)")
-    up = wait_ready_all(urls, a.wait, a.at_least)
+    up = wait_ready_all(urls, a.wait, a.at_least, a.pid)
     need = len(urls) if a.at_least is None else a.at_least
     if len(up) >= need:
         return 0
+    if a.pid is not None and not alive(a.pid):
+        print(f"the reward server (pid {a.pid}) exited before it was ready", file=sys.stderr)
     missing = [u for u in urls if u not in up]
     print(f"{len(up)} of {len(urls)} reward servers ready, {need} needed; not ready: {', '.join(missing)}",
           file=sys.stderr)

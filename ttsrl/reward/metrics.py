@@ -7,6 +7,7 @@ or OpenMetrics when the scraper asks for it), built with ``prometheus_client``.
     ttsrl_queue_depth                          requests waiting for a backend worker
     ttsrl_open_connections                     open HTTP connections
     ttsrl_batch_size                           items per backend batch (a successful one)
+    ttsrl_batches_split_total                  batches that raised and were scored item by item
     ttsrl_stage_seconds{stage}                 per batch: token2wav, asr, scoring
                                                (scoring: normalisation, pinyin, error rate, reward)
 
@@ -51,6 +52,8 @@ class ServerMetrics:
         self.open_connections = Gauge("ttsrl_open_connections", "Open HTTP connections", registry=r)
         self.batch_size = Histogram("ttsrl_batch_size", "Items per backend batch", buckets=_size_buckets(max_batch),
                                     registry=r)
+        self.batches_split = Counter("ttsrl_batches_split", "Batches that raised and were scored item by item "
+                                     "(only the items that fail alone get an error)", registry=r)
         self.stage_seconds = Histogram("ttsrl_stage_seconds", "Seconds per batch spent in each stage "
                                        "(token2wav, asr, scoring)", ["stage"], buckets=_SECONDS, registry=r)
         for stage in STAGES:  # present (at zero) before the first batch

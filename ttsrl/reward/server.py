@@ -177,7 +177,8 @@ class RewardServer:
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
-        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self._score_counted, self.errors)
+        self.batcher = Batcher(self.cfg, self.pipelines, self.stats, self._score_counted, self.errors,
+                               on_split=self.metrics.batches_split.inc)
         self.batcher.start()
         self.ready = True
         log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)

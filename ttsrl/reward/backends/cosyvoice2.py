@@ -22,6 +22,11 @@ the codes (sha1), so the same codes and prompt give the same waveform.
 Speakers: the reward voices each text with one of the ``*.wav`` of ``prompt_dir`` (chosen by
 the pipeline from the text); zero-shot evaluation passes each utterance's own prompt wav
 (:meth:`prompt_from_wav`). Prompt wavs must be >= 16 kHz and <= 30 s (CosyVoice's limits).
+The features of ``prompt_dir``'s wavs are extracted once per process and shared by every
+replica (:func:`shared_prompt_features`, keyed by the model files and the wav's content):
+a server with eight replicas extracts each wav once, not eight times, and every replica voices
+a speaker with the same features (CosyVoice's frontend computes mels on the CPU and the
+speech tokens and campplus embedding with ONNX Runtime), each from its own device copy.
 """
 
 from __future__ import annotations
@@ -53,6 +58,30 @@ from ttsrl.reward.wavcheck import PROMPT_MAX_S, PROMPT_MIN_RATE, check_prompt_wa
 #: shortest 16 kHz audio campplus is given: one 25 ms kaldi fbank frame
 SPK_MIN_SAMPLES = 400
 _CPU_LOCK = threading.Lock()  # CPU replicas share torch's one CPU generator
+_SHARED: dict[tuple, dict] = {}  # (model files, wav sha1) -> prompt features on the CPU
+_SHARED_LOCKS: dict[tuple, threading.Lock] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path) -> tuple:
+    """What a prompt wav's features depend on: the model's feature files (path, size, mtime),
+    the CosyVoice code, and the wav's bytes (sha1)."""
+    d = Path(model_dir).resolve()
+    files = tuple((name, (d / name).stat().st_size, (d / name).stat().st_mtime_ns)
+                  for name in ("cosyvoice2.yaml", "campplus.onnx", "speech_tokenizer_v2.onnx"))
+    return str(d), checkout, files, hashlib.sha1(wav.read_bytes()).hexdigest()
+
+
+def shared_prompt_features(key: tuple, extract) -> dict:
+    """The features under ``key``, from ``extract()`` the first time in this process (replicas
+    built at once in threads wait for the one extracting), kept on the CPU."""
+    with _SHARED_GUARD:
+        lock = _SHARED_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        hit = _SHARED.get(key)
+        if hit is None:
+            hit = _SHARED[key] = {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in extract().items()}
+    return hit
 
 
 @dataclass
@@ -156,11 +185,13 @@ class CosyVoice2Token2Wav(Token2Wav):
         self.token_rate = float(conf.get("token_frame_rate", 25))
 
     # ---- speaker prompts ----------------------------------------------------
-    def _extract(self, wav: Path, name: str) -> SpeakerPrompt:
+    def _features(self, wav: Path) -> dict:
         inp = zero_shot_inputs(self._fe, wav, self.sample_rate)
-        return SpeakerPrompt(name, {"prompt_token": inp["flow_prompt_speech_token"],
-                                    "prompt_feat": inp["prompt_speech_feat"],
-                                    "embedding": inp["flow_embedding"], "wav": str(wav)})
+        return {"prompt_token": inp["flow_prompt_speech_token"], "prompt_feat": inp["prompt_speech_feat"],
+                "embedding": inp["flow_embedding"]}
+
+    def _extract(self, wav: Path, name: str) -> SpeakerPrompt:
+        return SpeakerPrompt(name, {**self._features(wav), "wav": str(wav)})
 
     def _load_prompt_dir(self, prompt_dir: str | None) -> tuple[SpeakerPrompt, ...]:
         if not prompt_dir:
@@ -168,7 +199,12 @@ class CosyVoice2Token2Wav(Token2Wav):
         wavs = sorted(Path(prompt_dir).glob("*.wav"))
         if not wavs:
             raise FileNotFoundError(f"no speaker prompt *.wav in {prompt_dir}")
-        return tuple(self._extract(w, w.stem) for w in wavs)
+        out = []
+        for w in wavs:  # extracted once per process, shared by the replicas; each its own device copy
+            feats = shared_prompt_features(prompt_key(self.cfg.model_dir, self.cfg.checkout, w),
+                                           lambda w=w: self._features(w))
+            out.append(SpeakerPrompt(w.stem, {**{k: v.to(self.device) for k, v in feats.items()}, "wav": str(w)}))
+        return tuple(out)
 
     @property
     def prompts(self):
