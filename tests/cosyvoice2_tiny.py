@@ -201,3 +201,14 @@ def write_tone_wav(path: Path, seconds: float = 1.5, rate: int = 16000, freq: fl
     x = sum(np.sin(2 * np.pi * freq * k * t) / k for k in range(1, 6)) * 0.2 + 0.01 * rng.standard_normal(len(t))
     sf.write(str(path), x.astype(np.float32), rate)
     return path
+
+
+def tiny_folder_with_prompts(root: Path, b_seconds: float = 1.0) -> tuple[Path, Path]:
+    """The tiny CosyVoice2 folder and a prompt folder of two speakers (spk_a: 1.2 s at 16 kHz,
+    spk_b: ``b_seconds`` at 22.05 kHz), under ``root``."""
+    model = build_tiny_cosyvoice2(root / "CosyVoice2-tiny")
+    prompts = root / "prompts"
+    prompts.mkdir()
+    write_tone_wav(prompts / "spk_a.wav", 1.2, 16000, 170.0)
+    write_tone_wav(prompts / "spk_b.wav", b_seconds, 22050, 230.0)
+    return model, prompts

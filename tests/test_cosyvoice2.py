@@ -22,7 +22,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav  # noqa: E402
+from cosyvoice2_tiny import tiny_folder_with_prompts, write_tone_wav  # noqa: E402
 
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice2 import (  # noqa: E402
@@ -38,13 +38,7 @@ SAMPLES_PER_TOKEN = 960  # 24 kHz / 25 tokens per second
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cosyvoice2")
-    model = build_tiny_cosyvoice2(root / "CosyVoice2-tiny")
-    prompts = root / "prompts"
-    prompts.mkdir()
-    write_tone_wav(prompts / "spk_a.wav", 1.2, 16000, 170.0)
-    write_tone_wav(prompts / "spk_b.wav", 1.0, 22050, 230.0)
-    return model, prompts
+    return tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
 
 
 @pytest.fixture(scope="module")

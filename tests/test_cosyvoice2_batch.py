@@ -15,7 +15,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav  # noqa: E402
+from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
 
 from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
 
@@ -25,12 +25,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def t2w(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cosyvoice2")
-    model = build_tiny_cosyvoice2(root / "CosyVoice2-tiny")
-    prompts = root / "prompts"
-    prompts.mkdir()
-    write_tone_wav(prompts / "spk_a.wav", 1.2, 16000, 170.0)
-    write_tone_wav(prompts / "spk_b.wav", 0.7, 22050, 230.0)  # a different prompt length
+    model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"), b_seconds=0.7)  # 2 lengths
     return CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
 
 

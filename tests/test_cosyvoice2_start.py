@@ -21,7 +21,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav  # noqa: E402
+from cosyvoice2_tiny import tiny_folder_with_prompts, write_tone_wav  # noqa: E402
 
 from ttsrl.reward.backends import BackendConfig  # noqa: E402
 from ttsrl.reward.backends import cosyvoice2 as cv2  # noqa: E402
@@ -32,13 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cosyvoice2")
-    model = build_tiny_cosyvoice2(root / "CosyVoice2-tiny")
-    prompts = root / "prompts"
-    prompts.mkdir()
-    write_tone_wav(prompts / "spk_a.wav", 1.2, 16000, 170.0)
-    write_tone_wav(prompts / "spk_b.wav", 1.0, 22050, 230.0)
-    return model, prompts
+    return tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
 
 
 def test_prompt_wavs_are_extracted_once_for_all_replicas(folders, monkeypatch, tmp_path):

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ttsrl.reward.health import alive
 
 EXIT_HEAD_GONE = 3  # `wait --pid`: that process exited before every node joined
 
@@ -126,19 +127,6 @@ def placed_nodes(actors) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is gone too
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
-
-
 def wait(address: str, ips: list[str], gpus: float, timeout: float, poll: float = 2.0,
          log=print, pid: int | None = None) -> list[Node]:
     """Poll until every rank of ``ips`` has its node (see :func:`missing`); the nodes, or
@@ -146,7 +134,7 @@ def wait(address: str, ips: list[str], gpus: float, timeout: float, poll: float 
     deadline = time.monotonic() + timeout
     seen: set[str] = set()
     while True:
-        if pid is not None and not _process_alive(pid):
+        if pid is not None and not alive(pid):
             raise RuntimeError(f"the Ray head (process {pid}) exited before every node joined")
         nodes, error = [], ""
         if not answers(address):
