@@ -161,3 +161,59 @@ def test_non_neutral_sampler_settings_are_refused(engine, shaped):
                             extra_args=rule_args(SamplingConfig(), 0, greedy=False))
         with pytest.raises(ValueError, match="neutral"):
             engine.llm.generate(ids, sp, use_tqdm=False)
+
+
+def test_processor_rows_follow_the_batch():
+    """The processor alone (no engine): each row of a batch gets log rule_distribution of
+    its own request (window = its live output list, its rule and minimum length), greedy
+    rows only their held stop rows, other requests nothing; rows follow vLLM's swaps and
+    removals, and tokens appended to the live lists."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from ttsrl.model.vllm_sampling import CosyVoiceRuleProcessor, rule_sampling_params
+
+    vocab = V.SpeechVocab(1000)
+    start, end = vocab.output_range
+    hf_config = SimpleNamespace(speech_output_range=list(vocab.output_range))
+    proc = CosyVoiceRuleProcessor(SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config)),
+                                  torch.device("cpu"), False)
+    rules = [SamplingConfig(), SamplingConfig(rule=RULE_2024), SamplingConfig(), None]
+    min_lens, greedy = [2, 5, 2, 0], [False, False, True, False]
+    outs = [[vocab.to_hf(5)] * 3, [vocab.to_hf(7), vocab.to_hf(5)], [], []]
+    params = [rule_sampling_params(r, m, 10, g, vocab.stop_ids, seed=1) if r else SamplingParams(temperature=1.0)
+              for r, m, g in zip(rules, min_lens, greedy)]
+    proc.update_state(BatchUpdate(batch_size=4, removed=[], moved=[],
+                                  added=[(i, p, None, o) for i, (p, o) in enumerate(zip(params, outs))]))
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, vocab.padded_vocab_size, generator=g) * 3
+
+    def check(got: torch.Tensor, row: int, req: int) -> None:
+        if rules[req] is None:
+            assert torch.equal(got[row], logits[row])
+        elif greedy[req]:
+            held = [vocab.eos_id] if len(outs[req]) < min_lens[req] else []
+            want = logits[row].clone()
+            want[held] = -float("inf")
+            assert torch.equal(got[row], want)
+        else:
+            codes = [vocab.to_index(t) for t in outs[req]]
+            dist = rule_distribution(logits[row, start:end].log_softmax(-1), codes,
+                                     len(codes) >= min_lens[req], rules[req])
+            p = got[row].softmax(-1)
+            assert float(p[:start].sum() + p[end:].sum()) == 0.0
+            assert torch.allclose(p[start:end].double(), dist / dist.sum(), atol=1e-6)
+
+    got = proc.apply(logits.clone())
+    for row in range(4):
+        check(got, row, row)
+    # vLLM swaps rows 0 and 1, drops row 3; request 0 and the greedy one generate a token
+    proc.update_state(BatchUpdate(batch_size=3, removed=[3], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+    outs[0].append(vocab.to_hf(9))
+    outs[2].extend([vocab.to_hf(1), vocab.to_hf(2)])  # reaches its minimum length: nothing held
+    logits = torch.randn(3, vocab.padded_vocab_size, generator=g) * 3
+    got = proc.apply(logits.clone())
+    for row, req in ((0, 1), (1, 0), (2, 2)):
+        check(got, row, req)
