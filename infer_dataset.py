@@ -98,7 +98,7 @@ def parse_args(argv=None) -> EvalConfig:
     g = p.add_argument_group("generation")
     g.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto",
                    help="auto: vLLM for --greedy on a GPU when installed, else transformers; "
-                        "vllm: greedy only (vLLM has no CosyVoice2 repetition-aware sampling)")
+                        "vllm: greedy or CosyVoice2 sampling (same rule as transformers, other random numbers)")
     g.add_argument("--device", default="auto", help="auto (one GPU per rank, else cpu), cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype of the transformers engine")

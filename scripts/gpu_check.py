@@ -148,7 +148,7 @@ def main() -> None:
         run([sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ws / "ckpt"),
              "--out-dir", str(ws / "merged"), "--base-model", str(ws / "hf_model")])
         dev = "cpu" if a.device == "cpu" else "cuda"
-        for engine, extra in (("vllm", ["--greedy"]), ("hf", ["--greedy"]), ("hf", [])):
+        for engine, extra in (("vllm", ["--greedy"]), ("hf", ["--greedy"]), ("hf", []), ("vllm", [])):
             tag = f"{engine}{'_greedy' if extra else '_sampling'}"
             run([sys.executable, str(ROOT / "infer_dataset.py"), "--start-model", str(ws / "hf_model"),
                  "--merged-dir", str(ws / "merged"), "--steps", str(a.steps), "--out-dir", str(ws / f"eval_{tag}"),

@@ -6,7 +6,7 @@
 #   GPU_CHECK_DEVICE=cpu PY=.venv-vllm/bin/python bash scripts/gpu_check.sh   the same on CPU
 # Steps: 1. vLLM loads our converted + merged checkpoints through the plugin; greedy ids and
 # per-token log-probs equal the transformers class (tests/gpu_stack/test_vllm_engine.py on
-# cuda); 2. stage-4 engine throughput (benchmarks/bench_vllm_engine.py); 3. GRPO, the GPU
+# cuda), sampled draws follow CosyVoice2's rule (tests/gpu_stack/test_vllm_sampling.py); 2. stage-4 engine throughput (benchmarks/bench_vllm_engine.py); 3. GRPO, the GPU
 # preset scaled to one GPU, 3 steps on a tiny model, merge, stage 4 with vLLM
 # (scripts/gpu_check.py). Output is also written to $GPU_CHECK_DIR/gpu_check.log.
 set -euo pipefail
@@ -38,12 +38,12 @@ if [[ $DEVICE == cuda ]]; then
 fi
 "$PY" -c "import pytest" 2>/dev/null || "$PY" -m pip install -q pytest
 
-say "1/3 plugin load + parity (vLLM vs transformers vs Qwen2LM)"
+say "1/3 plugin load + parity (vLLM vs transformers vs Qwen2LM) + the sampling rule in vLLM"
 if ! TTSRL_TEST_DEVICE=$DEVICE timeout 300 "$PY" -m pytest -q -s -p no:cacheprovider \
-    tests/gpu_stack/test_vllm_engine.py > "$WORK/parity.log" 2>&1; then
+    tests/gpu_stack/test_vllm_engine.py tests/gpu_stack/test_vllm_sampling.py > "$WORK/parity.log" 2>&1; then
   tail -60 "$WORK/parity.log"; echo "[gpu_check] parity FAILED"; exit 1
 fi
-grep -oE "\[(start|merged)\] [^(]*| [0-9]+ passed.*" "$WORK/parity.log"
+grep -oE "\[(start|merged)\] [^(]*|\[draws\] vLLM.*| [0-9]+ passed.*" "$WORK/parity.log"
 
 say "2/3 stage-4 engine throughput"
 timeout 300 "$PY" benchmarks/bench_vllm_engine.py --device "$DEVICE" 2>&1 | tee "$WORK/bench.log" | grep -E "tokens/s|engine start|identical|peak"

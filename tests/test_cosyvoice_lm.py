@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from draws import assert_fits
 
 from ttsrl.model import vocab as V
 from ttsrl.model.cosyvoice_lm import (
@@ -12,6 +13,7 @@ from ttsrl.model.cosyvoice_lm import (
     nucleus_sampling,
     pick_token,
     ras_sampling,
+    rule_distribution,
 )
 
 
@@ -133,6 +135,16 @@ def _logp(probs: dict[int, float]) -> torch.Tensor:
     return (p / p.sum()).log().float()
 
 
+def _nucleus_of(p: dict[int, float], cfg: SamplingConfig) -> list[int]:
+    order = sorted(p, key=lambda k: -p[k])
+    nucleus, before = [], 0.0
+    for k in order:
+        if before < cfg.top_p and len(nucleus) < cfg.top_k:
+            nucleus.append(k)
+            before += p[k]
+    return nucleus
+
+
 def _expected_2026(probs: dict[int, float], window: list[int], cfg: SamplingConfig, allow_stop: bool):
     """Exact next-token distribution of CosyVoice's current rule (sampling_ids +
     ras_sampling at commits 0e62489 / f2ddcbe) over the few rows with mass."""
@@ -141,12 +153,7 @@ def _expected_2026(probs: dict[int, float], window: list[int], cfg: SamplingConf
         p.pop(V.EOS_INDEX, None)
     total = sum(p.values())
     p = {k: v / total for k, v in p.items()}
-    order = sorted(p, key=lambda k: -p[k])
-    nucleus, before = [], 0.0
-    for k in order:
-        if before < cfg.top_p and len(nucleus) < cfg.top_k:
-            nucleus.append(k)
-            before += p[k]
+    nucleus = _nucleus_of(p, cfg)
     in_nucleus = sum(p[k] for k in nucleus)
     want = {k: 0.0 for k in p}
     for t in nucleus:
@@ -183,6 +190,120 @@ def test_pick_token_matches_cosyvoice_today_exactly(allow_stop):
         assert abs(got.get(k, 0) / n - v) < 0.025, (k, got, want)
     if not allow_stop:
         assert V.EOS_INDEX not in got and 5 not in got
+
+
+def _expected_2024(probs: dict[int, float], window: list[int], cfg: SamplingConfig, allow_stop: bool):
+    """Exact distribution of the 2024 rule over the few rows with mass, SamplingError as
+    the key "error": one draw is the nucleus pick, or (repeated pick) a draw from the full
+    distribution; before the minimum length a stop index repeats the draw, at most
+    max_trials draws."""
+    total = sum(probs.values())
+    p = {k: v / total for k, v in probs.items()}
+    nucleus = _nucleus_of(p, cfg)
+    in_nucleus = sum(p[k] for k in nucleus)
+    draw = {k: 0.0 for k in p}
+    for t in nucleus:
+        q = p[t] / in_nucleus
+        if window[-cfg.win_size:].count(t) >= cfg.win_size * cfg.tau_r:
+            for j in p:  # redraw, t not blocked
+                draw[j] += q * p[j]
+        else:
+            draw[t] += q
+    if allow_stop:
+        return {**draw, "error": 0.0}
+    stop = sum(v for k, v in draw.items() if k >= V.SPEECH_TOKEN_SIZE)
+    want: dict = {k: 0.0 for k in p}
+    for trial in range(cfg.max_trials):  # this draw is the first one without a stop index
+        for k, v in draw.items():
+            if k < V.SPEECH_TOKEN_SIZE:
+                want[k] += stop ** trial * v
+    return {**want, "error": stop ** cfg.max_trials}
+
+
+EXPECTED = {RULE_2026: lambda *a: {**_expected_2026(*a), "error": 0.0}, RULE_2024: _expected_2024}
+# (probs, window), top_k 3. one-repeated: the repeated pick 5 is the nucleus's largest
+# entry, eos is in the nucleus; two-repeated: nucleus {5, 7, 6563} before and after the
+# minimum length, 5 and 7 repeated (the window's first entry is outside the last 10)
+RULE_CASES = {
+    "one-repeated": ({5: 0.35, 7: 0.2, V.EOS_INDEX: 0.3, 11: 0.1, V.STOP_INDICES[1]: 0.05},
+                     [5, 1, 2, 3, 4, 6, 8, 9, 10, 12]),
+    "two-repeated": ({5: 0.3, 7: 0.25, V.STOP_INDICES[2]: 0.2, V.EOS_INDEX: 0.15, 11: 0.1},
+                     [11, 7, 41, 42, 5, 43, 44, 45, 46, 47, 48]),
+}
+RULE_CFG = {RULE_2026: SamplingConfig(top_k=3), RULE_2024: SamplingConfig(top_k=3, rule=RULE_2024, max_trials=3)}
+
+
+def _as_dict(dist: torch.Tensor) -> dict:
+    """A step distribution as {index: probability} over its support, plus "error": the
+    mass it lacks (the probability that pick_token raises)."""
+    support = {int(k): float(dist[k]) for k in torch.nonzero(dist > 0).flatten()}
+    return {**support, "error": max(0.0, 1.0 - float(dist.sum()))}
+
+
+@pytest.mark.parametrize("case", sorted(RULE_CASES))
+@pytest.mark.parametrize("allow_stop", [False, True])
+@pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
+def test_rule_distribution_is_the_rule_written_out(rule, allow_stop, case):
+    """rule_distribution (the closed form vLLM samples from) against the rule computed
+    by hand, row by row, for the few rows with mass; the 1e-12 floor of _logp elsewhere."""
+    probs, window = RULE_CASES[case]
+    cfg = RULE_CFG[rule]
+    got = rule_distribution(_logp(probs), window, allow_stop, cfg)
+    want = EXPECTED[rule](probs, window, cfg, allow_stop)
+    for k, v in want.items():
+        if k != "error":
+            assert float(got[k]) == pytest.approx(v, abs=1e-6), (k, float(got[k]), v)
+    assert 1.0 - float(got.sum()) == pytest.approx(want["error"], abs=1e-6)
+    if rule == RULE_2024 and not allow_stop:
+        assert want["error"] > 0.01  # max_trials 3: the cut-off really matters here
+
+
+@pytest.mark.parametrize("case", sorted(RULE_CASES))
+@pytest.mark.parametrize("allow_stop", [False, True])
+@pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
+def test_rule_distribution_matches_pick_token_draws(rule, allow_stop, case):
+    """Draws of pick_token fit rule_distribution (chi-square), SamplingError included as
+    an outcome of its own: before and after the minimum length, repeated picks inside
+    the nucleus."""
+    probs, window = RULE_CASES[case]
+    cfg = RULE_CFG[rule]
+    logp = _logp(probs)
+    g = torch.Generator().manual_seed(11)
+    draws = []
+    for _ in range(2000):
+        try:
+            draws.append(pick_token(logp, window, allow_stop, cfg, generator=g))
+        except SamplingError:
+            draws.append("error")
+    assert_fits(draws, _as_dict(rule_distribution(logp, window, allow_stop, cfg)), f"{rule} {case} {allow_stop}")
+
+
+def test_rule_distribution_redraw_after_a_near_certain_pick():
+    """A repeated pick with p = 1 - 1e-9: the redraw spreads over what is left, whose
+    mass 1 - p(t) is summed from the other rows (1 - p(t) in floats would lose it)."""
+    logp = torch.full((V.NUM_OUTPUTS,), -30.0)
+    logp[5], logp[9] = 0.0, -21.0  # 9 holds ~0.75 of the rest
+    logp = logp.log_softmax(dim=-1)
+    cfg = SamplingConfig()
+    got = rule_distribution(logp, [5], True, cfg)
+    assert float(got[5]) == 0.0 and float(got.sum()) == pytest.approx(1.0, abs=1e-9)
+    rest = logp.double().exp()
+    rest[5] = 0
+    assert torch.allclose(got, rest / rest.sum(), rtol=1e-6, atol=0)
+    g = torch.Generator().manual_seed(2)
+    assert_fits([pick_token(logp, [5], True, cfg, generator=g) for _ in range(500)], _as_dict(got), "near-certain")
+
+
+def test_the_fit_tells_the_rules_apart():
+    """The chi-square check has the power to see the rules' difference: draws made from
+    the 2024 distribution do not fit the 2026 one (same probs and window)."""
+    probs, window = RULE_CASES["one-repeated"]
+    logp = _logp(probs)
+    d2024 = rule_distribution(logp, window, True, RULE_CFG[RULE_2024])
+    d2026 = rule_distribution(logp, window, True, RULE_CFG[RULE_2026])
+    draws = torch.multinomial(d2024.float(), 2000, replacement=True, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError, match="(do not fit|excludes)"):
+        assert_fits(draws.tolist(), _as_dict(d2026), "2024 draws against 2026")
 
 
 def test_loss_targets_speech_and_eos(tiny_cosyvoice2):

@@ -1,6 +1,6 @@
-"""Stage 4's engine choice: vLLM decodes greedily only (it has no CosyVoice2
-repetition-aware sampling), so sampled evaluation always runs on the transformers
-engine, whose draws go through ttsrl.model.cosyvoice_lm.pick_token.
+"""Stage 4's engine choice: ``auto`` takes vLLM for greedy decoding on a GPU and keeps
+sampled evaluation on the transformers engine (whose samples earlier runs were made
+with); ``--engine vllm`` samples too, by the same rule (ttsrl/model/vllm_sampling.py).
 
 Whether vLLM is installed is set by each test (a ``vllm`` package made importable from a
 temporary folder, or blocked through ``sys.modules``), so both outcomes are checked on every
@@ -34,11 +34,9 @@ def vllm(request, monkeypatch, tmp_path):
     return request.param
 
 
-def test_sampling_never_uses_vllm(vllm):
+def test_auto_samples_on_transformers(vllm):
     assert _choose_engine(cfg("auto", greedy=False), "cuda:0") == "hf"
     assert _choose_engine(cfg("auto", greedy=False), "cpu") == "hf"
-    with pytest.raises(ValueError, match="--engine vllm needs --greedy"):
-        _choose_engine(cfg("vllm", greedy=False), "cuda:0")
 
 
 def test_greedy_auto_uses_vllm_on_a_gpu_only_when_installed(vllm):
@@ -52,3 +50,4 @@ def test_an_explicit_engine_is_kept(vllm):
     assert _choose_engine(cfg("vllm", greedy=True), "cpu") == "vllm"  # the user asked: loading tells them
     assert _choose_engine(cfg("hf", greedy=True), "cuda:0") == "hf"
     assert _choose_engine(cfg("hf", greedy=False), "cuda:0") == "hf"
+    assert _choose_engine(cfg("vllm", greedy=False), "cuda:0") == "vllm"  # vLLM samples by the rule too

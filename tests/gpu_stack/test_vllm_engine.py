@@ -173,11 +173,3 @@ def test_samples_stay_in_speech_range(engines):
     assert not bad, bad[:10]
     assert len(set(toks)) > 200  # really sampled (a random tiny model is peaked: ~300 seen)
 
-
-def test_sampling_refused(engines):
-    """vLLM has no repetition-aware sampling: the vLLM engine is greedy-only."""
-    from ttsrl.model.generate import GenerationConfig
-
-    _, _, gen, lm = engines
-    with pytest.raises(ValueError, match="greedily only"):
-        gen.generate(_requests(lm.tokenizer)[:1], GenerationConfig(greedy=False))

