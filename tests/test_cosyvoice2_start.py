@@ -188,3 +188,51 @@ def test_a_key_the_cosyvoice_code_does_not_take_is_named_with_its_yaml(folders, 
     msg = str(e.value)
     assert str(bad / "cosyvoice2.yaml") in msg and "'causal'" in msg and "HiFTGenerator" in msg, msg
     assert "current cosyvoice2.yaml" in msg, msg
+
+
+def test_frontends_built_at_once_leave_the_modules_onnxruntime_as_it_was(monkeypatch):
+    """Replicas build their frontends in threads. The swap of the frontend module's
+    ``onnxruntime`` must read the module's own one under the lock: read before it, a thread
+    waiting for the lock took the other replica's wrapper for the original and put it back,
+    and every later frontend then opened its sessions on that replica's device (seen when the
+    CosyVoice2 test files ran in one process). The interleaving is forced here with a stand-in
+    frontend class that waits inside its constructor (CosyVoice's own cannot be paused there)."""
+    import threading
+    import types
+
+    import onnxruntime
+    import torch
+
+    from ttsrl.reward.backends import cosyvoice_code
+
+    module = types.ModuleType("ttsrl_test_frontend")
+    module.onnxruntime = onnxruntime
+    inside, go = threading.Event(), threading.Event()
+
+    class FrontEnd:
+        def __init__(self, **kwargs):
+            if not inside.is_set():  # the first builder waits here, holding the swap
+                inside.set()
+                go.wait(10)
+            self.seen = module.onnxruntime
+
+    FrontEnd.__module__ = module.__name__
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    built = {}
+
+    def build(name, dev):
+        built[name] = cosyvoice_code.make_frontend(FrontEnd, Path("/nonexistent"), None, torch.device(dev))
+
+    first = threading.Thread(target=build, args=("a", "cpu"))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=build, args=("b", "cpu"))
+    second.start()
+    time.sleep(0.5)  # the second builder reaches the swap while the first holds it
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert set(built) == {"a", "b"}
+    assert module.onnxruntime is onnxruntime
+    # each built while its own wrapper, around the module's own onnxruntime, was in place
+    assert all(fe.seen._ort is onnxruntime for fe in built.values())

@@ -237,15 +237,17 @@ def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
     replica on a GPU too). While it is built, its module's ``onnxruntime`` opens every session
     on ``dev`` instead: one session per replica, on its own device."""
     module = sys.modules.get(getattr(FrontEnd, "__module__", ""))
-    ort = getattr(module, "onnxruntime", None)
     kwargs = dict(get_tokenizer=NoText, feat_extractor=feat_extractor, campplus_model=str(model_dir / "campplus.onnx"),
                   speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
                   allowed_special="all")
-    if ort is None or not hasattr(ort, "InferenceSession"):
-        raise RuntimeError(f"{FrontEnd.__module__} does not open its sessions through `onnxruntime`: this "
-                           "CosyVoice frontend is not one ttsrl knows (cosyvoice-minicpmo 0.1.0 or a checkout "
-                           "of that age)")
     with _FRONTEND_LOCK:
+        # read under the lock: a replica built in another thread holds its wrapper in the module
+        # meanwhile, and a wrapper read then would be put back as "the module's own" afterwards
+        ort = getattr(module, "onnxruntime", None)
+        if ort is None or not hasattr(ort, "InferenceSession"):
+            raise RuntimeError(f"{FrontEnd.__module__} does not open its sessions through `onnxruntime`: this "
+                               "CosyVoice frontend is not one ttsrl knows (cosyvoice-minicpmo 0.1.0 or a checkout "
+                               "of that age)")
         module.onnxruntime = _OrtOn(ort, dev)
         try:
             fe = call_matching(FrontEnd, **kwargs)
