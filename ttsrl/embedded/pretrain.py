@@ -30,6 +30,7 @@ import torch
 
 from ttsrl.atomic import atomic_torch_save, atomic_write_text
 from ttsrl.console import ProgressLines
+from ttsrl.cpus import usable_cores
 from ttsrl.embedded import codec
 from ttsrl.embedded.tiny_model import TinyConfig, qwen2_config
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
@@ -89,7 +90,7 @@ def free_threads(cores: int | None = None, load: float | None = None) -> int:
     Each torch op waits for its slowest thread, so a thread on a busy core slows every step to
     that core's share; with only free cores the build slows by no more than the load it gets."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
     if load is None:
         load = busy_cores()
     if load is None:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from ttsrl.cpus import usable_cores
+
 COLLECTIVE_TIMEOUT_S = 6 * 3600  # how long a rank waits in one gloo collective for the others
 
 
@@ -56,11 +58,6 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask; else all of them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def rank_threads(requested: int, local_world: int, cores: int | None = None) -> int:
