@@ -29,27 +29,40 @@ PROMPT_MAX_S = 30.0
 PROMPT_MIN_S = 0.5
 
 
+def _chunks(f):
+    """(chunk id, declared size) of each chunk after a RIFF/WAVE header, the file positioned at
+    the chunk's body; whatever the caller reads of it, the next chunk is found from the
+    declared size (padded to an even byte count)."""
+    while True:
+        start = f.tell()
+        hdr = f.read(8)
+        if len(hdr) < 8:
+            return
+        n = struct.unpack("<I", hdr[4:])[0]
+        yield hdr[:4], n
+        f.seek(start + 8 + n + (n & 1))
+
+
+def _is_riff_wave(head: bytes) -> bool:
+    return len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WAVE"
+
+
 def _wav_truncation(path: Path) -> str | None:
     """For a RIFF/WAVE file: why its data chunk is cut short (None when it is whole)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(12)
-            if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            if not _is_riff_wave(f.read(12)):
                 return None
             size = path.stat().st_size
-            while True:
-                hdr = f.read(8)
-                if len(hdr) < 8:
-                    return None
-                cid, n = hdr[:4], struct.unpack("<I", hdr[4:])[0]
+            for cid, n in _chunks(f):
                 if cid == b"data":
                     have = size - f.tell()
                     if n != 0xFFFFFFFF and have < n:  # 0xFFFFFFFF: a streamed wav of unknown length
                         return f"truncated: its header declares {n} bytes of audio, the file holds {have}"
                     return None
-                f.seek(n + (n & 1), 1)
     except OSError:
         return None
+    return None
 
 
 # formats whose length follows from the data size and block alignment: PCM, IEEE float, A-law,
@@ -66,17 +79,13 @@ def wav_header(path: Path) -> tuple[int, int, int] | None:
     damaged."""
     with open(path, "rb") as f:
         head = f.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        if not _is_riff_wave(head):
             if head[:4] in _OTHER_AUDIO:
                 return None
             raise ValueError("not a RIFF/WAVE file")
         size = path.stat().st_size
         fmt = None
-        while True:
-            hdr = f.read(8)
-            if len(hdr) < 8:
-                raise ValueError("no data chunk" if fmt else "no fmt chunk")
-            cid, n = hdr[:4], struct.unpack("<I", hdr[4:])[0]
+        for cid, n in _chunks(f):
             if cid == b"fmt ":
                 body = f.read(n)
                 if len(body) < 16:
@@ -86,7 +95,6 @@ def wav_header(path: Path) -> tuple[int, int, int] | None:
                     raise ValueError(f"its fmt chunk is damaged ({channels} channels, {rate} Hz, "
                                      f"{block}-byte frames)")
                 fmt = (tag, rate, block)
-                f.seek(n & 1, 1)
             elif cid == b"data":
                 if fmt is None:
                     raise ValueError("its data chunk comes before any fmt chunk")
@@ -96,8 +104,7 @@ def wav_header(path: Path) -> tuple[int, int, int] | None:
                 have = size - f.tell()
                 declared = have if n == 0xFFFFFFFF else n
                 return rate, declared // block, min(declared, have) // block
-            else:
-                f.seek(n + (n & 1), 1)
+        raise ValueError("no data chunk" if fmt else "no fmt chunk")
 
 
 def _too_short(path: Path, frames: int, rate: int) -> str | None:
