@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-YAML = """\
+YAML_TEMPLATE = """\
 __set_seed1: !apply:torch.manual_seed [1986]
 sample_rate: 24000
 llm_input_size: 896
@@ -52,9 +52,9 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     pre_lookahead_len: 3
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 512
-        attention_heads: 2
-        linear_units: 256
-        num_blocks: 1
+        attention_heads: {enc_heads}
+        linear_units: {enc_units}
+        num_blocks: {enc_blocks}
         dropout_rate: 0.1
         positional_dropout_rate: 0.1
         attention_dropout_rate: 0.1
@@ -81,19 +81,19 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
-            channels: [32]
+            channels: [{dec_channels}]
             dropout: 0.0
-            attention_head_dim: 16
-            n_blocks: 1
-            num_mid_blocks: 1
-            num_heads: 2
+            attention_head_dim: {dec_head_dim}
+            n_blocks: {dec_blocks}
+            num_mid_blocks: {dec_mid}
+            num_heads: {dec_heads}
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+            num_decoding_left_chunks: {dec_left_chunks}
 
 hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     in_channels: 80
-    base_channels: 32
+    base_channels: {hift_channels}
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -113,7 +113,7 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
         num_class: 1
         in_channels: 80
-        cond_channels: 32
+        cond_channels: {hift_channels}
 
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920
@@ -172,14 +172,28 @@ def _speech_tokenizer(path: Path) -> None:
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def build_tiny_cosyvoice2(d: Path, seed: int = 0) -> Path:
-    """Write the folder (idempotent per call site: always rewrites) and return it."""
+# The flow/HiFT sizes: "tiny" for the tests; "full" is the upstream recipe's cosyvoice2.yaml
+# (FunAudioLLM/CosyVoice examples/libritts/cosyvoice2/conf/cosyvoice2.yaml at 1c062ab: 6-block
+# encoder with 8 heads and 2,048 units, decoder channels 256 with 4 blocks, 12 mid blocks, 8 heads
+# of 64, streaming left chunks 2; HiFT at 512 base channels), which the released model ships.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(enc_heads=2, enc_units=256, enc_blocks=1, dec_channels=32, dec_head_dim=16, dec_blocks=1,
+                 dec_mid=1, dec_heads=2, dec_left_chunks=-1, hift_channels=32),
+    "full": dict(enc_heads=8, enc_units=2048, enc_blocks=6, dec_channels=256, dec_head_dim=64, dec_blocks=4,
+                 dec_mid=12, dec_heads=8, dec_left_chunks=2, hift_channels=512),
+}
+YAML = YAML_TEMPLATE.format(**SIZES["tiny"])
+
+
+def build_tiny_cosyvoice2(d: Path, seed: int = 0, size: str = "tiny") -> Path:
+    """Write the folder (idempotent per call site: always rewrites) and return it; ``size``
+    "full" gives the released model's flow/HiFT shapes (random weights, about 500 MB on disk)."""
     import torch
 
     from ttsrl.reward.backends.cosyvoice_code import load_yaml_without_llm
 
     d.mkdir(parents=True, exist_ok=True)
-    (d / "cosyvoice2.yaml").write_text(YAML, encoding="utf-8")
+    (d / "cosyvoice2.yaml").write_text(YAML_TEMPLATE.format(**SIZES[size]), encoding="utf-8")
     (d / "CosyVoice-BlankEN").mkdir(exist_ok=True)
     torch.manual_seed(seed)
     conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
