@@ -61,11 +61,12 @@ def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None,
 READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it serves
 
 
-def launch_server(*args: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+def launch_server(*args: str, timeout: float = 120.0, root: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``token2wav_asr_server.py ARGS`` (pass ``--port 0`` for any free port) and
     return (process, URL) once it prints that it is ready. Its output keeps being drained
-    so a full pipe never blocks it; RuntimeError with what it printed if it does not start."""
-    script = Path(__file__).resolve().parents[2] / "token2wav_asr_server.py"
+    so a full pipe never blocks it; RuntimeError with what it printed if it does not start.
+    ``root``: the checkout whose server to start (default this one; benchmarks compare commits)."""
+    script = (Path(root) if root else Path(__file__).resolve().parents[2]) / "token2wav_asr_server.py"
     proc = subprocess.Popen([sys.executable, str(script), *args], cwd=script.parent, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
