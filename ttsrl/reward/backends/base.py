@@ -94,6 +94,8 @@ class Token2Wav(ABC):
     name: str = "token2wav"
     #: speech codes per second of audio (the length guard's expected token count)
     token_rate: float = TOKEN_RATE_HZ
+    #: whether ``speaker_similarity`` measures anything (a speaker model: CosyVoice2's campplus)
+    has_speaker_model: bool = False
 
     @property
     def prompts(self) -> Sequence[SpeakerPrompt]:
