@@ -26,6 +26,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
 
+from ttsrl.model.vocab import SpeechVocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
 from ttsrl.reward.backends.sim import SimASR  # noqa: E402
@@ -33,7 +34,6 @@ from ttsrl.reward.client import RewardClientConfig, compute_score  # noqa: E402
 from ttsrl.reward.protocol import build_payload, infer_path  # noqa: E402
 from ttsrl.reward.server import BackgroundServer, ServerConfig  # noqa: E402
 from ttsrl.reward.triton_binary import HEADER, attach_inputs, split_body  # noqa: E402
-from ttsrl.model.vocab import SpeechVocab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见", "早上好", "晚上好", "明天见"]

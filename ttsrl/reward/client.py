@@ -73,8 +73,8 @@ from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
     DEFAULT_URL,
-    ResponseError,
     Reply,
+    ResponseError,
     build_payload,
     infer_path,
     parse_response,
