@@ -87,3 +87,29 @@ def test_gdpo_without_our_keys_is_refused_by_verl():
     results = [{k: v for k, v in _result(0.5, 0.1, "t", False, 0.5).items() if k != "sim"} for _ in range(4)]
     with pytest.raises(AssertionError, match="GDPO reward key 'sim' not found"):
         compute_advantage(_batch(results, 4), adv_estimator=cfg.adv_estimator, config=cfg)
+
+
+@pytest.mark.slow  # a real verl/Ray run: minutes
+def test_gdpo_trains_on_the_cpu_path(tmp_path, sim_server_url):
+    """Two GRPO steps with ``--algorithm gdpo`` through train_grpo.py (verl's legacy trainer, our
+    plugin, the hf rollout), rewarded by reward_tts.py and the sim server (no speaker model: the
+    ``sim`` component is 0.0 throughout, so only ``score`` moves the advantages)."""
+    import os
+    import subprocess
+
+    from conftest import grpo_command, make_grpo_workspace, parse_steps
+
+    ws = make_grpo_workspace(tmp_path)
+    cmd = grpo_command(ws, "--algorithm", "gdpo", "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
+                       "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
+                       "--total-training-steps", "2", "--save-freq", "-1", "--test-freq", "-1", "--lr", "1e-5")
+    env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url}
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    steps = parse_steps(proc.stdout)
+    assert steps[0]["val-aux/tiny_tts/sim/mean@1"] == 0.0  # validation logs the extra info
+    for s in (1, 2):
+        m = steps[s]
+        assert m["gdpo/sim/mean"] == 0.0 and 0.0 < m["gdpo/score/mean"] < 1.0, m
+        assert 0.0 < m["critic/score/mean"] < 1.0
