@@ -3,7 +3,8 @@
 
 Speaks KServe v2 / Triton HTTP JSON: POST /v2/models/<model-name>/infer with inputs
 TOKENS (INT32 [1,N]), TOKEN_LENS (INT32 [1,1]), GT_TEXT (BYTES [1,1]); answers
-REWARDS (FP32), TRANSCRIPTS (BYTES), ERROR_RATES (FP32). See ttsrl/reward/protocol.py.
+REWARDS (FP32), TRANSCRIPTS (BYTES), ERROR_RATES (FP32), SIMS (FP32: speaker similarity,
+NaN unless --want-sim or --sim-weight). See ttsrl/reward/protocol.py.
 
 Backends:
   sim         simulated codec (embedded preset; no audio, no model)
@@ -36,6 +37,14 @@ def parse_args(argv=None) -> ServerConfig:
                         "reference's WeTextProcessing normalisation), toneless, cer_nll (default %(default)s)")
     p.add_argument("--no-length-guard", action="store_true",
                    help="do not lower rewards of speech much longer/shorter than the text needs")
+    p.add_argument("--want-sim", action="store_true",
+                   help="measure each utterance's speaker similarity to its prompt (cosine of CosyVoice2's campplus "
+                        "embeddings) and return it as SIMS, without adding it to the reward (for logging, and for "
+                        "GRPO's --algorithm gdpo, which weighs it itself); needs a backend with a speaker model "
+                        "(cosyvoice2)")
+    p.add_argument("--sim-weight", type=float, default=d.sim_weight, metavar="W",
+                   help="reward = error-rate reward + W x SIM (GLM-TTS uses 0.1; implies --want-sim; needs a "
+                        "backend with a speaker model) (default %(default)s: the error-rate reward alone)")
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="most requests in one backend batch")
     p.add_argument("--max-delay-ms", type=float, default=d.max_delay_ms,
                    help="longest wait after the oldest queued request before a batch runs")
@@ -58,7 +67,8 @@ def parse_args(argv=None) -> ServerConfig:
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     backend = backend_config(a, want_score=a.reward == "cer_nll")
     cfg = ServerConfig(backend=backend, host=a.host, port=a.port, model_name=a.model_name, reward=a.reward,
-                       length_guard=not a.no_length_guard, max_batch=a.max_batch, max_delay_ms=a.max_delay_ms,
+                       length_guard=not a.no_length_guard, want_sim=a.want_sim, sim_weight=a.sim_weight,
+                       max_batch=a.max_batch, max_delay_ms=a.max_delay_ms,
                        max_queue=a.max_queue, max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
                        devices=a.devices.split(",") if a.devices else None, max_connections=a.max_connections,
                        idle_timeout_s=a.idle_timeout_s, body_timeout_s=a.body_timeout_s)

@@ -140,7 +140,7 @@ def test_two_replicas_behind_the_http_server(folders):
     backend = BackendConfig(backend="cosyvoice2", asr="sim", cosyvoice_model_dir=str(model), prompt_dir=str(prompts))
     with BackgroundServer(ServerConfig(backend=backend, port=0, devices=["cpu", "cpu"], max_batch=1)) as srv:
         replicas = srv.server.pipelines
-        assert not any(p.want_sim for p in replicas)  # the reward never pays for speaker similarity
+        assert not any(p.want_sim for p in replicas)  # speaker similarity only when asked (test_sim_reward.py)
         texts = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见", "早上好"]
 
         def ask(i):

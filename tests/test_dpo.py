@@ -210,8 +210,8 @@ def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_p
         assert p.chosen_reward > p.rejected_reward and p.chosen != p.rejected
         assert p.prompt_ids[0] == lm.vocab.sos_id and p.prompt_ids[-1] == lm.vocab.task_id
         # the stored rewards are the server's rewards for the stored tokens
-        rc, _, _ = asyncio.run(request_reward(p.chosen, p.text, rcfg))
-        rr, _, _ = asyncio.run(request_reward(p.rejected, p.text, rcfg))
+        rc = asyncio.run(request_reward(p.chosen, p.text, rcfg)).reward
+        rr = asyncio.run(request_reward(p.rejected, p.text, rcfg)).reward
         assert (rc, rr) == pytest.approx((p.chosen_reward, p.rejected_reward))
     path = write_pairs(pairs, tmp_path / "pairs.parquet")
     assert pq.read_schema(path).names == ["key", "text", "prompt_ids", "chosen", "rejected", "chosen_reward",

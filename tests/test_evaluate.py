@@ -15,7 +15,7 @@ from ttsrl.data.testsets import TestSetError, Utterance, read_test_set
 from ttsrl.embedded import codec
 from ttsrl.eval.dist import shard
 from ttsrl.eval.evaluate import EvalConfig, run_sweep, score
-from ttsrl.eval.report import summarize
+from ttsrl.eval.report import NO_SIM_NOTE, summarize
 from ttsrl.model import vocab as V
 from ttsrl.model.checkpoint import write_marker
 from ttsrl.model.cosyvoice_lm import RULE_2026, SAMPLING_RULES, SamplingConfig
@@ -259,7 +259,12 @@ def test_length_ratio_by_hand():
     s = summarize(rows, resamples=200)
     assert s["length_ratio_mean"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)  # 1.1667, the failure left out
     row = {"step": 0, "test_set": "t", "role": "test", "n": 4, **s}
-    assert "| 0.000 | 1.17 | 4 | 1 |" in format_table([{**row, "reward": 0.0}])
+    table = format_table([{**row, "reward": 0.0}])
+    assert "| 0.000 | 1.17 | 4 | 1 |" in table
+    # the sim backend has no speaker model: the report says why it has no SIM column
+    assert NO_SIM_NOTE in table and "SIM (campplus)" not in table
+    with_sim = format_table([{**row, "reward": 0.0, "sim_mean": 0.5, "sim_n": 3, "sim_ci": [0.4, 0.6]}])
+    assert "SIM (campplus)" in with_sim and NO_SIM_NOTE not in with_sim
     assert "| n/a | 4 | 1 |" in format_table([{**row, "reward": 0.0, "length_ratio_mean": None}])
     # CosyVoice2's speech tokens: 25 per second at 4.5 syllables/s, 3 syllables -> 16.67 expected
     assert length_ratio(25, "你好吗", token_rate=25.0) == pytest.approx(25 / (3 * 25 / 4.5))  # 1.5
@@ -352,7 +357,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     assert report.count("\n| ") == 1 + 6 and "| 2 | b | test |" in report  # header + 6 rows
     assert report.count(f"| {RULE_2026} | 2.0/3 |") == 6
     assert "| mean reward | length ratio | n |" in report
-    assert "SIM" not in report  # no column where no row has a speaker similarity
+    assert "SIM (campplus)" not in report and NO_SIM_NOTE in report  # no column, and why
     # a tie on the dev set goes to the earlier step; the report says which set chose
     assert "Stage 5 exports step 0: the lowest cer_utt_mean on the dev set(s) d" in report
     assert report.count(" * |") == 1 and "| 0 (start) | d | dev |" in report

@@ -4,6 +4,7 @@ evaluator score alike; the protocol module round-trips; backend options are shar
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
 from ttsrl.reward.protocol import (
     INPUT_SPECS,
     OUTPUT_SPECS,
+    ResponseError,
     build_payload,
     build_response,
     infer_path,
@@ -57,7 +59,7 @@ def test_server_and_evaluator_give_the_same_rewards(reward):
             assert r.status_code == 200, r.text
             served.append(parse_response(r.json()))
     assert len({round(x[0], 6) for x in served}) > 3  # the cases really differ
-    for (reward_s, _, transcript_s), row in zip(served, rows):
+    for (reward_s, _, transcript_s, _), row in zip(served, rows):
         assert row["reward"] == pytest.approx(reward_s, abs=1e-12)
         assert row["transcript"] == transcript_s
 
@@ -126,9 +128,16 @@ def test_protocol_round_trip():
     assert (r.codes, r.text, r.rid, r.wanted) == (codes, text, None, None)
     resp = build_response("m", 0.25, "ni3 hao3", 0.5, rid="x", wanted=["REWARDS", "ERROR_RATES"])
     assert resp["id"] == "x" and [o["name"] for o in resp["outputs"]] == ["REWARDS", "ERROR_RATES"]
-    assert parse_response(json.loads(json.dumps(resp))) == (0.25, 0.5, "")
+    assert parse_response(json.loads(json.dumps(resp)))[:3] == (0.25, 0.5, "")
     full = build_response("m", 0.25, "ni3 hao3", 0.5)
-    assert parse_response(full) == (0.25, 0.5, "ni3 hao3")
+    assert parse_response(full)[:3] == (0.25, 0.5, "ni3 hao3") and math.isnan(parse_response(full).sim)
+    measured = build_response("m", 0.25, "ni3 hao3", 0.5, sim=0.75)  # SIMS survives a JSON round trip
+    assert parse_response(json.loads(json.dumps(measured))) == (0.25, 0.5, "ni3 hao3", 0.75)
+    nan = json.loads(json.dumps(full))["outputs"]  # not measured: NaN, which Python's json reads back
+    assert [o["name"] for o in nan] == [n for n, _, _ in OUTPUT_SPECS] and math.isnan(nan[-1]["data"][0])
+    for bad in (1.5, -2.0, math.inf):
+        with pytest.raises(ResponseError, match="speaker similarity"):
+            parse_response(build_response("m", 0.25, "", 0.5, sim=bad))
     meta = model_metadata("m")
     assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS]
     assert [o["name"] for o in meta["outputs"]][0] == OUTPUT_SPECS[0][0] == "REWARDS"

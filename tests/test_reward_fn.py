@@ -29,7 +29,7 @@ from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
-KEYS = {"score", "error_rate", "transcript", "reward_failed"}
+KEYS = {"score", "error_rate", "transcript", "reward_failed", "sim"}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_compute_score_against_live_server(server):
     cfg = cfg_for(server.url)
     out = asyncio.run(gather_scores([(speech(t), t) for t in TEXTS] + [(speech(TEXTS[0]), TEXTS[1])], cfg))
     for r in out[:4]:
-        assert set(r) == KEYS and r["score"] == pytest.approx(1.0) and r["reward_failed"] == 0.0
+        assert set(r) == KEYS and r["score"] == pytest.approx(1.0) and r["reward_failed"] == 0.0 and r["sim"] == 0.0
         assert r["error_rate"] == 0.0 and isinstance(r["transcript"], str) and r["transcript"]
     assert out[4]["score"] < 0.3 and out[4]["error_rate"] > 0.5
     # no speech tokens: reward 0 by definition, not a failure

@@ -47,7 +47,7 @@ def test_tritonclient_binary_and_json_give_the_json_paths_rewards(sim_server_url
             rsp = requests.post(sim_server_url + infer_path(), json=build_payload(codes, text), timeout=30)
             assert rsp.status_code == 200 and "Inference-Header-Content-Length" not in rsp.headers
             assert rsp.headers["Content-Type"] == "application/json; charset=utf-8"
-            reward, err, transcript = parse_response(rsp.json())
+            reward, err, transcript, _ = parse_response(rsp.json())
             want = (float(np.float32(reward)), float(np.float32(err)), transcript)  # FP32 outputs, exactly
             # the client's defaults: binary inputs, no outputs named -> binary_data_output
             got = client.infer(DEFAULT_MODEL_NAME, _inputs(codes, text, True))

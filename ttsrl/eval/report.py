@@ -201,6 +201,10 @@ def _sim(r: dict) -> str:
             + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
 
 
+NO_SIM_NOTE = ("No SIM column: no utterance has a speaker similarity. The token2wav backend of this sweep has no "
+               "speaker model (sim, whisper: only cosyvoice2 has one, CosyVoice2's campplus), or nothing was voiced.")
+
+
 def _delta(r: dict, m: str) -> tuple[str, str]:
     v = (r.get("vs_start") or {}).get(m)
     if not v:
@@ -243,6 +247,8 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
                      "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
                      "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
                      "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
+    elif rows:
+        notes.append(NO_SIM_NOTE)
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)

@@ -49,13 +49,19 @@ way the sample of a raised error is not trained on.
 
 Keys of the returned dict are the same for every sample (verl builds its extra-info
 columns from the first sample's keys): ``score``, ``error_rate``, ``transcript``
-(a string; verl's metric code skips strings) and ``reward_failed``.
+(a string; verl's metric code skips strings), ``reward_failed`` and ``sim``: the speaker
+similarity the server measured (its ``SIMS`` output: ``--want-sim`` or ``--sim-weight``), 0.0
+where none was measured (a server that does not, an empty response, a failed request) so the
+column stays finite. ``score`` and ``sim`` are the two components of ``--algorithm gdpo``
+(``algorithm.gdpo_reward_keys``; verl reads them from the extra info,
+``verl/trainer/ppo/core_algos.py:413-430``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -67,6 +73,7 @@ from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
     DEFAULT_URL,
+    Reply,
     ResponseError,
     build_payload,
     infer_path,
@@ -182,8 +189,8 @@ def failure_window(cfg: RewardClientConfig) -> FailureWindow:
 # one reward
 
 
-async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> tuple[float, float, str]:
-    """One reward (reward, error rate, transcript) from the servers of ``cfg``; raises :class:`RequestFailed`."""
+async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> Reply:
+    """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`."""
     answer = await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy)
     try:
         return parse_response(answer)
@@ -197,9 +204,9 @@ async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -
 _warned_empty = False
 
 
-def _result(score: float, error_rate: float, transcript: str, failed: bool) -> dict:
+def _result(score: float, error_rate: float, transcript: str, failed: bool, sim: float = math.nan) -> dict:
     return {"score": float(score), "error_rate": float(error_rate), "transcript": transcript,
-            "reward_failed": 1.0 if failed else 0.0}
+            "reward_failed": 1.0 if failed else 0.0, "sim": float(sim) if math.isfinite(sim) else 0.0}
 
 
 async def compute_score(data_source: str, solution_str: str, ground_truth: str,
@@ -223,7 +230,7 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
 
     window = failure_window(cfg)
     try:
-        reward, err, transcript = await request_reward(codes, ground_truth, cfg)
+        reply = await request_reward(codes, ground_truth, cfg)
     except RequestFailed as e:
         failed = window.record(True)
         if failed > cfg.max_fail_fraction * window.size:
@@ -238,7 +245,7 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                     failed, window.size, 100 * cfg.max_fail_fraction, e)
         return _result(0.0, 1.0, "", True)
     window.record(False)
-    return _result(reward, err, transcript, False)
+    return _result(reply.reward, reply.error_rate, reply.transcript, False, reply.sim)
 
 
 async def score_all(rows: Iterable[tuple[list[int], str]], config: RewardClientConfig | None = None) -> list[dict]:

@@ -7,7 +7,9 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
       inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
               TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
               GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
-      outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1]
+      outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1],
+              SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), NaN where
+                               not measured (a server without --want-sim/--sim-weight, no speech)
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
     GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
@@ -27,7 +29,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 from ttsrl.reward.triton_binary import BinaryDataError, attach_inputs, split_body
@@ -38,7 +40,8 @@ DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 MODEL_VERSION = "1"
 INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("GT_TEXT", "BYTES", [1, 1]))
-OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]))
+OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]),
+                ("SIMS", "FP32", [1, 1]))
 MAX_GT_CHARS = 2000
 READY_PATH = "/v2/health/ready"
 
@@ -78,18 +81,30 @@ def build_payload(codes: list[int], text: str) -> dict:
     ]}
 
 
-def parse_response(body: Any) -> tuple[float, float, str]:
-    """(reward, error rate, transcript) from an infer response; raises :class:`ResponseError`."""
+class Reply(NamedTuple):
+    """What an infer response says about one utterance (NaN: an output not measured or not sent)."""
+
+    reward: float
+    error_rate: float
+    transcript: str
+    sim: float = math.nan
+
+
+def parse_response(body: Any) -> Reply:
+    """The :class:`Reply` of an infer response; raises :class:`ResponseError`."""
     try:
         outs = {o["name"]: o["data"] for o in body["outputs"]}
         reward = float(outs["REWARDS"][0])
-        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else float("nan")
+        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else math.nan
+        sim = float(outs["SIMS"][0]) if "SIMS" in outs else math.nan
         transcript = str(outs.get("TRANSCRIPTS", [""])[0])
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise ResponseError(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
     if not math.isfinite(reward):
         raise ResponseError(f"reward server returned a non-finite reward {reward}")
-    return reward, err, transcript
+    if not (math.isnan(sim) or -1.0 - 1e-3 <= sim <= 1.0 + 1e-3):
+        raise ResponseError(f"reward server returned a speaker similarity {sim} outside [-1, 1]")
+    return Reply(reward, err, transcript, sim)
 
 
 # ---------------------------------------------------------------------------
@@ -97,8 +112,10 @@ def parse_response(body: Any) -> tuple[float, float, str]:
 
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
-                   rid: str | None = None, wanted: list[str] | None = None) -> dict:
-    values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate}
+                   rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None) -> dict:
+    """The infer response; ``sim`` None (not measured) is sent as NaN."""
+    values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate,
+              "SIMS": math.nan if sim is None else float(sim)}
     outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
                for n, d, s in OUTPUT_SPECS if wanted is None or n in wanted]
     resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs}

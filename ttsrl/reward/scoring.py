@@ -38,10 +38,21 @@ class Scored:
     sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim); None = not measured
 
 
+def combined_reward(cer_reward: float, sim: float | None, sim_weight: float) -> float:
+    """The reward with speaker similarity, GLM-TTS style: the error-rate term plus
+    ``sim_weight`` x SIM (GLM-TTS weighs SIM 0.1). ``sim_weight`` 0 is the error-rate
+    reward itself; an utterance whose SIM could not be measured (under 25 ms of audio)
+    gets no SIM term."""
+    if sim_weight == 0.0 or sim is None:
+        return cer_reward
+    return cer_reward + sim_weight * sim
+
+
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
-                reward: str = "tanh", length_guard: bool = True,
+                reward: str = "tanh", length_guard: bool = True, sim_weight: float = 0.0,
                 prompt_wavs: Sequence[str | None] | None = None) -> list[Scored]:
     """Transcribe a batch of code sequences and score each against its text.
+    ``sim_weight``: see :func:`combined_reward` (needs the pipeline's ``want_sim``).
     ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets)."""
     wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
     transcripts = pipeline.transcribe_tokens(codes, texts, wavs)
@@ -52,7 +63,7 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
             continue
         r = compute_reward(reward, text, tr.text, asr_logprob=tr.asr_logprob,
                            n_tokens=len(c) if length_guard else None, token_rate=pipeline.token_rate)
-        value = float(r.reward)
+        value = combined_reward(float(r.reward), tr.sim, sim_weight)
         if not math.isfinite(value):
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
         out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class ServerConfig:
     model_name: str = DEFAULT_MODEL_NAME
     reward: str = "tanh"  # a name in ttsrl.reward.rewards.REWARDS
     length_guard: bool = True  # scale rewards of implausibly long/short speech down
+    want_sim: bool = False  # measure speaker similarity (SIMS output) without adding it to the reward
+    sim_weight: float = 0.0  # reward = error-rate term + this x SIM (GLM-TTS: 0.1); > 0 measures SIM
     max_batch: int = 32
     max_delay_ms: float = 10.0
     max_queue: int = 4096  # requests waiting for a worker; more get 503
@@ -76,7 +79,13 @@ class ServerConfig:
             raise ValueError("max_delay_ms and max_connections must be >= 0")
         if self.idle_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("idle_timeout_s and body_timeout_s must be > 0")
+        if not (math.isfinite(self.sim_weight) and self.sim_weight >= 0):
+            raise ValueError(f"sim_weight must be a finite number >= 0, got {self.sim_weight}")
         self.backend.validate()
+
+    @property
+    def measures_sim(self) -> bool:
+        return self.want_sim or self.sim_weight > 0
 
 
 # ---------------------------------------------------------------------------
@@ -174,6 +183,8 @@ class RewardServer:
                 *(loop.run_in_executor(None, self._factory, d) for d in devices)))
         if self.cfg.reward == "cer_nll" and not all(p.want_score for p in self.pipelines):
             raise ValueError("reward cer_nll needs an ASR that scores text (e.g. whisper) and want_score on")
+        if self.cfg.measures_sim:
+            self._measure_sim()
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
@@ -181,11 +192,23 @@ class RewardServer:
                                on_split=self.metrics.batches_split.inc)
         self.batcher.start()
         self.ready = True
-        log.info("reward server ready: %s, reward %s", ", ".join(p.name for p in self.pipelines), self.cfg.reward)
+        log.info("reward server ready: %s, reward %s%s", ", ".join(p.name for p in self.pipelines), self.cfg.reward,
+                 f", SIM weight {self.cfg.sim_weight:g}" if self.cfg.measures_sim else "")
+
+    def _measure_sim(self) -> None:
+        """Turn on speaker similarity in every replica; refuse a backend without a speaker model."""
+        lacking = sorted({p.token2wav.name for p in self.pipelines if not p.token2wav.has_speaker_model})
+        if lacking:
+            asked = f"--sim-weight {self.cfg.sim_weight:g}" if self.cfg.sim_weight > 0 else "--want-sim"
+            raise ValueError(f"{asked} needs a speaker model, and backend {', '.join(lacking)} has none "
+                             "(only cosyvoice2 has one: campplus.onnx); start without it")
+        for p in self.pipelines:
+            p.want_sim = True
 
     def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
         """Score one batch (runs in a worker thread)."""
-        return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard)
+        return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard,
+                           sim_weight=self.cfg.sim_weight)
 
     def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
         """:meth:`score` for the batcher: a scored batch goes into the metrics."""
@@ -259,7 +282,8 @@ class RewardServer:
         self._check_model(request)
         meta = model_metadata(self.cfg.model_name)
         meta.update(platform="ttsrl", backend=", ".join(p.name for p in self.pipelines), reward=self.cfg.reward,
-                    max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens)
+                    max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
+                    measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight)
         return _json(meta)
 
     async def _stats(self, request):
@@ -288,7 +312,7 @@ class RewardServer:
             raise RequestError(f"input GT_TEXT: {why}", 422)
         result: Scored = await self.batcher.submit(req.codes, req.text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              req.rid, req.wanted)
+                              req.rid, req.wanted, result.sim)
         self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
         if json_length is None:  # nothing asked for in binary: plain JSON

@@ -56,6 +56,12 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
         "actor_rollout_ref.actor.clip_ratio_low=0.0003",
         "actor_rollout_ref.actor.clip_ratio_high=0.0004",
     ),
+    # GDPO: each reward component (client keys score = the error-rate reward, sim = speaker
+    # similarity: a server with --want-sim and --sim-weight 0) normalised in its group, then
+    # summed (equal weights; -- +algorithm.gdpo_reward_weights=[1.0,0.5] to change). verl 0.9.1's
+    # v1 trainer hands the estimator neither the extra info nor the prompts
+    # (v1/trainer_base.py:1745-1746): the legacy trainer (ray_trainer.py:1635-1636, 260-262) does.
+    "gdpo": ("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[score,sim]", "trainer.use_v1=False"),
 }
 
 DEVICES = ("gpu", "cpu")

@@ -280,8 +280,7 @@ def mine_pairs(generator, tokenizer, utts, *, k: int, min_margin: float, gen_cfg
             if g.error or not g.codes:
                 return None
             try:
-                r, _, _ = await request_reward(g.codes, utts[i // k].text, reward_cfg)
-                return r
+                return (await request_reward(g.codes, utts[i // k].text, reward_cfg)).reward
             except RequestFailed as e:
                 rep.last_error = str(e)
                 return None

@@ -30,7 +30,7 @@ class BackendConfig:
     backend: str = "sim"
     asr: str = "default"  # override the preset's ASR
     want_score: bool = False  # ask the ASR for log-likelihoods (cer_nll reward)
-    want_sim: bool = False  # measure speaker similarity to the prompt (stage 4; the reward does not)
+    want_sim: bool = False  # measure speaker similarity to the prompt (stage 4; the server: --want-sim/--sim-weight)
     whisper_model_dir: str | None = None  # CTranslate2 Whisper dir; None = wheel-shipped base
     whisper_compute_type: str | None = None
     cpu_threads: int = 0

@@ -94,6 +94,8 @@ class Token2Wav(ABC):
     name: str = "token2wav"
     #: speech codes per second of audio (the length guard's expected token count)
     token_rate: float = TOKEN_RATE_HZ
+    #: whether ``speaker_similarity`` measures anything (a speaker model: CosyVoice2's campplus)
+    has_speaker_model: bool = False
 
     @property
     def prompts(self) -> Sequence[SpeakerPrompt]:
@@ -165,8 +167,8 @@ class SpeechPipeline:
     the reward carries no speaker-lottery noise.
 
     ``want_sim``: also measure each utterance's speaker similarity to its prompt
-    (``Token2Wav.speaker_similarity``); off by default (the reward does not pay for it),
-    stage 4 turns it on."""
+    (``Token2Wav.speaker_similarity``); off by default (it costs a campplus pass), stage 4
+    turns it on, the reward server when asked (``--want-sim``, ``--sim-weight``)."""
 
     def __init__(self, token2wav: Token2Wav, asr: ASR, device: str = "cpu", *,
                  want_score: bool = False, want_sim: bool = False):

@@ -145,6 +145,7 @@ class PromptTokenizer:
 
 class CosyVoice2Token2Wav(Token2Wav):
     name = "cosyvoice2"
+    has_speaker_model = True  # campplus.onnx of the model folder
 
     def __init__(self, cfg: CosyVoice2Config):
         check_model_dir(cfg.model_dir)
