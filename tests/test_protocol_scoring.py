@@ -133,8 +133,11 @@ def test_protocol_round_trip():
     assert parse_response(full)[:3] == (0.25, 0.5, "ni3 hao3") and math.isnan(parse_response(full).sim)
     measured = build_response("m", 0.25, "ni3 hao3", 0.5, sim=0.75)  # SIMS survives a JSON round trip
     assert parse_response(json.loads(json.dumps(measured))) == (0.25, 0.5, "ni3 hao3", 0.75)
-    nan = json.loads(json.dumps(full))["outputs"]  # not measured: NaN, which Python's json reads back
-    assert [o["name"] for o in nan] == [n for n, _, _ in OUTPUT_SPECS] and math.isnan(nan[-1]["data"][0])
+    # not measured: SIMS left out (the body stays strict JSON), NaN only when asked for by name
+    assert [o["name"] for o in full["outputs"]] == [n for n, _, _ in OUTPUT_SPECS if n != "SIMS"]
+    json.dumps(full, allow_nan=False)
+    asked = build_response("m", 0.25, "", 0.5, wanted=["REWARDS", "SIMS"])["outputs"]
+    assert [o["name"] for o in asked] == ["REWARDS", "SIMS"] and math.isnan(asked[1]["data"][0])
     for bad in (1.5, -2.0, math.inf):
         with pytest.raises(ResponseError, match="speaker similarity"):
             parse_response(build_response("m", 0.25, "", 0.5, sim=bad))

@@ -8,8 +8,9 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
               TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
               GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
       outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1],
-              SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), NaN where
-                               not measured (a server without --want-sim/--sim-weight, no speech)
+              SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), sent by a server
+                               with --want-sim/--sim-weight (NaN where nothing was voiced);
+                               another server sends it only when asked for by name (NaN)
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
     GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
@@ -113,11 +114,14 @@ def parse_response(body: Any) -> Reply:
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
                    rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None) -> dict:
-    """The infer response; ``sim`` None (not measured) is sent as NaN."""
+    """The infer response. ``sim`` None: this server does not measure speaker similarity, and
+    SIMS is left out unless the request names it (then NaN); a measuring server passes NaN
+    where there was nothing to measure. So a server without SIM sends strict JSON, as before."""
     values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate,
               "SIMS": math.nan if sim is None else float(sim)}
+    default = [n for n, _, _ in OUTPUT_SPECS if n != "SIMS" or sim is not None]
     outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
-               for n, d, s in OUTPUT_SPECS if wanted is None or n in wanted]
+               for n, d, s in OUTPUT_SPECS if n in (default if wanted is None else wanted)]
     resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs}
     if rid is not None:
         resp["id"] = rid

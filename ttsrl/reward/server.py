@@ -205,6 +205,13 @@ class RewardServer:
         for p in self.pipelines:
             p.want_sim = True
 
+    def _sim_output(self, sim: float | None) -> float | None:
+        """SIMS of one reply: None (left out) when this server does not measure it, NaN when
+        it does but nothing was voiced."""
+        if not self.cfg.measures_sim:
+            return None
+        return math.nan if sim is None else sim
+
     def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
         """Score one batch (runs in a worker thread)."""
         return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard,
@@ -312,7 +319,7 @@ class RewardServer:
             raise RequestError(f"input GT_TEXT: {why}", 422)
         result: Scored = await self.batcher.submit(req.codes, req.text)
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              req.rid, req.wanted, result.sim)
+                              req.rid, req.wanted, self._sim_output(result.sim))
         self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
         if json_length is None:  # nothing asked for in binary: plain JSON
