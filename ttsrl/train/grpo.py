@@ -5,7 +5,7 @@ to verl 0.9.1's keys; ``PRESETS`` name the runs (``gpu8``, ``embedded``, and the
 ``gpu``/``cpu`` paths) as field values over those defaults. ``to_overrides`` renders a
 config as the command-line overrides of ``python -m verl.trainer.main_ppo``.
 ``device="cpu"`` adds what a CPU-only run needs (our plugin ``ttsrl.verl_plugin``, see
-its docstring), and ``algorithm`` switches between GRPO variants without forking code.
+its docstring); ``algorithm`` and ``sampling`` pick named variants (``ttsrl.train.algorithms``).
 A multi-node run (``nnodes > 1`` or ``ray_address``) attaches to a running Ray cluster,
 forwards the workers' environment and refuses relative paths (``ttsrl.train.cluster``).
 Anything not modelled here is passed through as a raw Hydra override (``extra``),
@@ -25,38 +25,10 @@ from typing import Mapping, Optional
 
 from ttsrl.cli import option
 from ttsrl.train import cluster
+from ttsrl.train.algorithms import ALGORITHMS, DAPO_OVERLONG_SHARE, SAMPLINGS, own_policy_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REWARD_FILE = REPO_ROOT / "reward_tts.py"
-
-# Algorithm presets: overrides on top of the GRPO recipe. Every estimator and
-# policy loss named here exists in verl 0.9.1's registries (core_algos).
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    # group-normalised advantages, std division (the reference recipe)
-    "grpo": ("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True"),
-    # Dr.GRPO-style: no std division (no bias towards low-variance groups)
-    "grpo_no_std": ("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"),
-    # DAPO-style: clip-higher, token-level loss, dynamic sampling (drop groups whose
-    # samples all got the same reward)
-    "dapo": (
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.clip_ratio_low=0.2",
-        "actor_rollout_ref.actor.clip_ratio_high=0.28",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=reward",
-    ),
-    # leave-one-out baseline
-    "rloo": ("algorithm.adv_estimator=rloo",),
-    # sequence-level importance ratio (GSPO paper's clip range)
-    "gspo": (
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
-        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
-        "actor_rollout_ref.actor.clip_ratio_low=0.0003",
-        "actor_rollout_ref.actor.clip_ratio_high=0.0004",
-    ),
-}
 
 DEVICES = ("gpu", "cpu")
 LOGGERS = ("console", "wandb", "tensorboard")
@@ -117,7 +89,10 @@ class GRPOConfig:
     reward_manager: str = option("naive", help="verl reward manager (naive: one call per response, batched by "
                                                "the server)")
     algorithm: str = option("grpo", choices=tuple(ALGORITHMS),
-                            help="advantage/loss variant (ALGORITHMS in ttsrl/train/grpo.py)")
+                            help="advantage/loss variant with its source's values (ALGORITHMS in "
+                                 "ttsrl/train/grpo.py): grpo, grpo_no_std (Dr.GRPO), dapo, rloo, gspo")
+    norm_adv_by_std: Optional[bool] = option(
+        None, help="divide GRPO advantages by the group's std (none: as --algorithm says; --sampling mairhub: false)")
     device: str = option("gpu", choices=DEVICES, help="gpu, or cpu: our verl plugin's CPU path (ttsrl.verl_plugin)")
     # batch shape
     train_batch_size: int = option(32, help="prompts per training step")
@@ -143,7 +118,12 @@ class GRPOConfig:
     n: int = option(4, help="responses sampled per prompt (the GRPO group size)")
     temperature: float = option(0.8, help="rollout sampling temperature")
     top_p: float = option(0.95, help="rollout nucleus sampling threshold")
-    top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25)")
+    top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25; -1: off)")
+    sampling: Optional[str] = option(
+        None, choices=tuple(SAMPLINGS), help="a named rollout setting laid over the preset's values, under "
+        "options given here (SAMPLINGS in ttsrl/train/grpo.py): reference (temperature 0.8, top-p 0.95, "
+        "top-k 25, n 4) or mairhub (temperature 1.0, top-p 1.0, no top-k, n 8, no std division); none: the "
+        "preset's")
     # schedule
     total_epochs: int = option(1, help="passes over the training data")
     total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
@@ -182,10 +162,10 @@ class GRPOConfig:
         if self.ppo_mini_batch_size > self.train_batch_size:
             raise ValueError(f"ppo_mini_batch_size {self.ppo_mini_batch_size} > train_batch_size "
                              f"{self.train_batch_size}")
-        own_loss = [o for o in ALGORITHMS[self.algorithm] if ".policy_loss.loss_mode=" in o]
+        own_loss = own_policy_loss(self.algorithm)
         if self.bypass_old_log_prob and own_loss:
             # verl's bypass mode replaces the policy loss with its own (ppo_clip on rollout log-probs)
-            raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss[0]}), which "
+            raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss}), which "
                              "bypass_old_log_prob would replace: pass --bypass-old-log-prob false")
         self.loggers = tuple(self.loggers)
         self.ray_address = self.ray_address or None
@@ -203,10 +183,18 @@ class GRPOConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **values) -> "GRPOConfig":
-        """The named preset (``PRESETS``) with ``values`` over it (explicit settings win)."""
+        """The named preset (``PRESETS``), then the named sampling (``SAMPLINGS``, when ``values``
+        has one), then ``values`` over them (explicit settings win). A preset's bypass of the old
+        log-probs yields to an algorithm with its own policy loss (given explicitly, it is an error)."""
         if preset not in PRESETS:
             raise ValueError(f"unknown GRPO preset {preset!r}; known presets: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[preset], **values})
+        sampling = values.get("sampling")
+        if sampling is not None and sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {sampling!r}: expected one of {sorted(SAMPLINGS)}")
+        base = {**PRESETS[preset], **SAMPLINGS.get(sampling, {})}
+        if own_policy_loss(values.get("algorithm", base.get("algorithm", "grpo"))):
+            base.pop("bypass_old_log_prob", None)
+        return cls(**{**base, **values})
 
     @classmethod
     def cpu_preset(cls, **values) -> "GRPOConfig":
@@ -258,7 +246,7 @@ class GRPOConfig:
             f"reward.reward_manager.name={self.reward_manager}",
             "algorithm.use_kl_in_reward=False",
             f"algorithm.rollout_correction.bypass_mode={v(self.bypass_old_log_prob)}",
-            *ALGORITHMS[self.algorithm],
+            *self.algorithm_overrides(),
             f"trainer.project_name={v(self.project_name)}",
             f"trainer.experiment_name={v(self.experiment_name)}",
             f"trainer.logger={v(list(self.loggers))}",
@@ -276,6 +264,15 @@ class GRPOConfig:
         ]
         if self.total_training_steps is not None:
             out.append(f"trainer.total_training_steps={self.total_training_steps}")
+        return out
+
+    def algorithm_overrides(self) -> list[str]:
+        """``ALGORITHMS[algorithm]`` for this run's response budget, then ``norm_adv_by_std`` when set."""
+        overlong = max(1, round(self.max_response_length * DAPO_OVERLONG_SHARE))
+        out = [o.format(max_response_length=self.max_response_length, overlong_buffer=overlong)
+               for o in ALGORITHMS[self.algorithm]]
+        if self.norm_adv_by_std is not None:
+            out.append(f"algorithm.norm_adv_by_std_in_grpo={_hydra_value(self.norm_adv_by_std)}")
         return out
 
     def cpu_overrides(self) -> list[str]:
