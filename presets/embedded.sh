@@ -21,11 +21,16 @@
 
 # stage 1
 : "${REWARD_BACKEND:=sim}"
+: "${REWARD:=tanh}"  # the reward variant (REWARDS in ttsrl/reward/rewards.py; exp_toneless: the later mair-hub one)
 REWARD_ARGS=()
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
 GRPO_ARGS=(--preset embedded --loggers "$LOGGERS")
+# the estimator/loss and the rollout sampling (ttsrl/train/algorithms.py; empty SAMPLING: the preset's own
+# temperature 0.8, top-p 0.95, top-k 25, n 8); run.sh passes them to train_grpo.py
+: "${ALGORITHM:=grpo}"
+: "${SAMPLING:=}"
 
 # stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
 MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)
