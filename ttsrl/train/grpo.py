@@ -89,8 +89,8 @@ class GRPOConfig:
     reward_manager: str = option("naive", help="verl reward manager (naive: one call per response, batched by "
                                                "the server)")
     algorithm: str = option("grpo", choices=tuple(ALGORITHMS),
-                            help="advantage/loss variant with its source's values (ALGORITHMS in "
-                                 "ttsrl/train/grpo.py): grpo, grpo_no_std (Dr.GRPO), dapo, rloo, gspo")
+                            help="advantage/loss variant, with its source's values (ALGORITHMS in "
+                                 "ttsrl/train/algorithms.py, each with its source)")
     norm_adv_by_std: Optional[bool] = option(
         None, help="divide GRPO advantages by the group's std (none: as --algorithm says; --sampling mairhub: false)")
     device: str = option("gpu", choices=DEVICES, help="gpu, or cpu: our verl plugin's CPU path (ttsrl.verl_plugin)")
@@ -120,10 +120,8 @@ class GRPOConfig:
     top_p: float = option(0.95, help="rollout nucleus sampling threshold")
     top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25; -1: off)")
     sampling: Optional[str] = option(
-        None, choices=tuple(SAMPLINGS), help="a named rollout setting laid over the preset's values, under "
-        "options given here (SAMPLINGS in ttsrl/train/grpo.py): reference (temperature 0.8, top-p 0.95, "
-        "top-k 25, n 4) or mairhub (temperature 1.0, top-p 1.0, no top-k, n 8, no std division); none: the "
-        "preset's")
+        None, choices=tuple(SAMPLINGS), help="a named rollout sampling (SAMPLINGS in ttsrl/train/algorithms.py, "
+        "each with its source) laid over the preset's values; options given here win over it; none: the preset's")
     # schedule
     total_epochs: int = option(1, help="passes over the training data")
     total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
@@ -150,6 +148,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm {self.algorithm!r}: expected one of {sorted(ALGORITHMS)}")
+        if self.sampling is not None and self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {self.sampling!r}: expected one of {sorted(SAMPLINGS)}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r}: expected one of {DEVICES}")
         bad = [x for x in self.loggers if x not in LOGGERS]
@@ -188,10 +188,7 @@ class GRPOConfig:
         log-probs yields to an algorithm with its own policy loss (given explicitly, it is an error)."""
         if preset not in PRESETS:
             raise ValueError(f"unknown GRPO preset {preset!r}; known presets: {', '.join(PRESETS)}")
-        sampling = values.get("sampling")
-        if sampling is not None and sampling not in SAMPLINGS:
-            raise ValueError(f"sampling {sampling!r}: expected one of {sorted(SAMPLINGS)}")
-        base = {**PRESETS[preset], **SAMPLINGS.get(sampling, {})}
+        base = {**PRESETS[preset], **SAMPLINGS.get(values.get("sampling"), {})}  # unknown: __post_init__ says
         if own_policy_loss(values.get("algorithm", base.get("algorithm", "grpo"))):
             base.pop("bypass_old_log_prob", None)
         return cls(**{**base, **values})
