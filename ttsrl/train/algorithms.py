@@ -23,7 +23,10 @@ from typing import Optional
 #                dynamic sampling by the reward score (a group whose samples all scored alike is dropped
 #                and replaced: verl 0.9.1's v1 ReplayBuffer, trainer/ppo/v1/replay_buffer.py), overlong
 #                reward shaping (verl's dapo reward manager: the last L_cache tokens of the budget cost
-#                up to -1; the paper's L_cache/L_max = 4096/20480 = 1/5 of our budget), no KL
+#                up to -1; the paper's L_cache/L_max = 4096/20480 = 1/5 of our budget), no KL. The dapo
+#                manager replaces --reward-manager: it calls our reward function as naive does, then adds
+#                the penalty. verl 0.9.1's v1 trainer ignores the recipe's max_num_gen_batches (it warns): no
+#                cap on the prompts one step samples while groups keep scoring alike
 #   rloo         RLOO (Ahmadian et al. 2024, arXiv:2402.14740): each sample's baseline is the mean reward
 #                of the other n-1 (one update a batch, so the PPO ratio is 1 and this is REINFORCE)
 #   gspo         GSPO (Zheng et al. 2025, arXiv:2507.18071, sec. 5.1): sequence-level importance ratio,
