@@ -29,6 +29,11 @@
 #   MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH EXP_DIR/llm-$TRAINER.pt),
 #   PRESET_NAME (the preset's file name), LOGGERS REWARD_PORT BUILD_BASE_MODEL DEV_SIZE DEV_FILE,
 #   and for TRAINER=dpo|kto MINE_ARGS PREF_ARGS PREF_LAUNCH PAIRS_FILE USER_PAIRS.
+#   Named variants (a preset's default, the environment wins): REWARD (stage 1's reward, REWARDS in
+#   ttsrl/reward/rewards.py: tanh, toneless, exp_toneless, tanh_reference, cer_nll; default tanh),
+#   ALGORITHM (stage 2's estimator and loss, ttsrl/train/algorithms.py: grpo, grpo_no_std, dapo, rloo,
+#   gspo; default grpo), SAMPLING (stage 2's rollout sampling there: reference or mairhub; empty: the
+#   preset's own). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
 #
 # Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
 #   NODE_IPS=10.0.0.1,10.0.0.2 NODE_RANK=R EXP_DIR=/shared/run1 bash run.sh -2 5
@@ -130,6 +135,7 @@ check_preset() {
   exit 2
 }
 check_preset
+: "${REWARD:=tanh}" "${ALGORITHM:=grpo}" "${SAMPLING:=}"  # the named variants (see --help)
 # run.sh's defaults, derived from EXP_DIR where they are paths
 : "${PRESET_NAME:=$(basename "$PRESET" .sh)}"
 : "${HF_MODEL_DIR:=$EXP_DIR/hf_model}" "${DATA_DIR:=$EXP_DIR/data}" "${CKPT_DIR:=$EXP_DIR/checkpoints}"
@@ -212,7 +218,7 @@ REWARD_MIN_READY=${REWARD_MIN_READY:-}
 print_config() {
   local v quoted
   for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
-           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD_PORT REWARD_START_TIMEOUT_S LOGGERS \
+           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD ALGORITHM SAMPLING REWARD_PORT REWARD_START_TIMEOUT_S LOGGERS \
            REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE \
            NODE_IPS NODE_RANK NNODES HEAD_IP NODE_IP GPUS_PER_NODE RAY_PORT RAY_NODE_PORT RAY_WORKER_PORTS RAY_TEMP_DIR \
            RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S RAY_START_ATTEMPTS; do
@@ -274,7 +280,7 @@ start_local_server() {  # this machine's server at REWARD_URL: started, adopted 
   fi
   rm -f "$SERVER_PID_FILE"
   mkdir -p "$LOG_DIR" "$(dirname "$SERVER_PID_FILE")"
-  setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --port "$REWARD_PORT" "${REWARD_ARGS[@]}" \
+  setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --reward "$REWARD" --port "$REWARD_PORT" "${REWARD_ARGS[@]}" \
     > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
   echo $! > "$SERVER_PID_FILE"
   STARTED_SERVER=1
@@ -371,7 +377,7 @@ if stage 2; then
         fi
         # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
         # the console gets the exact verl command and one line per step (ttsrl/console.py)
-        if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+        if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --algorithm "$ALGORITHM" ${SAMPLING:+--sampling "$SAMPLING"} --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
             --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
             "${CLUSTER_ARGS[@]}" -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
           echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2

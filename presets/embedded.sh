@@ -26,6 +26,8 @@ REWARD_ARGS=()
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
 GRPO_ARGS=(--preset embedded --loggers "$LOGGERS")
+# named variants REWARD, ALGORITHM, SAMPLING: run.sh's defaults (tanh, grpo, the preset's own sampling:
+# temperature 0.8, top-p 0.95, top-k 25, n 8), set them in the environment (`bash run.sh --help`)
 
 # stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
 MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)

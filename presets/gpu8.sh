@@ -19,9 +19,10 @@
 #   - numbers/text are normalised by ttsrl.text (cn2an rules, both sides) instead of
 #     WeTextProcessing, the speaker is fixed per text (not random), and ASR is Paraformer
 #     (the reference used SenseVoice-Small).
-# Reference-exact reward text path: REWARD_EXTRA="--no-length-guard --reward tanh_reference"
+# Reference-exact reward text path: REWARD=tanh_reference REWARD_EXTRA=--no-length-guard
 # (the reference's WeTextProcessing normaliser; speaker/ASR choices above stay ours); run.sh adds
-# REWARD_EXTRA's words to REWARD_ARGS.
+# REWARD_EXTRA's words to REWARD_ARGS. The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub
+# (exp(-12 c^1.5) of the tone-free pinyin error rate; temperature 1, top-p 1, n 8, no std division).
 # Each value is a default, `: "${VAR:=value}"`: the environment wins (EXP_DIR=/data/r1 bash run.sh);
 # run.sh derives the rest from EXP_DIR (HF_MODEL_DIR, DATA_DIR, CKPT_DIR, MERGED_DIR, EVAL_DIR, ...).
 : "${DEVICE:=cuda}"
@@ -50,6 +51,8 @@ SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoi
 REWARD_ARGS=("${SPEECH_ARGS[@]}")
 
 GRPO_ARGS=(--preset gpu8 --loggers "$LOGGERS")  # PRESETS["gpu8"] in ttsrl/train/grpo.py
+# named variants REWARD, ALGORITHM, SAMPLING: run.sh's defaults (tanh, grpo, the preset's own sampling:
+# the reference's temperature 0.8, top-p 0.95, top-k 25, n 4), set them in the environment (`bash run.sh --help`)
 
 # stage 2 with TRAINER=dpo|kto: pair mining with transformers on GPU (the engine that samples by
 # CosyVoice2's rule), TRL on 8 GPUs through accelerate FSDP (never run yet). The policy is loaded

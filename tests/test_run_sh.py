@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import start_reward_server, stop_process
+from conftest import dead_url, start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh", "scripts/nodes.sh",
@@ -156,6 +156,24 @@ def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "not started by run.sh" in r.stdout and "reward server stopped" not in r.stdout
     assert _alive(proc) and not (exp / "reward_server.pid").exists()
+
+
+def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
+    """ALGORITHM and SAMPLING reach train_grpo.py (its verl command), REWARD the server's --reward."""
+    _, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    r = run_sh("2", "2", env={**env, "ALGORITHM": "dapo", "SAMPLING": "mairhub"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (exp / "logs" / "train_grpo.log").read_text()
+    for override in ("actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.rollout.n=8",
+                     "actor_rollout_ref.rollout.temperature=1.0", "algorithm.norm_adv_by_std_in_grpo=False"):
+        assert override in text, override
+    # a reward the server does not know stops stage 1 with the server's own message, naming the known ones
+    (tmp_path / "free").mkdir()
+    free = _dry_run_preset(tmp_path / "free", urlparse(dead_url()).port)[1]  # nothing answers there
+    r = run_sh("1", "1", env={**free, "REWARD": "nope", "REWARD_START_TIMEOUT_S": "60"})
+    assert r.returncode == 1 and "reward server did not come up" in r.stderr, r.stdout + r.stderr
+    assert "--reward: invalid choice: 'nope'" in r.stderr and "'exp_toneless'" in r.stderr, r.stderr
 
 
 def test_failed_training_says_so(hand_started_server, tmp_path):

@@ -186,6 +186,27 @@ def test_toneless_variant_ignores_tones():
     assert compute_reward("toneless", "你好吗", "ni3 hao3").error_rate == pytest.approx(1 / 3)
 
 
+def test_exp_reward_known_points():
+    # exp(-12 c^1.5), by hand: 0.25^1.5 = 1/8 -> exp(-1.5); 1^1.5 = 1 -> exp(-12); 0.04^1.5 = 0.008
+    assert rewards.exp_reward(0.0) == 1.0
+    assert rewards.exp_reward(0.25) == pytest.approx(0.22313, abs=1e-5)  # exp(-1.5)
+    assert rewards.exp_reward(1.0) == pytest.approx(math.exp(-12.0))
+    assert rewards.exp_reward(0.04) == pytest.approx(math.exp(-0.096))
+    assert rewards.exp_reward(0.1) == pytest.approx(0.6842, abs=1e-4)
+
+
+def test_exp_toneless_variant_ignores_tones():
+    # tones alone differ: the tone-free error rate is 0, the reward 1 (the toned one would see 2/3)
+    r = compute_reward("exp_toneless", "你好吗", "ni1 hao1 ma1")
+    assert r.error_rate == 0.0 and r.reward == 1.0
+    # one of 3 syllables wrong (and its tone too): c = 1/3, (1/3)^1.5 = 0.19245 -> exp(-2.3094) = 0.09932
+    r = compute_reward("exp_toneless", "你好吗", "ni1 hao1 ba1")
+    assert r.error_rate == pytest.approx(1 / 3)
+    assert r.reward == pytest.approx(0.09932, abs=1e-5)
+    # the same error rate under toneless: 1 - tanh(3 / 3) = 0.238, a different shape
+    assert compute_reward("toneless", "你好吗", "ni1 hao1 ba1").reward == pytest.approx(1 - math.tanh(1.0))
+
+
 def test_cer_nll_variant():
     with pytest.raises(ValueError, match="asr_logprob"):
         compute_reward("cer_nll", "你好", "你好")
@@ -206,7 +227,7 @@ def test_cer_nll_variant():
 
 
 def test_unknown_reward_name():
-    assert set(REWARDS) == {"tanh", "toneless", "tanh_reference", "cer_nll"}
+    assert set(REWARDS) == {"tanh", "toneless", "exp_toneless", "tanh_reference", "cer_nll"}
     with pytest.raises(ValueError, match="tanh"):
         compute_reward("nope", "你好", "你好")
 

@@ -136,9 +136,20 @@ def _tanh_reference_variant(ref: str, hyp: str, asr_logprob: float | None):
     return tanh_reward(c), c, None
 
 
+def exp_reward(c: float) -> float:
+    """exp(-12 c^1.5): c=0 -> 1, c=0.1 -> 0.684, c=0.2 -> 0.342, c=0.5 -> 0.014 (issue 17: the
+    later NVIDIA mair-hub CosyVoice2 tutorial's shape, steeper than tanh_reward past c~0.1)."""
+    return math.exp(-12.0 * max(0.0, c) ** 1.5)
+
+
 def _toneless_variant(ref: str, hyp: str, asr_logprob: float | None):
     c = pinyin_error_rate(ref, hyp, tones=False)
     return tanh_reward(c), c, None
+
+
+def _exp_toneless_variant(ref: str, hyp: str, asr_logprob: float | None):
+    c = pinyin_error_rate(ref, hyp, tones=False)
+    return exp_reward(c), c, None
 
 
 def _cer_nll_variant(ref: str, hyp: str, asr_logprob: float | None):
@@ -174,6 +185,7 @@ RewardFn = Callable[[str, str, "float | None"], "tuple[float, float, float | Non
 REWARDS: dict[str, RewardFn] = {
     "tanh": _tanh_variant,
     "toneless": _toneless_variant,
+    "exp_toneless": _exp_toneless_variant,  # exp(-12 c^1.5) of the tone-free pinyin error rate
     "tanh_reference": _tanh_reference_variant,  # the reference's own normalisation (WeTextProcessing)
     "cer_nll": _cer_nll_variant,
 }

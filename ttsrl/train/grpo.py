@@ -5,7 +5,7 @@ to verl 0.9.1's keys; ``PRESETS`` name the runs (``gpu8``, ``embedded``, and the
 ``gpu``/``cpu`` paths) as field values over those defaults. ``to_overrides`` renders a
 config as the command-line overrides of ``python -m verl.trainer.main_ppo``.
 ``device="cpu"`` adds what a CPU-only run needs (our plugin ``ttsrl.verl_plugin``, see
-its docstring), and ``algorithm`` switches between GRPO variants without forking code.
+its docstring); ``algorithm`` and ``sampling`` pick named variants (``ttsrl.train.algorithms``).
 A multi-node run (``nnodes > 1`` or ``ray_address``) attaches to a running Ray cluster,
 forwards the workers' environment and refuses relative paths (``ttsrl.train.cluster``).
 Anything not modelled here is passed through as a raw Hydra override (``extra``),
@@ -25,44 +25,10 @@ from typing import Mapping, Optional
 
 from ttsrl.cli import option
 from ttsrl.train import cluster
+from ttsrl.train.algorithms import ALGORITHMS, DAPO_OVERLONG_SHARE, SAMPLINGS, own_policy_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REWARD_FILE = REPO_ROOT / "reward_tts.py"
-
-# Algorithm presets: overrides on top of the GRPO recipe. Every estimator and
-# policy loss named here exists in verl 0.9.1's registries (core_algos).
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    # group-normalised advantages, std division (the reference recipe)
-    "grpo": ("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True"),
-    # Dr.GRPO-style: no std division (no bias towards low-variance groups)
-    "grpo_no_std": ("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"),
-    # DAPO-style: clip-higher, token-level loss, dynamic sampling (drop groups whose
-    # samples all got the same reward)
-    "dapo": (
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.clip_ratio_low=0.2",
-        "actor_rollout_ref.actor.clip_ratio_high=0.28",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=reward",
-    ),
-    # leave-one-out baseline
-    "rloo": ("algorithm.adv_estimator=rloo",),
-    # sequence-level importance ratio (GSPO paper's clip range)
-    "gspo": (
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
-        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
-        "actor_rollout_ref.actor.clip_ratio_low=0.0003",
-        "actor_rollout_ref.actor.clip_ratio_high=0.0004",
-    ),
-    # GDPO: each reward component (client keys score = the error-rate reward, sim = speaker
-    # similarity: a server with --want-sim and --sim-weight 0) normalised in its group, then
-    # summed (equal weights; -- +algorithm.gdpo_reward_weights=[1.0,0.5] to change). verl 0.9.1's
-    # v1 trainer hands the estimator neither the extra info nor the prompts
-    # (v1/trainer_base.py:1745-1746): the legacy trainer (ray_trainer.py:1635-1636, 260-262) does.
-    "gdpo": ("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[score,sim]", "trainer.use_v1=False"),
-}
 
 DEVICES = ("gpu", "cpu")
 LOGGERS = ("console", "wandb", "tensorboard")
@@ -123,7 +89,10 @@ class GRPOConfig:
     reward_manager: str = option("naive", help="verl reward manager (naive: one call per response, batched by "
                                                "the server)")
     algorithm: str = option("grpo", choices=tuple(ALGORITHMS),
-                            help="advantage/loss variant (ALGORITHMS in ttsrl/train/grpo.py)")
+                            help="advantage/loss variant, with its source's values (ALGORITHMS in "
+                                 "ttsrl/train/algorithms.py, each with its source)")
+    norm_adv_by_std: Optional[bool] = option(
+        None, help="divide GRPO advantages by the group's std (none: as --algorithm says; --sampling mairhub: false)")
     device: str = option("gpu", choices=DEVICES, help="gpu, or cpu: our verl plugin's CPU path (ttsrl.verl_plugin)")
     # batch shape
     train_batch_size: int = option(32, help="prompts per training step")
@@ -149,7 +118,10 @@ class GRPOConfig:
     n: int = option(4, help="responses sampled per prompt (the GRPO group size)")
     temperature: float = option(0.8, help="rollout sampling temperature")
     top_p: float = option(0.95, help="rollout nucleus sampling threshold")
-    top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25)")
+    top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25; -1: off)")
+    sampling: Optional[str] = option(
+        None, choices=tuple(SAMPLINGS), help="a named rollout sampling (SAMPLINGS in ttsrl/train/algorithms.py, "
+        "each with its source) laid over the preset's values; options given here win over it; none: the preset's")
     # schedule
     total_epochs: int = option(1, help="passes over the training data")
     total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
@@ -176,6 +148,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm {self.algorithm!r}: expected one of {sorted(ALGORITHMS)}")
+        if self.sampling is not None and self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {self.sampling!r}: expected one of {sorted(SAMPLINGS)}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r}: expected one of {DEVICES}")
         bad = [x for x in self.loggers if x not in LOGGERS]
@@ -188,10 +162,10 @@ class GRPOConfig:
         if self.ppo_mini_batch_size > self.train_batch_size:
             raise ValueError(f"ppo_mini_batch_size {self.ppo_mini_batch_size} > train_batch_size "
                              f"{self.train_batch_size}")
-        own_loss = [o for o in ALGORITHMS[self.algorithm] if ".policy_loss.loss_mode=" in o]
+        own_loss = own_policy_loss(self.algorithm)
         if self.bypass_old_log_prob and own_loss:
             # verl's bypass mode replaces the policy loss with its own (ppo_clip on rollout log-probs)
-            raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss[0]}), which "
+            raise ValueError(f"algorithm {self.algorithm!r} sets its own policy loss ({own_loss}), which "
                              "bypass_old_log_prob would replace: pass --bypass-old-log-prob false")
         self.loggers = tuple(self.loggers)
         self.ray_address = self.ray_address or None
@@ -209,10 +183,15 @@ class GRPOConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **values) -> "GRPOConfig":
-        """The named preset (``PRESETS``) with ``values`` over it (explicit settings win)."""
+        """The named preset (``PRESETS``), then the named sampling (``SAMPLINGS``, when ``values``
+        has one), then ``values`` over them (explicit settings win). A preset's bypass of the old
+        log-probs yields to an algorithm with its own policy loss (given explicitly, it is an error)."""
         if preset not in PRESETS:
             raise ValueError(f"unknown GRPO preset {preset!r}; known presets: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[preset], **values})
+        base = {**PRESETS[preset], **SAMPLINGS.get(values.get("sampling"), {})}  # unknown: __post_init__ says
+        if own_policy_loss(values.get("algorithm", base.get("algorithm", "grpo"))):
+            base.pop("bypass_old_log_prob", None)
+        return cls(**{**base, **values})
 
     @classmethod
     def cpu_preset(cls, **values) -> "GRPOConfig":
@@ -264,7 +243,7 @@ class GRPOConfig:
             f"reward.reward_manager.name={self.reward_manager}",
             "algorithm.use_kl_in_reward=False",
             f"algorithm.rollout_correction.bypass_mode={v(self.bypass_old_log_prob)}",
-            *ALGORITHMS[self.algorithm],
+            *self.algorithm_overrides(),
             f"trainer.project_name={v(self.project_name)}",
             f"trainer.experiment_name={v(self.experiment_name)}",
             f"trainer.logger={v(list(self.loggers))}",
@@ -282,6 +261,15 @@ class GRPOConfig:
         ]
         if self.total_training_steps is not None:
             out.append(f"trainer.total_training_steps={self.total_training_steps}")
+        return out
+
+    def algorithm_overrides(self) -> list[str]:
+        """``ALGORITHMS[algorithm]`` for this run's response budget, then ``norm_adv_by_std`` when set."""
+        overlong = max(1, round(self.max_response_length * DAPO_OVERLONG_SHARE))
+        out = [o.format(max_response_length=self.max_response_length, overlong_buffer=overlong)
+               for o in ALGORITHMS[self.algorithm]]
+        if self.norm_adv_by_std is not None:
+            out.append(f"algorithm.norm_adv_by_std_in_grpo={_hydra_value(self.norm_adv_by_std)}")
         return out
 
     def cpu_overrides(self) -> list[str]:
