@@ -32,7 +32,7 @@
 #   Named variants (a preset's default, the environment wins): REWARD (stage 1's reward, REWARDS in
 #   ttsrl/reward/rewards.py: tanh, toneless, exp_toneless, tanh_reference, cer_nll; default tanh),
 #   ALGORITHM (stage 2's estimator and loss, ttsrl/train/algorithms.py: grpo, grpo_no_std, dapo, rloo,
-#   gspo; default grpo), SAMPLING (stage 2's rollout sampling there: reference or mairhub; empty: the
+#   gspo, gdpo; default grpo), SAMPLING (stage 2's rollout sampling there: reference or mairhub; empty: the
 #   preset's own). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
 #
 # Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
