@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
 
 from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
+from ttsrl.reward.backends.cosyvoice2_batch import MAX_PADDING, length_groups  # noqa: E402
 
 #: the largest |batched - serial| sample seen on CPU: 1.04e-07 (float32 sums in another order)
 TOLERANCE = 1e-4
@@ -33,9 +34,24 @@ def codes(n, start=0):
     return [(start + 37 * i) % 6561 for i in range(n)]
 
 
+def test_length_groups_bound_the_padding():
+    lengths = [100, 51, 80, 125, 99, 50, 60, 126, 300, 1]
+    groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # each index once
+    for g in groups:
+        longest = lengths[g[0]]
+        assert longest == max(lengths[i] for i in g)
+        assert all(lengths[i] * (1 + MAX_PADDING) >= longest for i in g)
+    # 100 x 1.25 < 126 starts a group; 80 x 1.25 = 100 joins it
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[300], [125, 126], [80, 99, 100], [50, 51, 60], [1]]
+    assert length_groups([7] * 5) == [[0, 1, 2, 3, 4]] and length_groups([]) == []
+
+
 def test_batched_audio_equals_serial_audio(t2w):
     batch = [codes(25, 5), codes(3), codes(12, 9), codes(40, 2), codes(7, 1), codes(12, 9)]
     prompts = [t2w.prompts[i % 2] for i in range(len(batch))]
+    sizes = [len(c) + p.data["prompt_token"].shape[-1] for c, p in zip(batch, prompts)]
+    assert any(len(g) > 1 for g in length_groups(sizes)) and len(length_groups(sizes)) > 1  # padded groups, several
     assert t2w.prompts[0].data["prompt_token"].shape != t2w.prompts[1].data["prompt_token"].shape
     t2w.cfg.batch_flow = False
     serial = t2w.synthesize(batch, prompts)

@@ -1,4 +1,5 @@
-"""Every ``--algorithm`` trained for real: 2 steps of verl 0.9.1 on CPU (our plugin, the ``hf``
+"""Every ``--algorithm`` but grpo (test_grpo_cpu.py) and gdpo (test_gdpo.py) trained for real:
+2 steps of verl 0.9.1 on CPU (our plugin, the ``hf``
 rollout, the tiny model of conftest.py, the real reward client against the ``sim`` server), one
 run per algorithm, each as small as test_grpo_cpu.py's run. Checked on each: the steps ran, and
 the config verl itself resolved (Hydra's record of the run) holds the keys that define the
@@ -44,8 +45,9 @@ def train(ws: Path, algorithm: str, url: str, *options: str, verl: tuple[str, ..
     return proc.stdout, OmegaConf.load(ckpt / "hydra" / ".hydra" / "config.yaml")
 
 
-# gdpo needs a server that measures SIM: its own 2-step run is in test_gdpo.py
-@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"gdpo"}))
+# grpo (the default) trains in test_grpo_cpu.py and every end-to-end test; gdpo needs a server that
+# measures SIM: its own 2-step run is in test_gdpo.py. CI's time goes to the others.
+@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"grpo", "gdpo"}))
 def test_algorithm_trains(workspace, sim_server_url, algorithm):
     dapo = algorithm == "dapo"
     options = ("--reward-file", str(ROOT / "tests" / "fixtures" / "flat_reward.py")) if dapo else ()

@@ -280,11 +280,12 @@ class CosyVoice2Token2Wav(Token2Wav):
                      token_rate=self.token_rate)
 
     def _batched(self, batch: Sequence[Sequence[int]], prompts: Sequence[SpeakerPrompt]) -> list[Audio]:
-        """The flow over the batch at once (padded, masked), then HiFT per utterance with the
-        same per-utterance seed as :meth:`_one`: the same audio up to float error."""
+        """The flow over the batch in length groups (each padded, masked: ``length_groups``), then
+        HiFT per utterance with the same per-utterance seed as :meth:`_one`: the same audio up to
+        float error."""
         import torch
 
-        from ttsrl.reward.backends.cosyvoice2_batch import flow_mels
+        from ttsrl.reward.backends.cosyvoice2_batch import flow_mels, length_groups
 
         model, dev = self._model, self.device
         for p in prompts:
@@ -292,7 +293,12 @@ class CosyVoice2Token2Wav(Token2Wav):
         out = []
         with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()), torch.inference_mode():
             with torch.autocast(dev.type, enabled=bool(self.cfg.fp16 and dev.type == "cuda")):
-                mels = flow_mels(model.flow, batch, [p.data for p in prompts], dev)
+                mels: list = [None] * len(batch)
+                sizes = [len(c) + p.data["prompt_token"].shape[-1] for c, p in zip(batch, prompts)]
+                for group in length_groups(sizes):  # padding bounded per group
+                    for i, mel in zip(group, flow_mels(model.flow, [batch[i] for i in group],
+                                                       [prompts[i].data for i in group], dev)):
+                        mels[i] = mel
             for codes, mel in zip(batch, mels):
                 seed = _seed(codes)
                 if dev.type == "cuda":

@@ -14,6 +14,8 @@ This module runs the same modules, with the same weights and the same fixed flow
   (B conditioned, B unconditioned), the estimator masked per item.
 
 What one utterance would get is returned per item: its mel frames after its own prompt.
+The backend runs a server batch as ``length_groups`` (longest first, padding at most
+``MAX_PADDING`` of each item), each group one padded batch.
 ``tests/test_cosyvoice2_batch.py`` checks the batched audio equals the one-utterance
 audio up to float error. HiFT stays per utterance (see ``CosyVoice2Token2Wav``): its
 source excitation draws noise shaped like the batch and its convolutions look ahead,
@@ -26,6 +28,24 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+#: the most padding a length group may carry: its shortest item is at least 1 / (1 + this) of its
+#: longest (prompt + codes), so padded frames stay under this share of the group's real frames
+MAX_PADDING = 0.25
+
+
+def length_groups(lengths: Sequence[int], max_padding: float = MAX_PADDING) -> list[list[int]]:
+    """Indices of ``lengths`` in groups to run as one padded batch each: longest first, a
+    group takes the next item while it is at least 1 / (1 + ``max_padding``) of the group's
+    longest. Every index is in exactly one group."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] * (1 + max_padding) >= lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _length_mask(lengths: torch.Tensor, total: int) -> torch.Tensor:
