@@ -106,3 +106,19 @@ def test_corpus_cer_through_the_server(pipeline):
           [o["TRANSCRIPTS"] for o in outs])
     assert corpus_cer < 0.9
     assert all(0.0 <= o["REWARDS"] <= 1.0 for o in outs)
+
+
+def test_a_batch_decodes_as_each_utterance_alone(pipeline):
+    """The server hands Whisper a whole batch (one encoder pass, one greedy ``generate``, one
+    forced-alignment pass); each utterance gets exactly the transcript it gets alone, and the
+    same forced score up to float error (issue 19 item 2)."""
+    texts = TEXTS + ["这本书非常有意思。", "他在二零二三年去了北京。"]
+    heard = [o.audio for o in pipeline.transcribe_tokens([codec.encode(t) for t in texts], texts)]
+    assert len({round(a.duration_s, 2) for a in heard}) == len(texts)  # lengths differ: padding is exercised
+    asr = pipeline.asr
+    batch = asr.transcribe(heard)
+    alone = [asr.transcribe([a])[0] for a in heard]
+    assert batch == alone and any(batch), (batch, alone)
+    scores = asr.score(heard, texts)
+    for s, a, t in zip(scores, heard, texts):
+        assert s == pytest.approx(asr.score([a], [t])[0], abs=1e-4)
