@@ -28,7 +28,7 @@ qwen_pretrain_path: ''
 token_frame_rate: 25
 token_mel_ratio: 2
 chunk_size: 25
-num_decoding_left_chunks: -1
+num_decoding_left_chunks: {dec_left_chunks}
 
 llm: !new:cosyvoice.llm.llm.Qwen2LM
     llm_input_size: !ref <llm_input_size>
@@ -89,7 +89,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             num_heads: {dec_heads}
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: {dec_left_chunks}
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
 
 hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     in_channels: 80
