@@ -33,7 +33,8 @@
 #   ttsrl/reward/rewards.py: tanh, toneless, exp_toneless, tanh_reference, cer_nll; default tanh),
 #   ALGORITHM (stage 2's estimator and loss, ttsrl/train/algorithms.py: grpo, grpo_no_std, dapo, rloo,
 #   gspo, gdpo; default grpo), SAMPLING (stage 2's rollout sampling there: reference or mairhub; empty: the
-#   preset's own). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
+#   preset's own), SEED (stage 2's prompt order and rollout sampling seed; empty: verl's defaults).
+#   The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
 #
 # Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
 #   NODE_IPS=10.0.0.1,10.0.0.2 NODE_RANK=R EXP_DIR=/shared/run1 bash run.sh -2 5
@@ -135,7 +136,7 @@ check_preset() {
   exit 2
 }
 check_preset
-: "${REWARD:=tanh}" "${ALGORITHM:=grpo}" "${SAMPLING:=}"  # the named variants (see --help)
+: "${REWARD:=tanh}" "${ALGORITHM:=grpo}" "${SAMPLING:=}" "${SEED:=}"  # the named variants (see --help)
 # run.sh's defaults, derived from EXP_DIR where they are paths
 : "${PRESET_NAME:=$(basename "$PRESET" .sh)}"
 : "${HF_MODEL_DIR:=$EXP_DIR/hf_model}" "${DATA_DIR:=$EXP_DIR/data}" "${CKPT_DIR:=$EXP_DIR/checkpoints}"
@@ -218,7 +219,7 @@ REWARD_MIN_READY=${REWARD_MIN_READY:-}
 print_config() {
   local v quoted
   for v in PRESET PRESET_NAME TRAINER DEVICE EXP_DIR BUILD_BASE_MODEL COSYVOICE2_DIR HF_MODEL_DIR TRAIN_FILE TEST_FILE \
-           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD ALGORITHM SAMPLING REWARD_PORT REWARD_START_TIMEOUT_S LOGGERS \
+           DATA_DIR DEV_FILE DEV_SIZE DEV_SET TRAIN_TEXTS MAX_PROMPT_LENGTH REWARD_BACKEND REWARD ALGORITHM SAMPLING SEED REWARD_PORT REWARD_START_TIMEOUT_S LOGGERS \
            REWARD_URLS REWARD_MIN_READY TENSORBOARD_DIR CKPT_DIR MERGED_DIR EVAL_DIR EVAL_NPROC EXPORT_PATH EXPORT_STEP USER_PAIRS PAIRS_FILE \
            NODE_IPS NODE_RANK NNODES HEAD_IP NODE_IP GPUS_PER_NODE RAY_PORT RAY_NODE_PORT RAY_WORKER_PORTS RAY_TEMP_DIR \
            RAY_NUM_CPUS JOIN_TIMEOUT_S HEAD_WAIT_S RAY_START_ATTEMPTS; do
@@ -377,7 +378,7 @@ if stage 2; then
         fi
         # verl's full output (every metric of every step, Ray worker logs) is appended to the log;
         # the console gets the exact verl command and one line per step (ttsrl/console.py)
-        if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --algorithm "$ALGORITHM" ${SAMPLING:+--sampling "$SAMPLING"} --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
+        if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --algorithm "$ALGORITHM" ${SAMPLING:+--sampling "$SAMPLING"} ${SEED:+--seed "$SEED"} --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
             --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
             "${CLUSTER_ARGS[@]}" -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
           echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2

@@ -159,14 +159,15 @@ def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
 
 
 def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
-    """ALGORITHM and SAMPLING reach train_grpo.py (its verl command), REWARD the server's --reward."""
+    """ALGORITHM, SAMPLING and SEED reach train_grpo.py (its verl command), REWARD the server's --reward."""
     _, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
-    r = run_sh("2", "2", env={**env, "ALGORITHM": "dapo", "SAMPLING": "mairhub"})
+    r = run_sh("2", "2", env={**env, "ALGORITHM": "dapo", "SAMPLING": "mairhub", "SEED": "7"})
     assert r.returncode == 0, r.stdout + r.stderr
     text = (exp / "logs" / "train_grpo.log").read_text()
     for override in ("actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.rollout.n=8",
-                     "actor_rollout_ref.rollout.temperature=1.0", "algorithm.norm_adv_by_std_in_grpo=False"):
+                     "actor_rollout_ref.rollout.temperature=1.0", "algorithm.norm_adv_by_std_in_grpo=False",
+                     "data.seed=7", "actor_rollout_ref.rollout.seed=7"):
         assert override in text, override
     # a reward the server does not know stops stage 1 with the server's own message, naming the known ones
     (tmp_path / "free").mkdir()

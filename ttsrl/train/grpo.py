@@ -122,6 +122,10 @@ class GRPOConfig:
     sampling: Optional[str] = option(
         None, choices=tuple(SAMPLINGS), help="a named rollout sampling (SAMPLINGS in ttsrl/train/algorithms.py, "
         "each with its source) laid over the preset's values; options given here win over it; none: the preset's")
+    seed: Optional[int] = option(
+        None, help="seed of the prompt order (verl's data.seed) and of rollout sampling (rollout.seed: vLLM's "
+                   "sampler; the hf rollout seeds torch with it, replica rank added as verl does for vLLM); "
+                   "none: verl's defaults (torch's fixed default generator for the order, rollout seed 42)")
     # schedule
     total_epochs: int = option(1, help="passes over the training data")
     total_training_steps: Optional[int] = option(None, help="stop after this many steps (none: epochs x batches)")
@@ -259,6 +263,8 @@ class GRPOConfig:
             f"trainer.val_before_train={v(self.val_before_train)}",
             "trainer.critic_warmup=0",
         ]
+        if self.seed is not None:
+            out += [f"data.seed={self.seed}", f"{ar}.rollout.seed={self.seed}"]
         if self.total_training_steps is not None:
             out.append(f"trainer.total_training_steps={self.total_training_steps}")
         return out

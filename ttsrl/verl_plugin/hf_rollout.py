@@ -86,6 +86,8 @@ class HFRolloutServer:
         self.replica_rank, self.node_rank = replica_rank, node_rank
         threads = knobs.get("TTSRL_HF_ROLLOUT_THREADS") or (os.cpu_count() or 1)
         torch.set_num_threads(threads)
+        # sampling draws from torch's global generator: seeded as verl seeds vLLM (rollout.seed + replica rank)
+        torch.manual_seed(int(self.config.seed) + int(replica_rank))
 
         dtype = getattr(torch, str(self.config.dtype)) if self.config.dtype else torch.float32
         override = dict(self.model_config.override_config or {})

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The embedded comparison of the GRPO variants (issue 17; README "Which recipe when"): every
+# algorithm of ALGORITHMS x every seed of SEEDS trains STEPS steps from one start model, on one
+# data split, against one reward server, and stage 4 scores every saved step (dev + test, the
+# preset's sampling rule); then `python -m ttsrl.eval.compare` writes the table at an equal
+# wall-clock budget (compare.md, compare.json). A run whose eval/summary.json exists is kept, so
+# the command resumes after a crash. Settings (environment):
+#   COMPARE_DIR  where everything goes (exp/compare): base/ (start model, data), ALGO-seedS/
+#   ALGORITHMS   the variants (grpo grpo_no_std dapo rloo gspo; gdpo needs a speaker model,
+#                which the embedded sim backend has not)
+#   SEEDS        (1 2)   STEPS (20)   SAVE_FREQ (5)   BUDGET_S (empty: the fastest run's time)
+#   PRESET and anything run.sh reads (`bash run.sh --help`) apply to every run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${COMPARE_DIR:=exp/compare}" "${ALGORITHMS:=grpo grpo_no_std dapo rloo gspo}" "${SEEDS:=1 2}"
+: "${STEPS:=20}" "${SAVE_FREQ:=5}" "${BUDGET_S:=}"
+BASE=$COMPARE_DIR/base
+start=$SECONDS
+EXP_DIR=$BASE bash run.sh -2 1   # install, start model, data, reward server (left running)
+for seed in $SEEDS; do
+  for algo in $ALGORITHMS; do
+    run=$COMPARE_DIR/$algo-seed$seed
+    if [[ -f $run/eval/summary.json ]]; then echo "== $run: scored already, kept"; continue; fi
+    rm -rf "$run"  # a run that died half-way starts again (verl would resume it with another clock)
+    echo "== $run ($(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg))"
+    EXP_DIR=$run HF_MODEL_DIR=$BASE/hf_model DATA_DIR=$BASE/data ALGORITHM=$algo SEED=$seed \
+      bash run.sh 2 4 -- "trainer.total_training_steps=$STEPS" "trainer.save_freq=$SAVE_FREQ"
+  done
+done
+if [[ -f $BASE/reward_server.pid ]]; then kill "$(cat "$BASE/reward_server.pid")" 2>/dev/null || true; rm -f "$BASE/reward_server.pid"; fi
+.venv/bin/python -m ttsrl.eval.compare "$COMPARE_DIR" ${BUDGET_S:+--budget-s "$BUDGET_S"}
+echo "compare_algorithms.sh: done in $(( SECONDS - start )) s"
