@@ -1,0 +1,88 @@
+"""ttsrl.eval.compare: GRPO variants judged at an equal training-time budget.
+
+The run folders are written here in the formats stage 2 and stage 4 leave (verl's console
+metric lines behind Ray's prefix; summary.json rows and results.jsonl per step and set);
+the real runs are scripts/compare_algorithms.sh's (README "Which recipe when")."""
+
+import json
+
+import pytest
+
+from ttsrl.eval import compare
+
+IDS = [f"u{i}" for i in range(40)]
+
+
+def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0):
+    """A run folder: ``step_s`` seconds per step; ``saved`` steps scored (0 = start model) with a
+    test rate ``test_rate[step]`` on every utterance and a dev rate ``dev_rate[step]``."""
+    run = root / name
+    (run / "logs").mkdir(parents=True)
+    lines = ["[train_grpo] python -m verl.trainer.main_ppo ...", "some Ray noise"]
+    for step, t in enumerate(step_s, start=1):
+        lines.append(f"\x1b[36m(TaskRunnerV1 pid=7)\x1b[0m step:{step} - critic/score/mean:0.1 - "
+                     f"response_length/mean:{length + step} - timing_s/step:{t}")
+    (run / "logs" / "train_grpo.log").write_text("\n".join(lines) + "\n")
+    rows = []
+    for step in [0, *saved]:
+        for name_, role, rate in (("dev", "dev", dev_rate[step]), ("embedded_test", "test", test_rate[step])):
+            rows.append({"step": step, "test_set": name_, "role": role, "headline": "cer_utt_mean",
+                         "cer_utt_mean": rate, "ci": {"cer_utt_mean": [rate - 0.02, rate + 0.02]},
+                         "length_ratio_mean": 1.0})
+            where = run / "eval" / f"step_{step}" / name_
+            where.mkdir(parents=True)
+            with open(where / "results.jsonl", "w") as f:
+                for u in IDS:
+                    f.write(json.dumps({"id": u, "utt_rate": rate, "cer_errors": rate * 10, "ref_len": 10}) + "\n")
+    (run / "eval" / "summary.json").write_text(json.dumps(rows))
+    return run
+
+
+def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
+    start = {0: 0.5}
+    # grpo: 10 s a step, 6 steps (60 s), saved at 2, 4, 6; slow: 15 s a step, so 4 steps in 60 s
+    _run(tmp_path, "grpo-seed1", [10] * 6, [2, 4, 6], {**start, 2: 0.45, 4: 0.40, 6: 0.35},
+         {0: 0.5, 2: 0.45, 4: 0.41, 6: 0.42})
+    _run(tmp_path, "slow-seed1", [15] * 6, [2, 4, 6], {**start, 2: 0.44, 4: 0.42, 6: 0.30},
+         {0: 0.5, 2: 0.44, 4: 0.43, 6: 0.31}, length=30.0)
+    result = compare.compare(compare.read_runs(tmp_path))
+    assert result["budget_s"] == 60 and result["start_cer"] == 0.5
+    by = {e["algorithm"]: e for e in result["algorithms"]}
+    g, s = by["grpo"]["runs"][0], by["slow"]["runs"][0]
+    assert (g["steps_done"], g["step_at_budget"], g["cer_at_budget"]) == (6, 6, 0.35)
+    assert (s["steps_done"], s["step_at_budget"], s["cer_at_budget"]) == (4, 4, 0.42)
+    # best: the step the dev set chooses (as stage 5 does), over every saved step
+    assert (g["best_step"], g["cer_best"]) == (4, 0.40) and (s["best_step"], s["cer_best"]) == (6, 0.30)
+    assert s["response_length"] == pytest.approx(30 + 2.5)  # steps 1-4 only
+    assert [e["algorithm"] for e in result["algorithms"]] == ["grpo", "slow"]  # lower CER at equal time first
+    v = by["slow"]["vs_reference"]
+    assert v["diff"] == pytest.approx(0.07) and v["p_better"] == 0.0
+    # a budget given by hand: at 45 s grpo has done 4 steps, slow 3 (last saved: 2)
+    later = {e["algorithm"]: e["runs"][0] for e in compare.compare(compare.read_runs(tmp_path), 45)["algorithms"]}
+    assert (later["grpo"]["step_at_budget"], later["slow"]["steps_done"], later["slow"]["step_at_budget"]) == (4, 3, 2)
+    table = compare.format_table(result)
+    assert "| slow | 42.00 (42.00) | +7.00 [+7.00, +7.00], 0.00 |" in table, table
+
+
+def test_seeds_are_averaged_and_pooled_per_utterance(tmp_path):
+    for seed, rate in ((1, 0.40), (2, 0.30)):
+        _run(tmp_path, f"grpo-seed{seed}", [10] * 2, [2], {0: 0.5, 2: rate}, {0: 0.5, 2: rate})
+        _run(tmp_path, f"dapo-seed{seed}", [10] * 2, [2], {0: 0.5, 2: rate - 0.1}, {0: 0.5, 2: rate})
+    result = compare.compare(compare.read_runs(tmp_path))
+    dapo = next(e for e in result["algorithms"] if e["algorithm"] == "dapo")
+    assert dapo["seeds"] == [1, 2] and dapo["cer_at_budget"] == pytest.approx(0.25)
+    assert dapo["vs_reference"]["diff"] == pytest.approx(-0.10) and dapo["vs_reference"]["p_better"] == 1.0
+    assert "(30.00 / 20.00)" in compare.format_table(result)
+
+
+def test_unreadable_folders_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        compare.main([str(tmp_path)])
+    assert exc.value.code == 2 and "no ALGORITHM-seedS run folders" in capsys.readouterr().err
+    (tmp_path / "grpo-seed1" / "logs").mkdir(parents=True)
+    (tmp_path / "grpo-seed1" / "logs" / "train_grpo.log").write_text("step:1 - timing_s/step:3.0\n")
+    with pytest.raises(SystemExit):
+        compare.main([str(tmp_path)])
+    assert "eval/summary.json not found: stage 4 has not scored this run" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="named ALGORITHM-seedS"):
+        compare.read_run(tmp_path / "logs")
