@@ -22,9 +22,10 @@ for seed in $SEEDS; do
     run=$COMPARE_DIR/$algo-seed$seed
     if [[ -f $run/eval/summary.json ]]; then echo "== $run: scored already, kept"; continue; fi
     rm -rf "$run"  # a run that died half-way starts again (verl would resume it with another clock)
-    echo "== $run ($(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg))"
+    echo "== $run ($(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$COMPARE_DIR/runs.log"
     EXP_DIR=$run HF_MODEL_DIR=$BASE/hf_model DATA_DIR=$BASE/data ALGORITHM=$algo SEED=$seed \
       bash run.sh 2 4 -- "trainer.total_training_steps=$STEPS" "trainer.save_freq=$SAVE_FREQ"
+    echo "   done $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$COMPARE_DIR/runs.log"
   done
 done
 if [[ -f $BASE/reward_server.pid ]]; then kill "$(cat "$BASE/reward_server.pid")" 2>/dev/null || true; rm -f "$BASE/reward_server.pid"; fi
