@@ -38,6 +38,12 @@ def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0):
     return run
 
 
+def _near(root):
+    """A run 4% slower than grpo-seed1 of the test below."""
+    return compare.read_run(_run(root, "near-seed1", [10.4] * 6, [2, 4, 6], {0: 0.5, 2: 0.45, 4: 0.40, 6: 0.36},
+                                 {0: 0.5, 2: 0.45, 4: 0.41, 6: 0.40}))
+
+
 def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     start = {0: 0.5}
     # grpo: 10 s a step, 6 steps (60 s), saved at 2, 4, 6; slow: 15 s a step, so 4 steps in 60 s
@@ -45,8 +51,12 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
          {0: 0.5, 2: 0.45, 4: 0.41, 6: 0.42})
     _run(tmp_path, "slow-seed1", [15] * 6, [2, 4, 6], {**start, 2: 0.44, 4: 0.42, 6: 0.30},
          {0: 0.5, 2: 0.44, 4: 0.43, 6: 0.31}, length=30.0)
-    result = compare.compare(compare.read_runs(tmp_path))
+    result = compare.compare(compare.read_runs(tmp_path), tolerance=0)
     assert result["budget_s"] == 60 and result["start_cer"] == 0.5
+    # the default tolerance: a run 5% slower than the fastest counts as equally fast
+    near = compare.compare([compare.read_run(tmp_path / "grpo-seed1"), _near(tmp_path)])
+    assert near["budget_s"] == pytest.approx(63) and "fastest run's 60 s + 5%" in near["budget_rule"]
+    assert [e["runs"][0]["step_at_budget"] for e in near["algorithms"]] == [6, 6]
     by = {e["algorithm"]: e for e in result["algorithms"]}
     g, s = by["grpo"]["runs"][0], by["slow"]["runs"][0]
     assert (g["steps_done"], g["step_at_budget"], g["cer_at_budget"]) == (6, 6, 0.35)
@@ -61,7 +71,8 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     later = {e["algorithm"]: e["runs"][0] for e in compare.compare(compare.read_runs(tmp_path), 45)["algorithms"]}
     assert (later["grpo"]["step_at_budget"], later["slow"]["steps_done"], later["slow"]["step_at_budget"]) == (4, 3, 2)
     table = compare.format_table(result)
-    assert "| slow | 42.00 (42.00) | +7.00 [+7.00, +7.00], 0.00 |" in table, table
+    assert ("| slow | 42.00 (42.00) (step 4) | +7.00 [+7.00, +7.00], 0.00 | 30.00 (30.00) | -5.00 [-5.00, -5.00], "
+            "1.00 | 90 | 30.00 (30.00; step 6) | 15.0 | 32.5 |") in table, table
 
 
 def test_seeds_are_averaged_and_pooled_per_utterance(tmp_path):
@@ -78,11 +89,18 @@ def test_seeds_are_averaged_and_pooled_per_utterance(tmp_path):
 def test_unreadable_folders_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         compare.main([str(tmp_path)])
-    assert exc.value.code == 2 and "no ALGORITHM-seedS run folders" in capsys.readouterr().err
+    assert exc.value.code == 2 and "no scored ALGORITHM-seedS run folders" in capsys.readouterr().err
     (tmp_path / "grpo-seed1" / "logs").mkdir(parents=True)
     (tmp_path / "grpo-seed1" / "logs" / "train_grpo.log").write_text("step:1 - timing_s/step:3.0\n")
     with pytest.raises(SystemExit):
         compare.main([str(tmp_path)])
     assert "eval/summary.json not found: stage 4 has not scored this run" in capsys.readouterr().err
+    # a run still training is left out, said on stderr, and the scored ones are compared
+    _run(tmp_path, "rloo-seed1", [10] * 2, [2], {0: 0.5, 2: 0.4}, {0: 0.5, 2: 0.4})
+    compare.main([str(tmp_path), "--reference", "rloo"])
+    out = capsys.readouterr()
+    assert "| rloo | 40.00 (40.00) (step 2) | (reference) |" in out.out and "left out: " in out.err
+    assert "grpo-seed1/eval/summary.json not found" in out.err
+    assert json.loads((tmp_path / "compare.json").read_text())["left_out"][0].endswith("has not scored this run")
     with pytest.raises(ValueError, match="named ALGORITHM-seedS"):
         compare.read_run(tmp_path / "logs")

@@ -9,8 +9,11 @@ results of every saved step, start model included). Here:
   checkpoint saves; Ray's start-up is the same for every run and left out). Default: the
   time the fastest run took for all its steps, so every run is judged at a time all reached;
 - per run: steps done within the budget, the last saved step within it ("at equal time"),
-  the step chosen on the dev set among all saved steps ("best", as stage 5 chooses), the test
-  CER of both, the mean response length of its training rollouts up to the budget;
+  the last saved step ("after all steps", every run trains as many), the step chosen on the
+  dev set among all saved steps ("best", as stage 5 chooses), the test CER of each, the mean
+  response length of its training rollouts up to the budget. Checkpoints come every few steps,
+  so a run a little slower than the fastest is judged a whole save interval earlier at equal
+  time: read both columns, with the seconds per step;
 - per algorithm: the seeds' figures side by side and their mean, and the difference to the
   reference algorithm at equal time by a paired bootstrap over test utterances (each
   utterance's rate averaged over the seeds, ``ttsrl.stats.UttTable``): the interval covers
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -99,16 +103,29 @@ def read_run(path: Path) -> Run:
     return run
 
 
-def read_runs(folder: Path) -> list[Run]:
-    runs = [read_run(p) for p in sorted(folder.iterdir()) if p.is_dir() and RUN_RE.match(p.name)]
+def read_runs(folder: Path, skipped: Optional[list[str]] = None) -> list[Run]:
+    """Every scored run under ``folder``; one not scored yet (still training, or died) is left
+    out and its reason appended to ``skipped`` (given) or raised (not given)."""
+    runs = []
+    for p in sorted(folder.iterdir()):
+        if not (p.is_dir() and RUN_RE.match(p.name)):
+            continue
+        try:
+            runs.append(read_run(p))
+        except (OSError, ValueError) as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
     if not runs:
-        raise ValueError(f"{folder}: no ALGORITHM-seedS run folders")
+        raise ValueError(f"{folder}: no scored ALGORITHM-seedS run folders" +
+                         "".join(f"\n  {why}" for why in skipped or []))
     return runs
 
 
 def judge(run: Run, budget_s: float) -> dict:
-    """One run's figures at the budget."""
+    """One run's figures after all its steps and at the budget."""
     done = run.steps_within(budget_s)
+    final = max(run.scored_steps())
     at = max((s for s in run.scored_steps() if s <= done), default=0)
     chosen = choose_step(run.rows)["step"]
     lengths = [v for s, v in run.length.items() if s <= done]
@@ -116,6 +133,7 @@ def judge(run: Run, budget_s: float) -> dict:
         "algorithm": run.algorithm, "seed": run.seed, "steps_done": done, "steps_run": max(run.step_s),
         "s_per_step": run.total_s / len(run.step_s), "total_s": run.total_s,
         "start_cer": run.test_row(0)[HEADLINE],
+        "final_step": final, "final_s": run.elapsed(final), "cer_final": run.test_row(final)[HEADLINE],
         "step_at_budget": at, "cer_at_budget": run.test_row(at)[HEADLINE],
         "ci_at_budget": run.test_row(at)["ci"][HEADLINE],
         "best_step": chosen, "cer_best": run.test_row(chosen)[HEADLINE] if chosen is not None else None,
@@ -129,25 +147,41 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
 
-def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: str = "grpo") -> dict:
-    """Per-run and per-algorithm figures at ``budget_s`` (default: the fastest run's total time)."""
-    budget = budget_s if budget_s is not None else min(r.total_s for r in runs)
+MEANS = ("steps_done", "s_per_step", "final_s", "cer_final", "cer_at_budget", "cer_best", "response_length",
+         "length_ratio_at_budget")
+
+
+TOLERANCE = 0.05
+
+
+def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: str = "grpo",
+            tolerance: float = TOLERANCE) -> dict:
+    """Per-run and per-algorithm figures at ``budget_s`` (default: the fastest run's total time,
+    plus ``tolerance`` of it: step times of one algorithm vary by a few percent between its
+    seeds, so a run that finished that close to the fastest counts as equally fast) and after
+    every run's last scored step, each with its paired difference to ``reference``."""
+    budget = budget_s if budget_s is not None else min(r.total_s for r in runs) * (1 + tolerance)
     per_run = [judge(r, budget) for r in runs]
     algorithms = list(dict.fromkeys(r.algorithm for r in runs))
+
+    def pooled(step_key: str) -> dict[str, UttTable]:
+        return {a: UttTable.from_rows([u for r, j in zip(runs, per_run) if r.algorithm == a
+                                       for u in r.utterances(j[step_key])]) for a in algorithms}
+
+    at_budget, at_final = pooled("step_at_budget"), pooled("final_step")
     table = []
-    pooled = {a: UttTable.from_rows([u for r, j in zip(runs, per_run) if r.algorithm == a
-                                     for u in r.utterances(j["step_at_budget"])]) for a in algorithms}
     for a in algorithms:
         mine = [j for j in per_run if j["algorithm"] == a]
         entry = {"algorithm": a, "seeds": [j["seed"] for j in mine], "runs": mine,
-                 **{k: _mean([j[k] for j in mine]) for k in ("steps_done", "s_per_step", "cer_at_budget",
-                                                              "cer_best", "response_length",
-                                                              "length_ratio_at_budget")}}
-        if reference in pooled and a != reference:
-            entry["vs_reference"] = paired(pooled[a], pooled[reference], HEADLINE)
+                 **{k: _mean([j[k] for j in mine]) for k in MEANS}}
+        if reference in at_budget and a != reference:
+            entry["vs_reference"] = paired(at_budget[a], at_budget[reference], HEADLINE)
+            entry["vs_reference_final"] = paired(at_final[a], at_final[reference], HEADLINE)
         table.append(entry)
     table.sort(key=lambda e: e["cer_at_budget"])
-    return {"budget_s": budget, "reference": reference, "metric": HEADLINE, "algorithms": table,
+    rule = ("given" if budget_s is not None else
+            f"the fastest run's {min(r.total_s for r in runs):.0f} s + {100 * tolerance:.0f}%")
+    return {"budget_s": budget, "budget_rule": rule, "reference": reference, "metric": HEADLINE, "algorithms": table,
             "start_cer": _mean([j["start_cer"] for j in per_run])}
 
 
@@ -159,23 +193,32 @@ def _seeds(entry: dict, key: str, fmt) -> str:
     return " / ".join(fmt(j[key]) for j in entry["runs"])
 
 
+def _delta(entry: dict, key: str, ref: str) -> str:
+    v = entry.get(key)
+    if v:
+        return f"{100 * v['diff']:+.2f} [{100 * v['lo']:+.2f}, {100 * v['hi']:+.2f}], {v['p_better']:.2f}"
+    return "(reference)" if entry["algorithm"] == ref else ""
+
+
 def format_table(result: dict) -> str:
     ref = result["reference"]
-    lines = [f"Budget: {result['budget_s']:.0f} s of training per run; start model test CER "
-             f"{_pct(result['start_cer'])}%. Per-seed values after the mean (seed order "
-             f"{', '.join(str(s) for s in result['algorithms'][0]['seeds'])}); Δ: paired bootstrap over test "
-             f"utterances vs {ref} at equal time, 95% interval, P(better).", "",
-             "| algorithm | test CER at equal time (%) | Δ vs " + ref + " [95% CI], P(better) | best test CER (%) "
-             "(dev-chosen step) | steps in budget | s/step | mean response length (codes) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Start model: test CER {_pct(result['start_cer'])}%. Equal time: {result['budget_s']:.0f} s of "
+             f"training ({result['budget_rule']}), each run judged at its last saved step within it. Mean over seeds, "
+             f"then each seed's value (seeds {', '.join(str(s) for s in result['algorithms'][0]['seeds'])}). "
+             f"Δ: vs {ref}, paired bootstrap over test utterances (rates averaged over seeds), 95% interval, "
+             f"P(better).", "",
+             f"| algorithm | test CER at equal time (%) (step) | Δ vs {ref} at equal time | test CER after all steps "
+             f"(%) | Δ vs {ref} after all steps | training time (s) | best test CER (%) (dev-chosen step) | "
+             "s/step | mean response length (codes) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in result["algorithms"]:
-        v = e.get("vs_reference")
-        delta = (f"{100 * v['diff']:+.2f} [{100 * v['lo']:+.2f}, {100 * v['hi']:+.2f}], {v['p_better']:.2f}"
-                 if v else "(reference)" if e["algorithm"] == ref else "")
         lines.append(
-            f"| {e['algorithm']} | {_pct(e['cer_at_budget'])} ({_seeds(e, 'cer_at_budget', _pct)}) | {delta} | "
-            f"{_pct(e['cer_best'])} ({_seeds(e, 'cer_best', _pct)}; steps {_seeds(e, 'best_step', str)}) | "
-            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} |")
+            f"| {e['algorithm']} | {_pct(e['cer_at_budget'])} ({_seeds(e, 'cer_at_budget', _pct)}) "
+            f"(step {_seeds(e, 'step_at_budget', str)}) | {_delta(e, 'vs_reference', ref)} | "
+            f"{_pct(e['cer_final'])} ({_seeds(e, 'cer_final', _pct)}) | {_delta(e, 'vs_reference_final', ref)} | "
+            f"{_seeds(e, 'final_s', lambda x: f'{x:.0f}')} | "
+            f"{_pct(e['cer_best'])} ({_seeds(e, 'cer_best', _pct)}; step {_seeds(e, 'best_step', str)}) | "
+            f"{e['s_per_step']:.1f} | {e['response_length']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,13 +230,21 @@ def main(argv: Optional[list[str]] = None) -> None:
                     "compare.json into the folder and prints the table.")
     ap.add_argument("folder", type=Path, help="COMPARE_DIR of scripts/compare_algorithms.sh")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="training seconds each run is judged at (default: the fastest run's total time)")
+                    help="training seconds each run is judged at (default: the fastest run's total time "
+                         "+ --tolerance)")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE,
+                    help="share of the fastest run's time added to the default budget, so that a run as fast "
+                         "within timing noise counts as equally fast (0.05)")
     ap.add_argument("--reference", default="grpo", help="the algorithm the others are compared with (grpo)")
     args = ap.parse_args(argv)
+    skipped: list[str] = []
     try:
-        result = compare(read_runs(args.folder), args.budget_s, args.reference)
+        result = compare(read_runs(args.folder, skipped), args.budget_s, args.reference, args.tolerance)
     except (OSError, ValueError) as exc:
         ap.exit(2, f"compare: {exc}\n")
+    for why in skipped:
+        print(f"compare: left out: {why}", file=sys.stderr)
+    result["left_out"] = skipped
     table = format_table(result)
     atomic_write_text(args.folder / "compare.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(args.folder / "compare.md", "# GRPO variants at equal time\n\n" + table)
