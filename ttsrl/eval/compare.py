@@ -6,14 +6,17 @@ The script leaves one folder per run, ``ALGORITHM-seedS/``, each with stage 2's 
 results of every saved step, start model included). Here:
 
 - the budget is training time: the sum of ``timing_s/step`` (rollout, reward, update and
-  checkpoint saves; Ray's start-up is the same for every run and left out). Default: the
-  time the fastest run took for all its steps, so every run is judged at a time all reached;
-- per run: steps done within the budget, the last saved step within it ("at equal time"),
-  the last saved step ("after all steps", every run trains as many), the step chosen on the
-  dev set among all saved steps ("best", as stage 5 chooses), the test CER of each, the mean
-  response length of its training rollouts up to the budget. Checkpoints come every few steps,
-  so a run a little slower than the fastest is judged a whole save interval earlier at equal
-  time: read both columns, with the seconds per step;
+  checkpoint saves; Ray's start-up is the same for every run and left out). An algorithm's
+  cost is its seconds per step averaged over its seeds (one run's step times move by tens of
+  percent with the rollout's batching; the spread between seeds is reported), and it gets the
+  steps that cost fits into the budget. Default budget: the fastest algorithm's time for all
+  its steps plus 10%, so algorithms of the same cost within timing noise count as equally fast;
+- per run: the last saved step within its algorithm's steps ("at equal time"), the last saved
+  step ("after all steps", every run trains as many), the step chosen on the dev set among all
+  saved steps ("best", as stage 5 chooses), the test CER of each, the mean response length of
+  its training rollouts within the budget. Checkpoints come every few steps, so an algorithm a
+  little over the budget is judged a whole save interval earlier: read both columns, with the
+  seconds per step;
 - per algorithm: the seeds' figures side by side and their mean, and the difference to the
   reference algorithm at equal time by a paired bootstrap over test utterances (each
   utterance's rate averaged over the seeds, ``ttsrl.stats.UttTable``): the interval covers
@@ -59,9 +62,6 @@ class Run:
     def elapsed(self, step: int) -> float:
         """Training seconds of steps 1..step."""
         return sum(t for s, t in self.step_s.items() if s <= step)
-
-    def steps_within(self, budget_s: float) -> int:
-        return max((s for s in self.step_s if self.elapsed(s) <= budget_s), default=0)
 
     @property
     def total_s(self) -> float:
@@ -122,9 +122,8 @@ def read_runs(folder: Path, skipped: Optional[list[str]] = None) -> list[Run]:
     return runs
 
 
-def judge(run: Run, budget_s: float) -> dict:
-    """One run's figures after all its steps and at the budget."""
-    done = run.steps_within(budget_s)
+def judge(run: Run, done: int) -> dict:
+    """One run's figures after all its steps and after ``done`` steps (the budget's)."""
     final = max(run.scored_steps())
     at = max((s for s in run.scored_steps() if s <= done), default=0)
     chosen = choose_step(run.rows)["step"]
@@ -151,17 +150,26 @@ MEANS = ("steps_done", "s_per_step", "final_s", "cer_final", "cer_at_budget", "c
          "length_ratio_at_budget")
 
 
-TOLERANCE = 0.05
+TOLERANCE = 0.10
 
 
 def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: str = "grpo",
             tolerance: float = TOLERANCE) -> dict:
-    """Per-run and per-algorithm figures at ``budget_s`` (default: the fastest run's total time,
-    plus ``tolerance`` of it: step times of one algorithm vary by a few percent between its
-    seeds, so a run that finished that close to the fastest counts as equally fast) and after
-    every run's last scored step, each with its paired difference to ``reference``."""
-    budget = budget_s if budget_s is not None else min(r.total_s for r in runs) * (1 + tolerance)
-    per_run = [judge(r, budget) for r in runs]
+    """Per-run and per-algorithm figures at ``budget_s`` and after every run's last scored step,
+    each with its paired difference to ``reference``.
+
+    An algorithm's cost is its seconds per step averaged over its runs (one run's step times
+    move by tens of percent with the machine and the rollout's batching, which the seeds show:
+    ``timing_spread``), so both seeds of an algorithm are judged after the same number of steps:
+    as many as its mean step time fits into the budget. Default budget: the fastest algorithm's
+    mean time for all its steps plus ``tolerance`` of it, so that algorithms of equal cost
+    within timing noise count as equally fast."""
+    per_step = {a: _mean([r.total_s / len(r.step_s) for r in runs if r.algorithm == a])
+                for a in dict.fromkeys(r.algorithm for r in runs)}
+    steps = {a: max(max(r.step_s) for r in runs if r.algorithm == a) for a in per_step}
+    fastest = min(per_step, key=lambda a: per_step[a] * steps[a])
+    budget = budget_s if budget_s is not None else per_step[fastest] * steps[fastest] * (1 + tolerance)
+    per_run = [judge(r, min(max(r.step_s), int(budget / per_step[r.algorithm] + 1e-9))) for r in runs]
     algorithms = list(dict.fromkeys(r.algorithm for r in runs))
 
     def pooled(step_key: str) -> dict[str, UttTable]:
@@ -180,8 +188,10 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
         table.append(entry)
     table.sort(key=lambda e: e["cer_at_budget"])
     rule = ("given" if budget_s is not None else
-            f"the fastest run's {min(r.total_s for r in runs):.0f} s + {100 * tolerance:.0f}%")
-    return {"budget_s": budget, "budget_rule": rule, "reference": reference, "metric": HEADLINE, "algorithms": table,
+            f"{fastest}'s {per_step[fastest] * steps[fastest]:.0f} s + {100 * tolerance:.0f}%")
+    spread = max((max(t) / min(t) - 1 for a in per_step
+                  if len(t := [r.total_s for r in runs if r.algorithm == a]) > 1), default=None)
+    return {"budget_s": budget, "budget_rule": rule, "timing_spread": spread, "reference": reference, "metric": HEADLINE, "algorithms": table,
             "start_cer": _mean([j["start_cer"] for j in per_run])}
 
 
@@ -202,8 +212,11 @@ def _delta(entry: dict, key: str, ref: str) -> str:
 
 def format_table(result: dict) -> str:
     ref = result["reference"]
+    spread = result.get("timing_spread")
+    noise = f" (one algorithm's runs differ by up to {100 * spread:.0f}% in training time here)" if spread else ""
     lines = [f"Start model: test CER {_pct(result['start_cer'])}%. Equal time: {result['budget_s']:.0f} s of "
-             f"training ({result['budget_rule']}), each run judged at its last saved step within it. Mean over seeds, "
+             f"training ({result['budget_rule']}); an algorithm's cost is its mean s/step over its seeds{noise}, "
+             f"and each run is judged at its last saved step within the steps that cost fits. Mean over seeds, "
              f"then each seed's value (seeds {', '.join(str(s) for s in result['algorithms'][0]['seeds'])}). "
              f"Δ: vs {ref}, paired bootstrap over test utterances (rates averaged over seeds), 95% interval, "
              f"P(better).", "",
@@ -230,11 +243,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                     "compare.json into the folder and prints the table.")
     ap.add_argument("folder", type=Path, help="COMPARE_DIR of scripts/compare_algorithms.sh")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="training seconds each run is judged at (default: the fastest run's total time "
-                         "+ --tolerance)")
+                    help="training seconds each algorithm is judged at, its steps costing its mean s/step "
+                         "(default: the fastest algorithm's time for all its steps + --tolerance)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE,
-                    help="share of the fastest run's time added to the default budget, so that a run as fast "
-                         "within timing noise counts as equally fast (0.05)")
+                    help="share of the fastest algorithm's time added to the default budget, so that "
+                         "algorithms as fast within timing noise count as equally fast (0.10)")
     ap.add_argument("--reference", default="grpo", help="the algorithm the others are compared with (grpo)")
     args = ap.parse_args(argv)
     skipped: list[str] = []
