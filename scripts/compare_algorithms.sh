@@ -11,6 +11,7 @@
 #   SEEDS        (1 2)   STEPS (20)   SAVE_FREQ (5)   BUDGET_S (empty: the fastest run's time)
 #   PRESET and anything run.sh reads (`bash run.sh --help`) apply to every run.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 cd "$(dirname "$0")/.."
 : "${COMPARE_DIR:=exp/compare}" "${ALGORITHMS:=grpo grpo_no_std dapo rloo gspo}" "${SEEDS:=1 2}"
 : "${STEPS:=20}" "${SAVE_FREQ:=5}" "${BUDGET_S:=}"
