@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The embedded comparison of the GRPO variants (issue 17; README "Which recipe when"): every
+# The embedded comparison of the GRPO variants (issue 17; README "Which algorithm when"): every
 # algorithm of ALGORITHMS x every seed of SEEDS trains STEPS steps from one start model, on one
 # data split, against one reward server, and stage 4 scores every saved step (dev + test, the
 # preset's sampling rule); then `python -m ttsrl.eval.compare` writes the table at an equal
@@ -8,7 +8,7 @@
 #   COMPARE_DIR  where everything goes (exp/compare): base/ (start model, data), ALGO-seedS/
 #   ALGORITHMS   the variants (grpo grpo_no_std dapo rloo gspo; gdpo needs a speaker model,
 #                which the embedded sim backend has not)
-#   SEEDS        (1 2)   STEPS (20)   SAVE_FREQ (5)   BUDGET_S (empty: the fastest run's time)
+#   SEEDS        (1 2)   STEPS (20)   SAVE_FREQ (5)   BUDGET_S (empty: ttsrl.eval.compare's rule)
 #   PRESET and anything run.sh reads (`bash run.sh --help`) apply to every run.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
