@@ -72,7 +72,7 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     assert (later["grpo"]["step_at_budget"], later["slow"]["steps_done"], later["slow"]["step_at_budget"]) == (4, 3, 2)
     table = compare.format_table(result)
     assert ("| slow | 42.00 (42.00) (step 4) | +7.00 [+7.00, +7.00], 0.00 | 30.00 (30.00) | -5.00 [-5.00, -5.00], "
-            "1.00 | 90 | 30.00 (30.00; step 6) | 15.0 | 32.5 |") in table, table
+            "1.00 | 90 | 30.00 (30.00; step 6) | 4 | 15.0 | 32.5 |") in table, table
 
 
 def test_seeds_are_averaged_and_pooled_per_utterance(tmp_path):

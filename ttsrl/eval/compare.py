@@ -222,8 +222,8 @@ def format_table(result: dict) -> str:
              f"P(better).", "",
              f"| algorithm | test CER at equal time (%) (step) | Δ vs {ref} at equal time | test CER after all steps "
              f"(%) | Δ vs {ref} after all steps | training time (s) | best test CER (%) (dev-chosen step) | "
-             "s/step | mean response length (codes) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "steps in budget | s/step | mean response length (codes) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in result["algorithms"]:
         lines.append(
             f"| {e['algorithm']} | {_pct(e['cer_at_budget'])} ({_seeds(e, 'cer_at_budget', _pct)}) "
@@ -231,7 +231,7 @@ def format_table(result: dict) -> str:
             f"{_pct(e['cer_final'])} ({_seeds(e, 'cer_final', _pct)}) | {_delta(e, 'vs_reference_final', ref)} | "
             f"{_seeds(e, 'final_s', lambda x: f'{x:.0f}')} | "
             f"{_pct(e['cer_best'])} ({_seeds(e, 'cer_best', _pct)}; step {_seeds(e, 'best_step', str)}) | "
-            f"{e['s_per_step']:.1f} | {e['response_length']:.1f} |")
+            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
