@@ -21,7 +21,14 @@ from ttsrl import knobs
 DEVICE = knobs.get("TTSRL_TEST_DEVICE")
 TEXTS = ["今天天气很好", "银行的行长在行走", "Hello world",
          "二零二四年三月五日", "重庆的重量很重要", "你好"]
-LOGP_TOL = 1e-4  # fp32 on both sides; measured max |diff| is printed
+# fp32 on both sides; the measured max |diff| is printed. CPU: both engines run the same oneDNN/
+# ATen kernels closely enough for 1e-4 (and identical greedy ids). CUDA promises less: vLLM's
+# attention and GEMM kernels differ from transformers' in reduction order (and in TF32 if a
+# library turns it on, ~1e-3 relative per matmul), so log-probs may differ by ~1e-3 and a greedy
+# pick may flip where two candidates are that close: on CUDA the tolerance is 5e-3 and ids may
+# part only at such a near-tie (``divergence`` below), measured under transformers' logits.
+LOGP_TOL = 1e-4 if DEVICE == "cpu" else 5e-3
+APART = 1e-2  # the merged step's log-probs differ from the start model's by more than this
 # head_dim 64 as in CosyVoice2-0.5B (896 / 14): vLLM's CPU attention has no kernel for the
 # shared fixture's head_dim 16 ("Unsupported CPU attention configuration: head_dim=16")
 TINY = dict(num_attention_heads=1, num_key_value_heads=1)
@@ -114,7 +121,16 @@ def test_greedy_equals_transformers_and_qwen2lm(engines, tiny64):
     assert sum(len(x.codes) for x in v) > 50
     mism = [(r.key, a.codes, b.codes) for r, a, b in zip(reqs, v, h) if a.codes != b.codes]
     print(f"[{name}] greedy: {sum(len(x.codes) for x in v)} codes, {len(mism)}/{len(reqs)} items differ")
-    assert not mism, mism[:2]
+    if DEVICE == "cpu":
+        assert not mism, mism[:2]
+    else:  # CUDA: ids part only where the two picks are a near-tie (within the log-prob tolerance)
+        from ttsrl.model.generate import build_input_ids
+
+        for r, a, b in zip(reqs, v, h):
+            where = divergence(build_input_ids(lm.vocab, r), a.codes, b.codes, lm)
+            if where is not None:
+                print(f"[{name}] {r.key}: ids part at code {where[0]}, log-prob gap {where[1]:.2e}")
+                assert where[1] <= LOGP_TOL, (r.key, where)
     if name == "start":  # Qwen2LM is the start model's own reference implementation
         ref = tiny64[1]
         for r, a in zip(reqs, v):
@@ -154,7 +170,46 @@ def test_logprobs_agree(engines, checkpoints):
           + (f", vs the start model {apart:.2e}" if other is not None else ""))
     assert worst <= LOGP_TOL
     if other is not None:
-        assert apart > 100 * LOGP_TOL
+        assert apart > APART
+
+
+def divergence(prompt: list[int], a: list[int], b: list[int], lm) -> tuple[int, float] | None:
+    """Where two greedy code sequences part, and how close a call it was: None when equal, else
+    (k, |log p(a's pick) - log p(b's pick)|) under the transformers model's logits after the
+    prompt and the k codes they share (a sequence that ended there picked eos)."""
+    if a == b:
+        return None
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    pick = [lm.vocab.to_hf(c[k]) if k < len(c) else lm.vocab.eos_id for c in (a, b)]
+    ids = torch.tensor([list(prompt) + [lm.vocab.to_hf(c) for c in a[:k]]], device=DEVICE)
+    with torch.no_grad():
+        lp = lm.model(ids).logits[0, -1].float().cpu().log_softmax(-1)
+    return k, abs(lp[pick[0]] - lp[pick[1]]).item()
+
+
+def test_divergence_measures_how_close_the_parting_pick_was(tiny64, checkpoints):
+    """The near-tie rule of the CUDA greedy check, on transformers alone: a copy of the greedy
+    output that takes the runner-up at code k parts at k by exactly the top-2 log-prob gap."""
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator, build_input_ids
+    from ttsrl.model.hf_model import load_speech_lm
+
+    lm = load_speech_lm(checkpoints["start"], device=DEVICE)
+    req = _requests(lm.tokenizer)[0]
+    cfg = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=8.0))
+    codes = HFGenerator(lm.model, lm.vocab).generate([req], cfg)[0].codes
+    assert len(codes) > 4 and divergence(build_input_ids(lm.vocab, req), codes, list(codes), lm) is None
+    prompt, k = build_input_ids(lm.vocab, req), 3
+    ids = torch.tensor([prompt + [lm.vocab.to_hf(c) for c in codes[:k]]], device=DEVICE)
+    with torch.no_grad():
+        lp = lm.model(ids).logits[0, -1].float().cpu().log_softmax(-1)
+    lo, hi = lm.vocab.output_range
+    top2 = lp[lo:hi].topk(2)
+    assert top2.indices[0].item() == codes[k]  # greedy took the best speech/stop class
+    other = codes[:k] + [top2.indices[1].item()] + codes[k + 1:]
+    where = divergence(prompt, codes, other, lm)
+    assert where[0] == k and where[1] == pytest.approx((top2.values[0] - top2.values[1]).item(), abs=1e-6)
+    assert divergence(prompt, codes, codes[:k], lm)[0] == k  # ended early: compared with eos
 
 
 def test_samples_stay_in_speech_range(engines):
