@@ -9,7 +9,8 @@
 # per-token log-probs equal the transformers class (tests/gpu_stack/test_vllm_engine.py on
 # cuda), sampled draws follow CosyVoice2's rule (tests/gpu_stack/test_vllm_sampling.py); 2. stage-4 engine throughput (benchmarks/bench_vllm_engine.py); 3. GRPO, the GPU
 # preset scaled to one GPU, 3 steps on a tiny model, merge, stage 4 with vLLM
-# (scripts/gpu_check.py). Output is also written to $GPU_CHECK_DIR/gpu_check.log.
+# (scripts/gpu_check.py); 4. token2wav at full size, serial vs batched flow
+# (benchmarks/bench_token2wav.py). Output is also written to $GPU_CHECK_DIR/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -44,9 +45,16 @@ fi
 # each phase under its own limit (cold vLLM compile and CUDA graphs take minutes); a failed or
 # timed-out phase is recorded and the next one runs, so one run answers what it can; the limits
 # sum to 13 min, leaving the rest of a 15-minute GPU lease for start-up and this script's own
-# set-up (GPU_CHECK_LIMITS="PARITY BENCH GRPO" in seconds overrides them; not yet measured on a GPU)
-read -r LIMIT_PARITY LIMIT_BENCH LIMIT_GRPO <<< "${GPU_CHECK_LIMITS:-240 150 390}"
-export PY DEVICE WORK
+# set-up (GPU_CHECK_LIMITS="PARITY BENCH GRPO T2W" in seconds overrides them; not yet measured
+# on a GPU)
+read -r LIMIT_PARITY LIMIT_BENCH LIMIT_GRPO LIMIT_T2W <<< "${GPU_CHECK_LIMITS:-210 120 330 120}"
+# token2wav at the released model's flow/HiFT size on a GPU (the tests' tiny one on a CPU, where
+# the full size takes ~14 s an utterance)
+T2W_SIZE=${GPU_CHECK_T2W_SIZE:-$([[ $DEVICE == cuda ]] && echo full || echo tiny)}
+# CosyVoice's code is in the GPU .venv and the CPU .venv, not in the CPU vLLM venv (.venv-vllm)
+T2W_PY=$([[ $DEVICE == cuda ]] && echo "$PY" || echo .venv/bin/python)
+T2W_BATCHES=$([[ $DEVICE == cuda ]] && echo 1,16 || echo 1,4)
+export PY DEVICE WORK T2W_SIZE T2W_PY T2W_BATCHES
 parity() {
   TTSRL_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -s -p no:cacheprovider \
     tests/gpu_stack/test_vllm_engine.py tests/gpu_stack/test_vllm_sampling.py > "$WORK/parity.log" 2>&1
@@ -61,10 +69,16 @@ bench() {
     | grep -E "tokens/s|engine start|identical|peak"
 }
 grpo() { "$PY" scripts/gpu_check.py --device "$DEVICE" --workdir "$WORK/run"; }
-export -f parity bench grpo
-phase "1/3 plugin load + parity + the sampling rule in vLLM" "$LIMIT_PARITY" parity
-phase "2/3 stage-4 engine throughput" "$LIMIT_BENCH" bench
-phase "3/3 GRPO (GPU preset, 1 GPU, tiny model) + merge + stage 4" "$LIMIT_GRPO" grpo
+t2w() {  # serial vs batched flow (issue 19's open question: the batched speed-up on a GPU)
+  set -o pipefail
+  "$T2W_PY" benchmarks/bench_token2wav.py --size "$T2W_SIZE" --device "$DEVICE" --batch-sizes "$T2W_BATCHES" 2>&1 \
+    | tee "$WORK/token2wav.log" | grep -E "^(model|serial:|serial time|batch )"
+}
+export -f parity bench grpo t2w
+phase "1/4 plugin load + parity + the sampling rule in vLLM" "$LIMIT_PARITY" parity
+phase "2/4 stage-4 engine throughput" "$LIMIT_BENCH" bench
+phase "3/4 GRPO (GPU preset, 1 GPU, tiny model) + merge + stage 4" "$LIMIT_GRPO" grpo
+phase "4/4 token2wav ($T2W_SIZE): serial vs batched flow" "$LIMIT_T2W" t2w
 
 if [[ $DEVICE == cuda ]]; then
   kill "$SMI" 2>/dev/null || true
