@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 from ttsrl.atomic import atomic_write_text
 from ttsrl.console import LENGTH_KEY, STEP_TIME_KEY, parse_metrics
-from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, pair_dir, read_jsonl
+from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, mean_present, pair_dir, read_jsonl
 from ttsrl.stats import UttTable, paired
 from ttsrl.train.steps import choose_step
 
@@ -66,6 +66,10 @@ class Run:
     @property
     def total_s(self) -> float:
         return self.elapsed(max(self.step_s, default=0))
+
+    @property
+    def s_per_step(self) -> float:
+        return self.total_s / len(self.step_s)
 
     def scored_steps(self) -> list[int]:
         return sorted({int(r["step"]) for r in self.rows})
@@ -126,24 +130,18 @@ def judge(run: Run, done: int) -> dict:
     """One run's figures after all its steps and after ``done`` steps (the budget's)."""
     final = max(run.scored_steps())
     at = max((s for s in run.scored_steps() if s <= done), default=0)
+    at_row = run.test_row(at)
     chosen = choose_step(run.rows)["step"]
-    lengths = [v for s, v in run.length.items() if s <= done]
     return {
         "algorithm": run.algorithm, "seed": run.seed, "steps_done": done, "steps_run": max(run.step_s),
-        "s_per_step": run.total_s / len(run.step_s), "total_s": run.total_s,
+        "s_per_step": run.s_per_step, "total_s": run.total_s,
         "start_cer": run.test_row(0)[HEADLINE],
         "final_step": final, "final_s": run.elapsed(final), "cer_final": run.test_row(final)[HEADLINE],
-        "step_at_budget": at, "cer_at_budget": run.test_row(at)[HEADLINE],
-        "ci_at_budget": run.test_row(at)["ci"][HEADLINE],
+        "step_at_budget": at, "cer_at_budget": at_row[HEADLINE], "ci_at_budget": at_row["ci"][HEADLINE],
         "best_step": chosen, "cer_best": run.test_row(chosen)[HEADLINE] if chosen is not None else None,
-        "response_length": sum(lengths) / len(lengths) if lengths else None,
-        "length_ratio_at_budget": run.test_row(at).get("length_ratio_mean"),
+        "response_length": mean_present(v for s, v in run.length.items() if s <= done),
+        "length_ratio_at_budget": at_row.get("length_ratio_mean"),
     }
-
-
-def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 MEANS = ("steps_done", "s_per_step", "final_s", "cer_final", "cer_at_budget", "cer_best", "response_length",
@@ -164,13 +162,12 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
     as many as its mean step time fits into the budget. Default budget: the fastest algorithm's
     mean time for all its steps plus ``tolerance`` of it, so that algorithms of equal cost
     within timing noise count as equally fast."""
-    per_step = {a: _mean([r.total_s / len(r.step_s) for r in runs if r.algorithm == a])
-                for a in dict.fromkeys(r.algorithm for r in runs)}
+    algorithms = list(dict.fromkeys(r.algorithm for r in runs))
+    per_step = {a: mean_present(r.s_per_step for r in runs if r.algorithm == a) for a in algorithms}
     steps = {a: max(max(r.step_s) for r in runs if r.algorithm == a) for a in per_step}
     fastest = min(per_step, key=lambda a: per_step[a] * steps[a])
     budget = budget_s if budget_s is not None else per_step[fastest] * steps[fastest] * (1 + tolerance)
     per_run = [judge(r, min(max(r.step_s), int(budget / per_step[r.algorithm] + 1e-9))) for r in runs]
-    algorithms = list(dict.fromkeys(r.algorithm for r in runs))
 
     def pooled(step_key: str) -> dict[str, UttTable]:
         return {a: UttTable.from_rows([u for r, j in zip(runs, per_run) if r.algorithm == a
@@ -181,7 +178,7 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
     for a in algorithms:
         mine = [j for j in per_run if j["algorithm"] == a]
         entry = {"algorithm": a, "seeds": [j["seed"] for j in mine], "runs": mine,
-                 **{k: _mean([j[k] for j in mine]) for k in MEANS}}
+                 **{k: mean_present([j[k] for j in mine]) for k in MEANS}}
         if reference in at_budget and a != reference:
             entry["vs_reference"] = paired(at_budget[a], at_budget[reference], HEADLINE)
             entry["vs_reference_final"] = paired(at_final[a], at_final[reference], HEADLINE)
@@ -191,8 +188,8 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
             f"{fastest}'s {per_step[fastest] * steps[fastest]:.0f} s + {100 * tolerance:.0f}%")
     spread = max((max(t) / min(t) - 1 for a in per_step
                   if len(t := [r.total_s for r in runs if r.algorithm == a]) > 1), default=None)
-    return {"budget_s": budget, "budget_rule": rule, "timing_spread": spread, "reference": reference, "metric": HEADLINE, "algorithms": table,
-            "start_cer": _mean([j["start_cer"] for j in per_run])}
+    return {"budget_s": budget, "budget_rule": rule, "timing_spread": spread, "reference": reference,
+            "metric": HEADLINE, "algorithms": table, "start_cer": mean_present([j["start_cer"] for j in per_run])}
 
 
 def _pct(x: Optional[float]) -> str:

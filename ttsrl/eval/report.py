@@ -57,7 +57,7 @@ def _rate(e: float, n: float) -> float:
     return e / n if n else (0.0 if e == 0 else 1.0)
 
 
-def _mean(xs: Iterable[float | None]) -> float | None:
+def mean_present(xs: Iterable[float | None]) -> float | None:
     """Mean of the values that are not None; None when there are none."""
     got = [x for x in xs if x is not None]
     return sum(got) / len(got) if got else None
@@ -79,7 +79,7 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
            "pinyin_error": _rate(pe, pn), "pinyin_errors": pe, "pinyin_ref_len": pn,
            "reward": sum(r["reward"] for r in rows) / d if d else 0.0,
            "mean_codes": sum(r["n_codes"] for r in rows) / d if d else 0.0,
-           "length_ratio_mean": _mean(r.get("length_ratio") for r in rows),
+           "length_ratio_mean": mean_present(r.get("length_ratio") for r in rows),
            "stopped": sum(1 for r in rows if r["stopped"])}
     if d:
         out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
