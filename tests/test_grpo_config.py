@@ -160,11 +160,12 @@ def test_hf_rollout_sampling_params():
                         "repetition_penalty": 1.0}, default_max_tokens=512, room=100)
     assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.want_logprobs) == (0.8, 0.95, 25, 100, True)
     g = s.generation_config(eos_ids=[7, 8, 9], pad_id=0)
-    assert g.do_sample and g.top_k == 25 and g.top_p == 0.95 and g.eos_token_id == [7, 8, 9]
-    assert g.max_new_tokens == 100
+    # generate's greedy step over our draw (tests/test_hf_rollout_sampling.py)
+    assert not g.do_sample and g.eos_token_id == [7, 8, 9] and g.output_logits
+    assert g.max_new_tokens == 100 and len(s.logits_processors()) == 1
     greedy = parse_sampling({"temperature": 0, "top_k": -1, "top_p": 1.0, "max_tokens": 5}, 512, 100)
     assert greedy.greedy and greedy.max_tokens == 5
-    assert not greedy.generation_config([7], 0).do_sample
+    assert not greedy.generation_config([7], 0).do_sample and greedy.logits_processors() == []
 
 
 def test_reading_the_run_environment_imports_neither_verl_nor_ray():

@@ -180,7 +180,7 @@ class HFRolloutServer:
         out = self.model.generate(
             input_ids=ids, attention_mask=mask,
             generation_config=sampling.generation_config(self.eos_ids, self.pad_id),
-            return_dict_in_generate=True, output_logits=sampling.want_logprobs,
+            logits_processor=sampling.logits_processors(),
         )
         new = out.sequences[:, width:]
         logprobs = None
