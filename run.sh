@@ -335,7 +335,7 @@ if stage -1 && head_only -1; then
   need_venv
   if [[ ${BUILD_BASE_MODEL:-0} == 1 ]]; then
     banner -1 "build the tiny CosyVoice2-format base model (cached)" "$COSYVOICE2_DIR"
-    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --heldout "$TEST_FILE" --out "$COSYVOICE2_DIR"
+    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR"  # stage 4 scores it (step 0)
   fi
   banner -1 "convert llm.pt -> Hugging Face checkpoint" "$HF_MODEL_DIR"
   "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR"

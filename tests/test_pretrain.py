@@ -109,3 +109,33 @@ def test_short_builds_train_every_step_count(tmp_path, steps):
     info = build_base_model(corpus, tmp_path / "m", dataclasses.replace(CFG, steps=steps))
     assert info["config"]["steps"] == steps and info["final_loss"] > 0
     assert warmup_share(2000) == 0.05
+
+
+def test_batch_loss_is_the_full_sequence_loss_with_text_and_padding_ignored():
+    """The decoder runs on target positions only (pretrain.batch_loss): the loss and its gradients
+    equal the cross-entropy over every position with IGNORE_ID on text and padding, as Qwen2LM.loss
+    lays out one sequence (unequal lengths, so padding is in the batch)."""
+    from ttsrl.embedded.pretrain import batch_loss
+    from ttsrl.embedded.tiny_model import qwen2_config
+    from ttsrl.model import vocab as V
+    from ttsrl.model.cosyvoice_lm import IGNORE_ID, Qwen2LM
+
+    torch.manual_seed(0)
+    model = Qwen2LM(qwen2_config(TinyConfig(), 300))
+    batch = [([5, 6, 7], [1, 2, 3, 4, 5]), ([8, 9], [6, 7]), ([10, 11, 12, 13, 14], [8, 9, 10, 11, 12, 13, 14])]
+    ours = batch_loss(model, batch)
+    ours.backward()
+    ours_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    total = count = 0
+    for text_ids, speech in batch:  # one sequence at a time: no padding at all
+        x = model.build_inputs(text_ids, speech)[0].unsqueeze(0)
+        logits = model.llm_decoder(model.llm(x, attention_mask=torch.ones(1, x.shape[1], dtype=torch.long))[0])[0]
+        y = torch.tensor([IGNORE_ID] * (len(text_ids) + 1) + speech + [V.EOS_INDEX])
+        total = total + torch.nn.functional.cross_entropy(logits, y, ignore_index=IGNORE_ID, reduction="sum")
+        count += len(speech) + 1
+    ref = total / count
+    ref.backward()
+    assert torch.allclose(ours, ref, atol=1e-5)
+    for got, p in zip(ours_grads, model.parameters()):
+        assert torch.allclose(got, p.grad, atol=1e-5)
