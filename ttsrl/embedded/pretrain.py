@@ -144,7 +144,8 @@ def batch_loss(model: Qwen2LM, batch: list[tuple[list[int], list[int]]]) -> torc
     """Teacher-forced loss of a right-padded batch: targets speech + eos, IGNORE elsewhere
     (the same layout as ``Qwen2LM.loss``, batched). The 6,564-way decoder runs on the target
     positions only: text and padding positions (about 40% of a batch) have no target, and the
-    decoder with its softmax was the larger part of a step (0.32 s a step before, 0.2x s after)."""
+    decoder with its softmax was the larger part of a step (on 2 threads, 200 steps of the preset:
+    0.315 s a step before, 0.185 s after)."""
     embeds, targets = [], []
     for text_ids, speech in batch:
         embeds.append(model.build_inputs(text_ids, speech)[0])
