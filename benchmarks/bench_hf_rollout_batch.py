@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The hf rollout's batch size and draw: 128 sequences (the embedded run's 16 prompts x n=8)
 generated as one ``generate`` call or in batches of 64, on a random model of the embedded base
-model's size (Qwen2, hidden 128, 4 layers, 10,752-row vocabulary), with the rollout's sampling
+model's size (Qwen2, hidden 128, 4 layers, 7,808-row vocabulary), with the rollout's sampling
 settings (temperature 0.8, top-k 25, top-p 0.95) and per-token logits kept (what the hf rollout
 asks for); each token drawn by transformers' sampler or by ttsrl's (``ttsrl.verl_plugin.sampling``:
 the same distribution over the top-k only). Prints seconds per variant, repeated.
@@ -32,7 +32,7 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=10752, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+    cfg = Qwen2Config(vocab_size=7808, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
     model = Qwen2ForCausalLM(cfg).eval()
     prompts = torch.randint(10, 4000, (a.sequences, 12))
@@ -40,9 +40,9 @@ def main() -> None:
                     want_logprobs=True, ignore_eos=True)
     draws = {
         "transformers": (GenerationConfig(do_sample=True, temperature=0.8, top_p=0.95, top_k=25,
-                                          max_new_tokens=a.tokens, min_new_tokens=a.tokens, eos_token_id=[10700],
+                                          max_new_tokens=a.tokens, min_new_tokens=a.tokens, eos_token_id=[7800],
                                           pad_token_id=0, return_dict_in_generate=True, output_logits=True), []),
-        "ttsrl": (ours.generation_config(eos_ids=[10700], pad_id=0), ours.logits_processors()),
+        "ttsrl": (ours.generation_config(eos_ids=[7800], pad_id=0), ours.logits_processors()),
     }
     sizes = [int(x) for x in a.batches.split(",")]
     print(f"{a.sequences} sequences x {a.tokens} new tokens, torch threads {torch.get_num_threads()}")

@@ -5,9 +5,10 @@
 Used by ``hf_rollout``'s server; imports neither verl nor Ray.
 
 **Why the draw is ours.** transformers' sampling step sorts the whole vocabulary for top-p and
-draws with ``torch.multinomial`` over the whole vocabulary: on the embedded run's 128 rows of
-10,752 entries that was 3.2 s of a 5.9 s generation (64 steps; ``benchmarks/bench_hf_rollout_batch.py``),
-for a model whose forward passes took 1.3 s. :func:`draw_top_k_top_p` draws from the same
+draws with ``torch.multinomial`` over the whole vocabulary, which cost more than the tiny model's
+forward passes: 128 sequences x 64 tokens over the embedded model's 7,808-entry vocabulary took
+4.8-5.2 s with transformers' draw and 1.4-1.6 s with ours (2 threads;
+``benchmarks/bench_hf_rollout_batch.py``). :func:`draw_top_k_top_p` draws from the same
 distribution (temperature, then top-k, then top-p over what top-k kept, as vLLM's and transformers'
 samplers do) working on the top-k entries only; ``generate`` then runs greedy over scores that
 are finite at the drawn token alone. Log-probabilities are still taken from the raw logits
