@@ -297,12 +297,11 @@ class GRPOConfig:
             f"{ar}.actor.fsdp_config.use_torch_compile=False",
             f"{ar}.ref.fsdp_config.use_torch_compile=False",
             f"+{ar}.model.override_config.attn_implementation=eager",  # no flash-attn
-            # packed sequences (no padding): verl's pure-torch unpad fallback, and transformers' eager
-            # attention keeps packed sequences apart from their position ids (masking_utils,
-            # find_packed_sequence_indices); the actor then computes the head on real tokens only:
-            # update 2.4-2.7 s a step on the embedded run against 3.4-4.1 s padded, same log-probs
-            # (ppo_kl vs the rollout ~6e-7; tests/test_grpo_cpu.py checks rollout vs actor)
-            f"{ar}.model.use_remove_padding=True",
+            # padded micro-batches: verl's packed sequences (use_remove_padding=True) work here (its
+            # pure-torch unpad; eager attention separates packed sequences by their position ids) but
+            # were slower: eager attention over a packed micro-batch is quadratic in its total length.
+            # Interleaved 7-step trials (2026-12-02, docs/results.md): update 5.75 s packed, 4.8 s padded
+            f"{ar}.model.use_remove_padding=False",
             f"{ar}.rollout.dtype=float32",
             # fp32 compute in actor and ref, as in the fp32 hf rollout (verl's default is bf16
             # autocast: slower on most CPUs and ~1e-2 apart from the rollout's probabilities)
