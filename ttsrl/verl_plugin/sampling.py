@@ -10,7 +10,8 @@ forward passes: 128 sequences x 64 tokens over the embedded model's 7,808-entry 
 4.8-5.2 s with transformers' draw and 1.4-1.6 s with ours (2 threads;
 ``benchmarks/bench_hf_rollout_batch.py``). :func:`draw_top_k_top_p` draws from the same
 distribution (temperature, then top-k, then top-p over what top-k kept, as vLLM's and transformers'
-samplers do) working on the top-k entries only; ``generate`` then runs greedy over scores that
+samplers do; not CosyVoice's nucleus, ``ttsrl.model.cosyvoice_lm._nucleus``, whose top-p counts mass
+over the whole distribution before the top-k cap) working on the top-k entries only; ``generate`` then runs greedy over scores that
 are finite at the drawn token alone. Log-probabilities are still taken from the raw logits
 (``hf_rollout``), as the actor computes them."""
 
