@@ -38,3 +38,34 @@ phases_summary""")
 def test_all_passed_exits_zero():
     r, _ = _run('phase "one" 5 true\nphase "two" 5 bash -c "exit 0"\nphases_summary')
     assert r.returncode == 0 and r.stdout.count("s  passed") == 2, r.stdout + r.stderr
+
+
+def test_phase_memory_reports_the_peak_in_use_while_the_phase_ran(tmp_path):
+    """PHASE_MEMORY=1 (scripts/rehearsal.sh): the peak of MemTotal - MemAvailable while the phase
+    ran, and the value at its start, in its own line and in the summary. A fake meminfo file
+    (PHASE_MEMINFO) makes it exact: 1 GiB in use at the start, 5 GiB for 1.5 s inside the phase,
+    2 GiB for its last second. Without PHASE_MEMORY, no memory column; on the real /proc/meminfo the peak
+    is a number at least the start's."""
+    import re
+
+    info = tmp_path / "meminfo"
+
+    def meminfo(used_gib: int) -> str:
+        return f"MemTotal:       {16 << 20} kB\\nMemFree:     0 kB\\nMemAvailable:   {(16 - used_gib) << 20} kB\\n"
+
+    info.write_text(meminfo(1).replace("\\n", "\n"))
+    body = f"""export PHASE_MEMORY=1 PHASE_MEMINFO={info}
+grows() {{ printf '{meminfo(5)}' > {info}; sleep 1.5; printf '{meminfo(2)}' > {info}; sleep 1; }}
+export -f grows
+phase grows 30 grows
+phases_summary"""
+    r, _ = _run(body)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"grows: passed in \d+s, peak memory in use 5.0 GiB \(1.0 at start\)\n", r.stdout), r.stdout
+    assert re.search(r"\n  grows\s+\d+s  5.0 GiB \(1.0 at start\)  passed\n", r.stdout), r.stdout
+
+    r, _ = _run("PHASE_MEMORY=1\nphase real 5 sleep 1\nphases_summary")
+    peak, start = map(float, re.findall(r"real\s+\d+s\s+([\d.]+) GiB \(([\d.]+) at start\)\s+passed", r.stdout)[0])
+    assert peak >= start > 0, r.stdout
+    r, _ = _run("phase quiet 5 true\nphases_summary")
+    assert "GiB" not in r.stdout and re.search(r"quiet\s+\d+s  passed", r.stdout), r.stdout
