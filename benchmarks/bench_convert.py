@@ -20,26 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build(d: Path) -> float:
-    import torch
-    from transformers import Qwen2Config
+    """The random full-size llm.pt + CosyVoice-BlankEN/ (tests/cosyvoice2_tiny.py); its size in GiB."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cosyvoice2_tiny import write_random_llm
 
-    from ttsrl.atomic import atomic_torch_save
-    from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
-    from ttsrl.model.convert import BLANK_EN
-    from ttsrl.model.cosyvoice_lm import Qwen2LM
-
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                      architectures=["Qwen2ForCausalLM"])
-    qwen_sized_tokenizer().save_pretrained(d / BLANK_EN)
-    cfg.save_pretrained(d / BLANK_EN)
-    with torch.device("meta"):
-        model = Qwen2LM(cfg)
-    state = {k: torch.randn(v.shape) * 0.02 for k, v in model.state_dict().items()}
-    state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]  # tied
-    atomic_torch_save(state, d / "llm.pt")
-    return (d / "llm.pt").stat().st_size / 2**30
+    return write_random_llm(d).stat().st_size / 2**30
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:

@@ -12,6 +12,12 @@ It also keeps the yaml's `llm:` entry (Qwen2LM over an empty CosyVoice-BlankEN/)
 training-data processor entry: building either would fail, so a backend that loads this
 folder proves it never constructs the LLM nor imports the data processors.
 Used by tests/test_cosyvoice2.py and benchmarks/bench_token2wav.py.
+
+``write_random_llm`` adds the LLM of CosyVoice2-0.5B's exact shape (``llm.pt`` with the
+released key names, Qwen2-0.5B's config and a tokenizer of Qwen2's size in
+CosyVoice-BlankEN/), and ``as_before_2025`` turns the yaml into the one a download from
+before April 2025 has: with ``size="full"`` that is the released folder with random
+weights, used by scripts/rehearsal.py and benchmarks/bench_convert.py.
 """
 
 from __future__ import annotations
@@ -203,6 +209,56 @@ def build_tiny_cosyvoice2(d: Path, seed: int = 0, size: str = "tiny") -> Path:
     _campplus(d / "campplus.onnx")
     _speech_tokenizer(d / "speech_tokenizer_v2.onnx")
     return d
+
+
+def as_before_2025(yaml: str) -> str:
+    """The flow decoder as a CosyVoice2-0.5B yaml downloaded before CosyVoice's commit 1c062ab
+    (April 2025) has it: ConditionalDecoder with `causal: True`, no chunk settings."""
+    new = "estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder\n"
+    assert yaml.count(new) == 1
+    yaml = yaml.replace(new, "estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder\n"
+                             "            causal: True   # the old key\n")
+    for line in ("            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>\n",
+                 "            num_decoding_left_chunks: !ref <num_decoding_left_chunks>\n"):
+        assert yaml.count(line) == 1
+        yaml = yaml.replace(line, "")
+    return yaml
+
+
+def qwen2_05b_config():
+    """Qwen2.5-0.5B's config as CosyVoice-BlankEN/config.json has it (24 layers, hidden 896, 14
+    heads / 2 KV heads, vocabulary 151,936, tied text head)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       architectures=["Qwen2ForCausalLM"])
+
+
+def write_random_llm(d: Path, seed: int = 0) -> Path:
+    """``d/llm.pt`` of CosyVoice2-0.5B's shapes and key names (random weights: N(0, 0.02),
+    RMSNorm weights 1, the inner text head tied to the embedding as released) and
+    ``d/CosyVoice-BlankEN/`` (Qwen2-0.5B's config, a synthetic tokenizer of Qwen2's exact
+    size and special-token ids: ``qwen_sized_tokenizer``). About 2 GB; returns ``d/llm.pt``."""
+    import torch
+
+    from ttsrl.atomic import atomic_torch_save
+    from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
+    from ttsrl.model.convert import BLANK_EN
+    from ttsrl.model.cosyvoice_lm import Qwen2LM
+
+    cfg = qwen2_05b_config()
+    qwen_sized_tokenizer().save_pretrained(d / BLANK_EN)
+    cfg.save_pretrained(d / BLANK_EN)
+    with torch.device("meta"):
+        model = Qwen2LM(cfg)
+    g = torch.Generator().manual_seed(seed)
+    state = {k: (torch.ones(v.shape) if k.endswith("norm.weight") else torch.randn(v.shape, generator=g) * 0.02)
+             for k, v in model.state_dict().items()}
+    state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]  # tied
+    atomic_torch_save(state, d / "llm.pt")
+    return d / "llm.pt"
 
 
 def write_tone_wav(path: Path, seconds: float = 1.5, rate: int = 16000, freq: float = 180.0) -> Path:

@@ -21,7 +21,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import tiny_folder_with_prompts, write_tone_wav  # noqa: E402
+from cosyvoice2_tiny import as_before_2025, tiny_folder_with_prompts, write_tone_wav  # noqa: E402
 
 from ttsrl.reward.backends import BackendConfig  # noqa: E402
 from ttsrl.reward.backends import cosyvoice2 as cv2  # noqa: E402
@@ -141,20 +141,6 @@ def _old_folder(model: Path, dest: Path, edit) -> Path:
     return dest
 
 
-def _as_before_2025(yaml: str) -> str:
-    """The flow decoder as a CosyVoice2-0.5B yaml downloaded before CosyVoice's commit 1c062ab
-    (April 2025) has it: ConditionalDecoder with `causal: True`, no chunk settings."""
-    new = "estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder\n"
-    assert yaml.count(new) == 1
-    yaml = yaml.replace(new, "estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder\n"
-                             "            causal: True   # the old key\n")
-    for line in ("            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>\n",
-                 "            num_decoding_left_chunks: !ref <num_decoding_left_chunks>\n"):
-        assert yaml.count(line) == 1
-        yaml = yaml.replace(line, "")
-    return yaml
-
-
 def test_an_old_yaml_with_causal_decoder_is_read_as_the_current_one(folders, tmp_path, caplog):
     """Issue 23, finding 4: the pinned CosyVoice has no `causal` argument in ConditionalDecoder
     (a TypeError at server start). The old yaml is read as the current one, with a note naming
@@ -164,7 +150,7 @@ def test_an_old_yaml_with_causal_decoder_is_read_as_the_current_one(folders, tmp
     import numpy as np
 
     model, prompts = folders
-    old = _old_folder(model, tmp_path / "CosyVoice2-old", _as_before_2025)
+    old = _old_folder(model, tmp_path / "CosyVoice2-old", as_before_2025)
     assert "causal: True" in (old / "cosyvoice2.yaml").read_text()
     with caplog.at_level(logging.WARNING, logger="ttsrl.reward.backends"):
         t_old = cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(old), prompt_dir=str(prompts), device="cpu"))
