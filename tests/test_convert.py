@@ -313,3 +313,21 @@ def test_export_messages_name_the_file(tiny_cosyvoice2, tiny_hf, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{index}: not valid JSON" in r.stderr, r.stderr
     assert not (tmp_path / "llm.pt").exists()
+
+
+def test_export_loads_strict_in_cosyvoices_own_qwen2lm(tiny_cosyvoice2, tiny_hf, tmp_path):
+    """Stage 5's llm.pt in CosyVoice's own Qwen2LM (the installed CosyVoice code, what CosyVoice's
+    inference loads it into; not ttsrl's reimplementation): strict load, and its logits equal the
+    HF checkpoint's. A changed output bias is seen; a missing key refuses to load."""
+    d, _ = tiny_cosyvoice2
+    out = tmp_path / "llm.pt"
+    convert.hf_to_cosyvoice(tiny_hf, out, log=lambda _: None)
+    assert convert.verify_export(tiny_hf, out, reference="cosyvoice") <= 1e-5
+    state = torch.load(out)
+    state["llm_decoder.bias"] = state["llm_decoder.bias"] + 0.01 * torch.randn_like(state["llm_decoder.bias"])
+    assert convert.verify_export(tiny_hf, _save(state, tmp_path / "bias.pt"), reference="cosyvoice") > 1e-3
+    del state["speech_embedding.weight"]
+    with pytest.raises(RuntimeError, match="speech_embedding.weight"):
+        convert.verify_export(tiny_hf, _save(state, tmp_path / "missing.pt"), reference="cosyvoice")
+    with pytest.raises(ValueError, match="reference"):
+        convert.verify_export(tiny_hf, out, reference="upstream")

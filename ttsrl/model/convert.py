@@ -20,12 +20,14 @@ safetensors shards, so peak memory stays near one copy of the model.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
+from torch import nn
 
 from ttsrl.atomic import atomic_dir, atomic_torch_save
 from ttsrl.model import vocab as V
@@ -336,16 +338,52 @@ def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: 
             "non_speech_mass_stock": torch.cat(leaks).mean().item()}
 
 
+def cosyvoice_own_lm(inner_config) -> torch.nn.Module:
+    """CosyVoice's own ``cosyvoice.llm.llm.Qwen2LM`` (the installed CosyVoice code: what
+    CosyVoice's inference loads ``llm.pt`` into) around a Qwen2 body of ``inner_config`` with
+    random weights, for ``load_state_dict``: its ``Qwen2Encoder.__init__`` reads pretrained
+    weights (``from_pretrained``) that a CosyVoice2 folder does not hold."""
+    from cosyvoice.llm.llm import Qwen2Encoder  # type: ignore  # CosyVoice's code: not a ttsrl dependency
+    from cosyvoice.llm.llm import Qwen2LM as CosyVoiceQwen2LM  # type: ignore
+    from transformers import Qwen2ForCausalLM
+
+    enc = Qwen2Encoder.__new__(Qwen2Encoder)
+    nn.Module.__init__(enc)
+    enc.model = Qwen2ForCausalLM(inner_config)
+    return CosyVoiceQwen2LM(llm_input_size=inner_config.hidden_size, llm_output_size=inner_config.hidden_size,
+                            speech_token_size=V.SPEECH_TOKEN_SIZE, llm=enc, sampling=None)
+
+
+def cosyvoice_own_logits(lm, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
+    """``Qwen2LM.forward_logits`` computed by CosyVoice's own class (``cosyvoice_own_lm``), its
+    input built as its ``inference`` builds it: sos, text embeddings, task id, speech embeddings."""
+    emb = lm.llm_embedding.weight
+    x = torch.cat([emb[lm.sos_eos][None], lm.llm.model.model.embed_tokens(torch.tensor(list(text_ids))),
+                   emb[lm.task_id][None], lm.speech_embedding(torch.tensor(list(speech), dtype=torch.long))])[None]
+    hidden, _ = lm.llm(x, torch.tensor([x.shape[1]]))
+    return lm.llm_decoder(hidden[0])
+
+
 @torch.no_grad()
-def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed: int = 0) -> float:
+def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed: int = 0,
+                  reference: str = "ttsrl") -> float:
     """Max |logit difference| between the HF checkpoint and the exported llm.pt
-    (loaded strictly into ``Qwen2LM``), both in fp32, over a random probe batch."""
+    (loaded strictly into ``Qwen2LM``), both in fp32, over a random probe batch.
+    ``reference``: "ttsrl" (``ttsrl.model.cosyvoice_lm.Qwen2LM``, no CosyVoice code needed) or
+    "cosyvoice" (CosyVoice's own class from the installed CosyVoice code: ``cosyvoice_own_lm``)."""
     from ttsrl.model.hf_model import load_speech_lm
 
     hf = load_speech_lm(hf_dir, dtype=torch.float32)
     sv = V.vocab_of(hf.tokenizer)
     inner = inner_config_of(json.loads((Path(hf_dir) / "config.json").read_text()))
-    ref = Qwen2LM(inner)
+    if reference == "cosyvoice":
+        ref = cosyvoice_own_lm(inner)
+        logits_of = functools.partial(cosyvoice_own_logits, ref)
+    elif reference == "ttsrl":
+        ref = Qwen2LM(inner)
+        logits_of = ref.forward_logits
+    else:
+        raise ValueError(f"reference {reference!r}: expected 'ttsrl' or 'cosyvoice'")
     ref.load_state_dict(load_llm_state_dict(llm_pt), strict=True)
     ref.eval()
     g = torch.Generator().manual_seed(seed)
@@ -354,7 +392,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
     for _ in range(n_seqs):
         text = torch.randint(0, sv.text_vocab_size, (10,), generator=g).tolist()
         speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (30,), generator=g).tolist()
-        a = ref.forward_logits(text, speech)
+        a = logits_of(text, speech)
         ids = [sv.sos_id] + text + [sv.task_id] + sv.codes_to_ids(speech)
         b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]
         worst = max(worst, (a - b).abs().max().item())
