@@ -240,11 +240,17 @@ def write_random_llm(d: Path, seed: int = 0) -> Path:
     """``d/llm.pt`` of CosyVoice2-0.5B's shapes and key names (random weights: N(0, 0.02),
     RMSNorm weights 1, the inner text head tied to the embedding as released) and
     ``d/CosyVoice-BlankEN/`` (Qwen2-0.5B's config, a synthetic tokenizer of Qwen2's exact
-    size and special-token ids: ``qwen_sized_tokenizer``). About 2 GB; returns ``d/llm.pt``."""
+    size and special-token ids: ``qwen_sized_tokenizer``). About 2 GB; returns ``d/llm.pt``.
+
+    The speech head is made to behave like a trained one in the two ways the pipeline can see:
+    peaked (``llm_decoder.weight`` N(0, 0.1): logits of std ~3, so greedy picks are not
+    near-ties) and stopping (the end-of-speech bias 10: above the top-25 cut, below the usual
+    argmax, so sampled responses end after ~15-30 codes at varied lengths, as real ones do)."""
     import torch
 
     from ttsrl.atomic import atomic_torch_save
     from ttsrl.embedded.tiny_tokenizer import qwen_sized_tokenizer
+    from ttsrl.model import vocab as V
     from ttsrl.model.convert import BLANK_EN
     from ttsrl.model.cosyvoice_lm import Qwen2LM
 
@@ -257,6 +263,8 @@ def write_random_llm(d: Path, seed: int = 0) -> Path:
     state = {k: (torch.ones(v.shape) if k.endswith("norm.weight") else torch.randn(v.shape, generator=g) * 0.02)
              for k, v in model.state_dict().items()}
     state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]  # tied
+    state["llm_decoder.weight"] *= 5.0
+    state["llm_decoder.bias"][V.EOS_INDEX] = 10.0
     atomic_torch_save(state, d / "llm.pt")
     return d / "llm.pt"
 
