@@ -1,0 +1,358 @@
+#!/usr/bin/env python
+"""The full-size dress rehearsal's Python phases (run by scripts/rehearsal.sh, which also runs
+the stage CLIs between them and times every phase).
+
+Every model here has CosyVoice2-0.5B's shapes and RANDOM weights (the released weights cannot
+be had here): the LLM is Qwen2.5-0.5B's body (24 layers, hidden 896, 14 heads / 2 KV heads,
+151,936 text rows) with the speech rows, flow and HiFT are the upstream cosyvoice2.yaml's
+(tests/cosyvoice2_tiny.py, ``size="full"``), campplus and the speech tokenizer are ONNX
+stand-ins with the real signatures. What is shrunk is only the work: few prompts, short
+responses, 2 GRPO steps; never a layer size.
+
+    python scripts/rehearsal.py build  --workdir W          the model folders, prompts and data
+    python scripts/rehearsal.py vllm   --workdir W          (.venv-vllm) vLLM serves W/hf_model
+    python scripts/rehearsal.py reward --workdir W --url U  the cosyvoice2 reward server at U
+    python scripts/rehearsal.py grpo   --workdir W --url U  (.venv-vllm) 2 GRPO steps, vLLM rollout
+    python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
+    python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
+    python scripts/rehearsal.py export --workdir W          (.venv) CosyVoice's own Qwen2LM loads it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/: the random-weight folder builders
+
+STEPS = 2  # GRPO steps (the checkpoint of the last one is merged, scored and exported)
+RESPONSE = 48  # most speech codes per rollout response (about 2 s of speech at 25 Hz)
+RATIO = 3.0  # stage 4's max codes per text token: a random model never stops, this bounds it
+TEXTS = ["今天天气很好", "银行的行长在行走", "二零二四年三月五日", "重庆的重量很重要",
+         "你好，世界", "我们去公园散步吧", "百分之五十的人", "还要还钱"]
+
+
+def say(msg: str) -> None:
+    print(f"[rehearsal] {msg}", flush=True)
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def folder_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+
+
+# ---------------------------------------------------------------- build
+def cmd_build(a) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import grpo_rows
+    from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm, write_tone_wav
+
+    w = Path(a.workdir)
+    model = w / "CosyVoice2-0.5B"
+    t0 = time.time()
+    build_tiny_cosyvoice2(model, size="full")
+    say(f"flow.pt {gib((model / 'flow.pt').stat().st_size)}, hift.pt {gib((model / 'hift.pt').stat().st_size)} "
+        f"(the upstream cosyvoice2.yaml's sizes), ONNX stand-ins: {time.time() - t0:.0f}s")
+    t0 = time.time()
+    write_random_llm(model)
+    say(f"llm.pt {gib((model / 'llm.pt').stat().st_size)} (CosyVoice2-0.5B's shapes and keys): {time.time() - t0:.0f}s")
+    old = w / "CosyVoice2-0.5B-pre2025"  # the same weights, the yaml of a download from before April 2025
+    old.mkdir(exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "cosyvoice2.yaml" and not (old / f.name).exists():
+            (old / f.name).symlink_to(f)
+    (old / "cosyvoice2.yaml").write_text(as_before_2025((model / "cosyvoice2.yaml").read_text()), encoding="utf-8")
+    prompts = w / "prompts"
+    prompts.mkdir(exist_ok=True)
+    write_tone_wav(prompts / "spk_a.wav", 2.0, 16000, 170.0)
+    write_tone_wav(prompts / "spk_b.wav", 1.5, 24000, 230.0)
+    data = w / "data"
+    data.mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS, "train")), data / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS[:2], "test")), data / "test.parquet")
+    (data / "test.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}, ensure_ascii=False) + "\n"
+                                             for i, t in enumerate(TEXTS[:4])), encoding="utf-8")
+    say(f"{model} ({gib(folder_bytes(model))}), {old.name}, 2 prompt wavs, {len(TEXTS)} training texts, 4 test texts")
+
+
+# ---------------------------------------------------------------- vllm
+def cmd_vllm(a) -> None:
+    """vLLM loads the converted full-size checkpoint through the plugin; greedy codes and
+    per-token log-probs against the transformers class; generation speed of both engines."""
+    import torch
+    from vllm import SamplingParams
+
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator, Request, VLLMGenerator, build_input_ids
+    from ttsrl.model.hf_model import load_speech_lm
+
+    hf = Path(a.workdir) / "hf_model"
+    t0 = time.time()
+    lm = load_speech_lm(hf, device=a.device)
+    say(f"transformers loaded {hf.name} in {time.time() - t0:.1f}s "
+        f"({sum(p.numel() for p in lm.model.parameters()) / 1e6:.0f}M parameters, {lm.model.dtype})")
+    t0 = time.time()
+    gen = VLLMGenerator(str(hf), lm.vocab, seed=0, dtype="float32", enforce_eager=a.device == "cpu",
+                        gpu_memory_utilization=0.3, max_model_len=512)
+    say(f"vLLM engine up in {time.time() - t0:.1f}s (the ttsrl plugin's class, fp32)")
+    reqs = [Request(f"u{i}", tuple(lm.tokenizer.encode(t, add_special_tokens=False))) for i, t in enumerate(TEXTS)]
+    greedy = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=RATIO))
+    sampled = GenerationConfig(greedy=False, seed=0, sampling=SamplingConfig(max_token_text_ratio=RATIO))
+    runs = {}
+    for name, engine in (("vllm", gen), ("transformers", HFGenerator(lm.model, lm.vocab))):
+        for tag, cfg in (("greedy", greedy), ("sampled", sampled)):
+            t0 = time.time()
+            out = engine.generate(reqs, cfg)
+            secs = time.time() - t0
+            bad = [o.error for o in out if o.error]
+            n = sum(len(o.codes) for o in out)
+            runs[name, tag] = out
+            say(f"{name:12s} {tag:7s}: {len(reqs)} requests, {n} codes in {secs:.1f}s = {n / secs:.1f} codes/s"
+                + (f", ERRORS {bad[:2]}" if bad else ""))
+            if bad:
+                raise SystemExit(f"[rehearsal] FAILED: {name} {tag} generation errors")
+    differ = [r.key for r, x, y in zip(reqs, runs["vllm", "greedy"], runs["transformers", "greedy"])
+              if x.codes != y.codes]
+    say(f"greedy codes, vLLM vs transformers: {len(reqs) - len(differ)}/{len(reqs)} requests identical"
+        + (f" (differ: {differ})" if differ else ""))
+
+    # log-probs: vLLM's top-20 at every position of its greedy path against transformers' log-softmax
+    prompts = [build_input_ids(lm.vocab, r) for r in reqs]
+    sp = SamplingParams(temperature=0.0, max_tokens=RESPONSE, logprobs=20, ignore_eos=True, detokenize=False)
+    outs = gen.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    worst_pick = worst_top = 0.0
+    n_tok = 0
+    for p, o in zip(prompts, outs):
+        toks = list(o.outputs[0].token_ids)
+        ids = torch.tensor([p + toks], device=a.device)
+        with torch.no_grad():
+            ref = lm.model(ids).logits[0, len(p) - 1:-1].float().cpu().log_softmax(-1)
+        for i, (t, lps) in enumerate(zip(toks, o.outputs[0].logprobs)):
+            worst_pick = max(worst_pick, abs(lps[t].logprob - ref[i, t].item()))
+            worst_top = max(worst_top, max(abs(lp.logprob - ref[i, k].item()) for k, lp in lps.items()))
+        n_tok += len(toks)
+    gen.close()
+    say(f"log-probs over {n_tok} greedy positions: max |vLLM - transformers| {worst_pick:.2e} at the picked "
+        f"token, {worst_top:.2e} over each position's top 20")
+    tol = 1e-4 if a.device == "cpu" else 5e-3  # the stated tolerances (tests/gpu_stack/test_vllm_engine.py)
+    if worst_top > tol or (a.device == "cpu" and differ):
+        raise SystemExit(f"[rehearsal] FAILED: vLLM and transformers disagree beyond {tol:g} (or greedy codes differ)")
+
+
+# ---------------------------------------------------------------- reward
+def cmd_reward(a) -> None:
+    """A GRPO step's worth of requests (8 responses of RESPONSE random codes, all in flight at
+    once) against the running cosyvoice2 reward server; ``--batches`` times."""
+    import asyncio
+
+    import numpy as np
+
+    from ttsrl.model import vocab as V
+    from ttsrl.reward.client import RewardClientConfig, score_all
+
+    os.environ["TTSRL_REWARD_URL"] = a.url
+    cfg = RewardClientConfig.from_env()
+    rng = np.random.default_rng(0)
+    for rep in range(a.batches):
+        before = server_seconds(a.url)
+        rows = [(rng.integers(0, V.SPEECH_TOKEN_SIZE, RESPONSE).tolist(), t) for t in TEXTS[:a.requests]]
+        t0 = time.time()
+        res = asyncio.run(score_all(rows, cfg))
+        secs = time.time() - t0
+        failed = [r for r in res if r.get("reward_failed")]
+        audio_s = len(rows) * RESPONSE / 25.0  # CosyVoice2's 25 codes a second
+        say(f"reward batch {rep + 1}: {len(rows)} requests in {secs:.1f}s ({audio_s / secs:.2f} s of speech a second), "
+            f"failed {len(failed)}, rewards {[round(r['score'], 3) for r in res]}")
+        after = server_seconds(a.url)
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        say(f"  the server's time by stage (GET /metrics), {d.pop('batches', 0):.0f} batch(es): "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in sorted(d.items())))
+        if failed:
+            raise SystemExit(f"[rehearsal] FAILED: {len(failed)} reward requests failed: {failed[:2]}")
+
+
+def server_seconds(url: str) -> dict[str, float]:
+    """The reward server's cumulative seconds per stage (token2wav, asr, scoring) and batches."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(requests.get(f"{url}/metrics", timeout=30).text):
+        for smp in fam.samples:
+            if smp.name == "ttsrl_stage_seconds_sum":
+                out[smp.labels["stage"]] = smp.value
+            elif smp.name == "ttsrl_batch_size_count":
+                out["batches"] = smp.value
+    return out
+
+
+# ---------------------------------------------------------------- stage4
+def cmd_stage4(a) -> None:
+    """What stage 4 wrote for the start model and the merged step: utterances, failures, the
+    codes generated and scored a second (generation + token2wav + ASR), CER (meaningless on
+    random weights: the check is that every utterance went through)."""
+    out = Path(a.workdir) / a.out
+    bad = []
+    for summary in sorted(out.glob("*/rehearsal/summary.json")):
+        s = json.loads(summary.read_text())
+        rows = [json.loads(x) for x in (summary.parent / "results.jsonl").read_text().splitlines() if x.strip()]
+        codes = sum(r.get("n_codes", 0) for r in rows)
+        say(f"{a.out} {summary.parent.parent.name}: {s['n']} utterances, {s['failures']} failures, {codes} codes in "
+            f"{s['seconds']:.1f}s ({codes / max(s['seconds'], 1e-9):.1f} codes/s), CER {s['cer']:.3f}")
+        if s["failures"] or s["n"] != 4:
+            bad.append(summary.parent.parent.name)
+    if bad or not list(out.glob("*/rehearsal/summary.json")):
+        raise SystemExit(f"[rehearsal] FAILED: stage 4 in {out}: {bad or 'no summaries'}")
+
+
+# ---------------------------------------------------------------- grpo
+def cmd_grpo(a) -> None:
+    """2 GRPO steps of the GPU preset (vLLM rollout, its sampling, algorithm and lr keys) on the
+    full-size model; the last step is saved. Rewards from ``--url`` (the full-size cosyvoice2
+    server, on a GPU) or, without it, from a ``sim`` server this phase starts: on a 24 GB CPU
+    machine the actor's fp32 weights, gradients and Adam state (10 GB for 642M parameters), vLLM's
+    copy and verl's nine processes leave no room for the 1.7 GB reward server (measured: Ray's
+    memory monitor stopped the run at 22.8 of 23.5 GB in the first update)."""
+    from ttsrl.reward.health import launch_server
+    from ttsrl.train.grpo import GRPOConfig
+
+    w = Path(a.workdir)
+    extra = ["actor_rollout_ref.rollout.load_format=dummy",  # vLLM gets real weights only by verl's sync
+             "trainer.val_before_train=False"]
+    if a.device == "cpu":
+        extra += ["+actor_rollout_ref.rollout.enable_sleep_mode=False",  # not on vLLM's CPU platform
+                  # bf16 as verl's rollout default on a GPU (the CPU preset's fp32 copy would not fit)
+                  "actor_rollout_ref.rollout.dtype=bfloat16"]
+    cfg = GRPOConfig(model_path=str(w / "hf_model"), train_files=str(w / "data/train.parquet"),
+                     val_files=str(w / "data/test.parquet"), checkpoint_dir=str(w / "ckpt"),
+                     device="cpu" if a.device == "cpu" else "gpu", n_gpus_per_node=1,
+                     train_batch_size=2, ppo_mini_batch_size=2, micro_batch_size_per_gpu=2,
+                     max_prompt_length=64, max_response_length=RESPONSE, total_training_steps=STEPS,
+                     save_freq=STEPS, test_freq=-1, val_before_train=False, lr=1e-5, extra=extra)
+    assert cfg.rollout == "vllm" and cfg.n == 4  # the GPU preset's rollout and group size
+    server = None
+    if not a.url:
+        server, a.url = launch_server("--port", "0", "--backend", "sim", "--log-level", "WARNING")
+    try:
+        _grpo(a, w, cfg)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(15)
+
+
+def _grpo(a, w: Path, cfg) -> None:
+    from conftest import parse_steps
+
+    env = {**os.environ, **cfg.env(), "TTSRL_REWARD_URL": a.url, "TTSRL_PLUGIN_LOADED_LOG": "1"}
+    if a.device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    say(f"GRPO: {STEPS} steps x {cfg.train_batch_size} prompts x n {cfg.n}, responses <= {RESPONSE} codes, "
+        f"micro-batch {cfg.micro_batch_size_per_gpu}, lr {cfg.lr:g}, reward {a.url}")
+    t0 = time.time()
+    log_file = w / "train_grpo.log"
+    with open(log_file, "w") as f:
+        rc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *cfg.to_overrides()], cwd=ROOT,
+                            stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    log = log_file.read_text(errors="replace")
+    say(f"verl main_ppo exit {rc} in {time.time() - t0:.0f}s (log {log_file})")
+    if rc != 0:
+        print(log[-6000:])
+        raise SystemExit("[rehearsal] FAILED: GRPO")
+    pids = set(re.findall(r"registered CosyVoice2Qwen2ForCausalLM in pid (\d+)", log))
+    steps = parse_steps(log)
+    for s in sorted(k for k in steps if k > 0):
+        m = steps[s]
+
+        def g(key, m=m):
+            return m.get(key, float("nan"))
+
+        say(f"step {s}: {g('timing_s/step'):.1f}s (gen {g('timing_s/gen'):.1f}, update {g('timing_s/update_actor'):.1f}, "
+            f"old log-prob {g('timing_s/old_log_prob'):.1f}), {g('perf/throughput'):.1f} tokens/s, "
+            f"response length {g('response_length/mean'):.0f}, rollout/actor prob pearson "
+            f"{g('training/rollout_actor_probs_pearson_corr'):.4f}, score {g('critic/score/mean'):.3f}, "
+            f"cpu memory used {g('perf/cpu_memory_used_gb'):.1f} GB")
+    done = sorted(k for k in steps if k > 0)
+    low = [s for s in done if steps[s].get("training/rollout_actor_probs_pearson_corr", 0) < 0.99]
+    if done != list(range(1, STEPS + 1)) or low or not pids:
+        raise SystemExit(f"[rehearsal] FAILED: steps {done}, low rollout/actor correlation at {low}, "
+                         f"plugin loaded in {len(pids)} vLLM process(es)")
+    say(f"the ttsrl vLLM plugin served the rollout (pids {sorted(pids)}); checkpoint "
+        f"{w / 'ckpt' / f'global_step_{STEPS}'} ({gib(folder_bytes(w / 'ckpt' / f'global_step_{STEPS}'))})")
+
+
+# ---------------------------------------------------------------- merged
+def cmd_merged(a) -> None:
+    """Stage 3's fp32 merge is the FSDP master weights bit for bit (read independently of
+    merge_checkpoints.py), and the 2 steps moved them away from the start model."""
+    import torch
+    from conftest import fsdp_full_state
+
+    from ttsrl.model.checkpoint import read_hf_tensors
+    from ttsrl.train.merge import update_survival
+
+    w = Path(a.workdir)
+    master = fsdp_full_state(w / "ckpt" / f"global_step_{STEPS}" / "actor")
+    merged = read_hf_tensors(w / "merged" / f"step_{STEPS}")
+    base = read_hf_tensors(w / "hf_model")
+    unequal = [k for k, t in master.items() if k not in merged or not torch.equal(merged[k], t)]
+    extra = sorted(set(merged) - set(master))
+    n = sum(t.numel() for t in master.values())
+    dtypes = sorted({str(t.dtype) for t in merged.values()})
+    surv = update_survival(base, master, merged)
+    say(f"merged step {STEPS}: {len(merged)} tensors ({n / 1e6:.0f}M values, {dtypes}); equal to the FSDP master "
+        f"bit for bit: {len(master) - len(unequal)}/{len(master)}; weights the steps changed "
+        f"{surv['changed']:.1%}, update kept {surv['survives']:.1%}")
+    if unequal or extra or dtypes != ["torch.float32"] or surv["changed"] <= 0:
+        raise SystemExit(f"[rehearsal] FAILED: unequal {unequal[:5]}, not in the master {extra[:5]}, dtypes {dtypes}")
+
+
+# ---------------------------------------------------------------- export
+def cmd_export(a) -> None:
+    """The exported llm.pt loads strict in CosyVoice's own Qwen2LM (the installed CosyVoice code:
+    what CosyVoice's inference loads it into) at full size, and its speech logits equal the
+    merged step's under the transformers class (the model vLLM served):
+    ``ttsrl.model.convert.verify_export(reference="cosyvoice")``."""
+    import importlib.metadata as md
+
+    from ttsrl.model import vocab as V
+    from ttsrl.model.convert import verify_export
+
+    w = Path(a.workdir)
+    worst = verify_export(w / "merged" / f"step_{STEPS}", w / "llm_exported.pt", reference="cosyvoice")
+    dist = md.packages_distributions().get("cosyvoice", ["?"])[0]  # the registry package that ships it
+    say(f"CosyVoice's own Qwen2LM (cosyvoice.llm.llm from {dist} {md.version(dist)}) loaded llm_exported.pt "
+        f"strict; speech logits vs transformers on merged step {STEPS}: max |diff| {worst:.2e} "
+        f"(4 random probes of 10 text + 30 speech tokens, every position, {V.NUM_OUTPUTS} classes)")
+    if worst > 1e-4:
+        raise SystemExit("[rehearsal] FAILED: the exported llm.pt does not compute the merged step's logits")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("phase", choices=("build", "vllm", "reward", "grpo", "merged", "stage4", "export"))
+    ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 20 GB at the end)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--url", help="the cosyvoice2 reward server (reward; grpo: without it, a sim server)")
+    ap.add_argument("--batches", type=int, default=1, help="reward: batches of requests, one after the other")
+    ap.add_argument("--requests", type=int, default=len(TEXTS), help="reward: requests in a batch (a GRPO step's 8)")
+    ap.add_argument("--out", default="eval", help="stage4: the stage-4 output folder under --workdir")
+    a = ap.parse_args()
+    if a.phase == "reward" and not a.url:
+        ap.error("reward needs --url")
+    globals()[f"cmd_{a.phase}"](a)
+
+
+if __name__ == "__main__":
+    main()
