@@ -4,13 +4,18 @@
 # of the phases at the end (exit 1 if one failed or ran out of time; the others still ran).
 #   bash scripts/gpu_check.sh            after `bash scripts/install.sh --gpu` (uses .venv/)
 #   GPU_CHECK_DIR=/tmp/x bash scripts/gpu_check.sh     keep the work folder there
-#   GPU_CHECK_DEVICE=cpu PY=.venv-vllm/bin/python bash scripts/gpu_check.sh   the same on CPU
+#   GPU_CHECK_DEVICE=cpu PY=.venv-vllm/bin/python bash scripts/gpu_check.sh   the same on CPU (its
+#     full-size rehearsal phase needs ~45 min there: GPU_CHECK_LIMITS="600 300 3600 300", or
+#     GPU_CHECK_REHEARSAL="build convert" for a quick pass)
 # Steps: 1. vLLM loads our converted + merged checkpoints through the plugin; greedy ids and
 # per-token log-probs equal the transformers class (tests/gpu_stack/test_vllm_engine.py on
-# cuda), sampled draws follow CosyVoice2's rule (tests/gpu_stack/test_vllm_sampling.py); 2. stage-4 engine throughput (benchmarks/bench_vllm_engine.py); 3. GRPO, the GPU
-# preset scaled to one GPU, 3 steps on a tiny model, merge, stage 4 with vLLM
-# (scripts/gpu_check.py); 4. token2wav at full size, serial vs batched flow
-# (benchmarks/bench_token2wav.py). Output is also written to $GPU_CHECK_DIR/gpu_check.log.
+# cuda), sampled draws follow CosyVoice2's rule (tests/gpu_stack/test_vllm_sampling.py); 2. stage-4
+# engine throughput (benchmarks/bench_vllm_engine.py); 3. the full-size rehearsal on the GPU
+# (scripts/rehearsal.sh: a random CosyVoice2-0.5B-shaped model converted, served by vLLM against
+# transformers, the cosyvoice2 reward server, 2 GRPO steps of the GPU preset scaled to one GPU,
+# the fp32 merge bit-equal to the FSDP master, stage 4 with vLLM, the export loaded by CosyVoice's
+# Qwen2LM); 4. token2wav at full size, serial vs batched flow (benchmarks/bench_token2wav.py).
+# Output is also written to $GPU_CHECK_DIR/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -45,9 +50,9 @@ fi
 # each phase under its own limit (cold vLLM compile and CUDA graphs take minutes); a failed or
 # timed-out phase is recorded and the next one runs, so one run answers what it can; the limits
 # sum to 13 min, leaving the rest of a 15-minute GPU lease for start-up and this script's own
-# set-up (GPU_CHECK_LIMITS="PARITY BENCH GRPO T2W" in seconds overrides them; not yet measured
-# on a GPU)
-read -r LIMIT_PARITY LIMIT_BENCH LIMIT_GRPO LIMIT_T2W <<< "${GPU_CHECK_LIMITS:-210 120 330 120}"
+# set-up (GPU_CHECK_LIMITS="PARITY BENCH REHEARSAL T2W" in seconds overrides them; not yet
+# measured on a GPU: the rehearsal's phases took 49 min on 2 CPU cores)
+read -r LIMIT_PARITY LIMIT_BENCH LIMIT_GRPO LIMIT_T2W <<< "${GPU_CHECK_LIMITS:-180 90 420 90}"
 # token2wav at the released model's flow/HiFT size on a GPU (the tests' tiny one on a CPU, where
 # the full size takes ~14 s an utterance)
 T2W_SIZE=${GPU_CHECK_T2W_SIZE:-$([[ $DEVICE == cuda ]] && echo full || echo tiny)}
@@ -68,16 +73,26 @@ bench() {
   "$PY" benchmarks/bench_vllm_engine.py --device "$DEVICE" 2>&1 | tee "$WORK/bench.log" \
     | grep -E "tokens/s|engine start|identical|peak"
 }
-grpo() { "$PY" scripts/gpu_check.py --device "$DEVICE" --workdir "$WORK/run"; }
+# the rehearsal's phases that ask something of the GPU (its pre-2025 yaml and transformers-engine
+# stage 4 are CPU questions, answered by `bash scripts/rehearsal.sh` there)
+rehearsal() {
+  local vllm_py=$PY  # the GPU stack's python; CosyVoice's code: $T2W_PY
+  REHEARSAL_DEVICE=$DEVICE PY=$T2W_PY VLLM_PY=$vllm_py REHEARSAL_DIR=$WORK/rehearsal \
+    REHEARSAL_PHASES=${GPU_CHECK_REHEARSAL:-"build convert vllm reward grpo merge stage4_vllm export"} \
+    bash scripts/rehearsal.sh > "$WORK/rehearsal.out" 2>&1
+  local rc=$?
+  grep -E "^\[phase|^\[rehearsal\] (vLLM|greedy|log-probs|step|merged|reward batch|CosyVoice|speech)|^  " "$WORK/rehearsal.out"
+  return $rc
+}
 t2w() {  # serial vs batched flow (issue 19's open question: the batched speed-up on a GPU)
   set -o pipefail
   "$T2W_PY" benchmarks/bench_token2wav.py --size "$T2W_SIZE" --device "$DEVICE" --batch-sizes "$T2W_BATCHES" 2>&1 \
     | tee "$WORK/token2wav.log" | grep -E "^(model|serial:|serial time|batch )"
 }
-export -f parity bench grpo t2w
+export -f parity bench rehearsal t2w
 phase "1/4 plugin load + parity + the sampling rule in vLLM" "$LIMIT_PARITY" parity
 phase "2/4 stage-4 engine throughput" "$LIMIT_BENCH" bench
-phase "3/4 GRPO (GPU preset, 1 GPU, tiny model) + merge + stage 4" "$LIMIT_GRPO" grpo
+phase "3/4 full-size rehearsal (GRPO, merge, stage 4, export)" "$LIMIT_GRPO" rehearsal
 phase "4/4 token2wav ($T2W_SIZE): serial vs batched flow" "$LIMIT_T2W" t2w
 
 if [[ $DEVICE == cuda ]]; then

@@ -5,7 +5,7 @@ listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming 
 With ``--pid``, the wait ends (status 1) as soon as that process (the server being started) has exited.
 URLs are comma-separated (as in ``TTSRL_REWARD_URL``) and/or separate arguments.
 :func:`launch_server` starts the reward-server CLI as a user does and returns its URL once it
-says it is ready (tests, benchmarks, ``scripts/gpu_check.py``)."""
+says it is ready (tests, benchmarks)."""
 
 import argparse
 import os
