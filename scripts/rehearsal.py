@@ -12,7 +12,7 @@ responses, 2 GRPO steps; never a layer size.
     python scripts/rehearsal.py build  --workdir W          the model folders, prompts and data
     python scripts/rehearsal.py vllm   --workdir W          (.venv-vllm) vLLM serves W/hf_model
     python scripts/rehearsal.py reward --workdir W --url U  the cosyvoice2 reward server at U
-    python scripts/rehearsal.py grpo   --workdir W --url U  (.venv-vllm) 2 GRPO steps, vLLM rollout
+    python scripts/rehearsal.py grpo   --workdir W [--url U] [--rollout hf]  (.venv-vllm) 2 GRPO steps
     python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
     python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
     python scripts/rehearsal.py export --workdir W          (.venv) CosyVoice's own Qwen2LM loads it
@@ -218,29 +218,42 @@ def cmd_stage4(a) -> None:
 
 # ---------------------------------------------------------------- grpo
 def cmd_grpo(a) -> None:
-    """2 GRPO steps of the GPU preset (vLLM rollout, its sampling, algorithm and lr keys) on the
-    full-size model; the last step is saved. Rewards from ``--url`` (the full-size cosyvoice2
-    server, on a GPU) or, without it, from a ``sim`` server this phase starts: on a 24 GB CPU
-    machine the actor's fp32 weights, gradients and Adam state (10 GB for 642M parameters), vLLM's
-    copy and verl's nine processes leave no room for the 1.7 GB reward server (measured: Ray's
-    memory monitor stopped the run at 22.8 of 23.5 GB in the first update)."""
+    """2 GRPO steps of the GPU preset (its sampling, algorithm and lr keys; ``--rollout vllm``
+    as on GPUs, or ``hf``, the CPU path's transformers rollout) on the full-size model; the last
+    step is saved. Rewards from ``--url`` (the full-size cosyvoice2 server, on a GPU) or,
+    without it, from a ``sim`` server this phase starts.
+
+    Memory on a 24 GB CPU machine, measured (2026-12-02): the actor holds 12.0 GB in its update
+    (642M fp32 weights, gradients and Adam state: 10.3 GB), vLLM's worker 4.1 GB and verl's
+    other processes ~5 GB: Ray stopped the vLLM-rollout run at 98% of memory in use in the
+    first update, even without the 1.7 GB reward server and with the settings below. So
+    scripts/rehearsal.sh takes the ``hf`` rollout below 32 GB of memory."""
     from ttsrl.reward.health import launch_server
     from ttsrl.train.grpo import GRPOConfig
 
     w = Path(a.workdir)
-    extra = ["actor_rollout_ref.rollout.load_format=dummy",  # vLLM gets real weights only by verl's sync
-             "trainer.val_before_train=False"]
-    if a.device == "cpu":
+    extra = ["trainer.val_before_train=False"]
+    if a.rollout == "vllm":
+        extra.append("actor_rollout_ref.rollout.load_format=dummy")  # vLLM gets real weights only by verl's sync
+    if a.device == "cpu" and a.rollout == "vllm":
         extra += ["+actor_rollout_ref.rollout.enable_sleep_mode=False",  # not on vLLM's CPU platform
-                  # bf16 as verl's rollout default on a GPU (the CPU preset's fp32 copy would not fit)
-                  "actor_rollout_ref.rollout.dtype=bfloat16"]
+                  # the CPU preset's fp32 rollout (bf16 on a CPU without AVX-512 BF16 is emulated:
+                  # vLLM's start-up profile run had not ended after 14 min), eager (no inductor
+                  # compile: minutes and memory) and a 1,024-token profile run (its default 8,192)
+                  "actor_rollout_ref.rollout.enforce_eager=True",
+                  "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
+                  # the actor -> vLLM weight copy in 600 MB of shared memory: verl's default bucket,
+                  # 2,048 MB, is what the first weight sync after an update ran out of; the
+                  # largest tensor (the fp32 embedding, 158,336 x 896: 567 MB) must fit in one
+                  "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=600"]
     cfg = GRPOConfig(model_path=str(w / "hf_model"), train_files=str(w / "data/train.parquet"),
                      val_files=str(w / "data/test.parquet"), checkpoint_dir=str(w / "ckpt"),
                      device="cpu" if a.device == "cpu" else "gpu", n_gpus_per_node=1,
                      train_batch_size=2, ppo_mini_batch_size=2, micro_batch_size_per_gpu=2,
                      max_prompt_length=64, max_response_length=RESPONSE, total_training_steps=STEPS,
-                     save_freq=STEPS, test_freq=-1, val_before_train=False, lr=1e-5, extra=extra)
-    assert cfg.rollout == "vllm" and cfg.n == 4  # the GPU preset's rollout and group size
+                     save_freq=STEPS, test_freq=-1, val_before_train=False, lr=1e-5, rollout=a.rollout,
+                     extra=extra)
+    assert cfg.n == 4  # the GPU preset's group size
     server = None
     if not a.url:
         server, a.url = launch_server("--port", "0", "--backend", "sim", "--log-level", "WARNING")
@@ -258,7 +271,10 @@ def _grpo(a, w: Path, cfg) -> None:
     env = {**os.environ, **cfg.env(), "TTSRL_REWARD_URL": a.url, "TTSRL_PLUGIN_LOADED_LOG": "1"}
     if a.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    say(f"GRPO: {STEPS} steps x {cfg.train_batch_size} prompts x n {cfg.n}, responses <= {RESPONSE} codes, "
+        # Ray stops workers at 95% of memory in use; the actor's first Adam step peaks near it here
+        env.setdefault("RAY_memory_usage_threshold", "0.98")
+    say(f"GRPO ({cfg.rollout} rollout): {STEPS} steps x {cfg.train_batch_size} prompts x n {cfg.n}, "
+        f"responses <= {RESPONSE} codes, "
         f"micro-batch {cfg.micro_batch_size_per_gpu}, lr {cfg.lr:g}, reward {a.url}")
     t0 = time.time()
     log_file = w / "train_grpo.log"
@@ -282,13 +298,13 @@ def _grpo(a, w: Path, cfg) -> None:
             f"old log-prob {g('timing_s/old_log_prob'):.1f}), {g('perf/throughput'):.1f} tokens/s, "
             f"response length {g('response_length/mean'):.0f}, rollout/actor prob pearson "
             f"{g('training/rollout_actor_probs_pearson_corr'):.4f}, score {g('critic/score/mean'):.3f}, "
-            f"cpu memory used {g('perf/cpu_memory_used_gb'):.1f} GB")
+            f"machine memory used after the update {g('actor/perf/cpu_memory_used_gb'):.1f} GB (verl's psutil)")
     done = sorted(k for k in steps if k > 0)
     low = [s for s in done if steps[s].get("training/rollout_actor_probs_pearson_corr", 0) < 0.99]
-    if done != list(range(1, STEPS + 1)) or low or not pids:
+    if done != list(range(1, STEPS + 1)) or low or (cfg.rollout == "vllm" and not pids):
         raise SystemExit(f"[rehearsal] FAILED: steps {done}, low rollout/actor correlation at {low}, "
                          f"plugin loaded in {len(pids)} vLLM process(es)")
-    say(f"the ttsrl vLLM plugin served the rollout (pids {sorted(pids)}); checkpoint "
+    say((f"the ttsrl vLLM plugin served the rollout (pids {sorted(pids)}); " if pids else "") + "checkpoint "
         f"{w / 'ckpt' / f'global_step_{STEPS}'} ({gib(folder_bytes(w / 'ckpt' / f'global_step_{STEPS}'))})")
 
 
@@ -342,9 +358,10 @@ def cmd_export(a) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=("build", "vllm", "reward", "grpo", "merged", "stage4", "export"))
-    ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 20 GB at the end)")
+    ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 17 GB at the end)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--url", help="the cosyvoice2 reward server (reward; grpo: without it, a sim server)")
+    ap.add_argument("--rollout", default="vllm", choices=("vllm", "hf"), help="grpo: the rollout engine")
     ap.add_argument("--batches", type=int, default=1, help="reward: batches of requests, one after the other")
     ap.add_argument("--requests", type=int, default=len(TEXTS), help="reward: requests in a batch (a GRPO step's 8)")
     ap.add_argument("--out", default="eval", help="stage4: the stage-4 output folder under --workdir")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The full-size dress rehearsal: CosyVoice2-0.5B's shapes with random weights through every
-# stage's real code, on this machine's CPU (about 40 min on 2 cores; not part of CI's run).
+# stage's real code, on this machine's CPU (31 min on 2 cores and 24 GB; not part of CI's run).
 # Each phase runs under its own time limit, prints its wall time and the machine's peak memory
 # in use (and its own speed line: codes/s, tokens/s, speech seconds a second); a failed phase is
 # recorded and the later ones still run where they can; a summary ends it (exit 1 if any failed).
 #   bash scripts/rehearsal.sh                      builds .venv/ and .venv-vllm/ first if needed
-#   REHEARSAL_DIR=/tmp/r bash scripts/rehearsal.sh keep the work folder there (about 25 GB at the end)
+#   REHEARSAL_DIR=/tmp/r bash scripts/rehearsal.sh keep the work folder there (about 17 GB at the end)
 #   REHEARSAL_DEVICE=cuda PY=.venv/bin/python VLLM_PY=.venv/bin/python bash scripts/rehearsal.sh
 #                                                  the same on a GPU (scripts/gpu_check.sh runs it)
 #   REHEARSAL_PHASES="build convert vllm" bash scripts/rehearsal.sh   only these phases (keys: build
@@ -92,8 +92,12 @@ if want reward || { want grpo && [[ -n $GRPO_URL ]]; }; then
 fi
 want reward && phase "reward: a step's 8 requests at once" 600 "$PY" "$R" reward --workdir "$WORK" --url "$URL"
 [[ -n $GRPO_URL ]] || stop_servers
-want grpo && phase "stage 2: $STEP GRPO steps (verl, vLLM rollout)" 1800 \
-  "$VLLM_PY" "$R" grpo --workdir "$WORK" ${GRPO_URL:+--url "$GRPO_URL"} --device "$DEVICE"
+# GRPO's rollout: vLLM as on GPUs where it fits; on a CPU machine under 32 GB the transformers
+# rollout (the 0.5B actor's update and vLLM's copy do not fit together in 24 GB: rehearsal.py grpo)
+MEM_GIB=$(awk '/^MemTotal:/{print int($2 / 2^20)}' /proc/meminfo)
+ROLLOUT=${REHEARSAL_ROLLOUT:-$([[ $DEVICE == cuda ]] || (( MEM_GIB >= 31 )) && echo vllm || echo hf)}
+want grpo && phase "stage 2: $STEP GRPO steps (verl, $ROLLOUT rollout)" 1800 \
+  "$VLLM_PY" "$R" grpo --workdir "$WORK" ${GRPO_URL:+--url "$GRPO_URL"} --device "$DEVICE" --rollout "$ROLLOUT"
 stop_servers  # frees its memory for stage 4's in-process backend
 want merge && phase "stage 3: fp32 merge" 600 "$VLLM_PY" merge_checkpoints.py --ckpt-dir "$WORK/ckpt" \
   --out-dir "$WORK/merged" --base-model "$WORK/hf_model"
