@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh            after `bash scripts/install.sh --gpu` (uses .venv/)
 #   GPU_CHECK_DIR=/tmp/x bash scripts/gpu_check.sh     keep the work folder there
 #   GPU_CHECK_DEVICE=cpu PY=.venv-vllm/bin/python bash scripts/gpu_check.sh   the same on CPU (its
-#     full-size rehearsal phase needs ~45 min there: GPU_CHECK_LIMITS="600 300 3600 300", or
+#     full-size rehearsal phase needs ~30 min there: GPU_CHECK_LIMITS="600 300 3600 300", or
 #     GPU_CHECK_REHEARSAL="build convert" for a quick pass)
 # Steps: 1. vLLM loads our converted + merged checkpoints through the plugin; greedy ids and
 # per-token log-probs equal the transformers class (tests/gpu_stack/test_vllm_engine.py on
@@ -51,7 +51,7 @@ fi
 # timed-out phase is recorded and the next one runs, so one run answers what it can; the limits
 # sum to 13 min, leaving the rest of a 15-minute GPU lease for start-up and this script's own
 # set-up (GPU_CHECK_LIMITS="PARITY BENCH REHEARSAL T2W" in seconds overrides them; not yet
-# measured on a GPU: the rehearsal's phases took 49 min on 2 CPU cores)
+# measured on a GPU: the rehearsal's phases took 31 min on 2 CPU cores)
 read -r LIMIT_PARITY LIMIT_BENCH LIMIT_GRPO LIMIT_T2W <<< "${GPU_CHECK_LIMITS:-180 90 420 90}"
 # token2wav at the released model's flow/HiFT size on a GPU (the tests' tiny one on a CPU, where
 # the full size takes ~14 s an utterance)
