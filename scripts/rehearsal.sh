@@ -57,10 +57,11 @@ serve() {
   echo "[rehearsal] reward server ($(basename "$2")) answering in $((SECONDS - t0))s"
 }
 old_yaml() {
-  local url port
+  local url pid
   url=http://127.0.0.1:$(free_port)
-  serve "$url" "$WORK/CosyVoice2-0.5B-pre2025" "$WORK/server_pre2025.log" || return 1
-  local pid; pid=$(cat "$WORK/server.pid")
+  serve "$url" "$WORK/CosyVoice2-0.5B-pre2025" "$WORK/server_pre2025.log" \
+    || { kill -- "-$(cat "$WORK/server.pid")" 2>/dev/null; return 1; }
+  pid=$(cat "$WORK/server.pid")
   grep -m1 -i "causal" "$WORK/server_pre2025.log" || true
   "$PY" "$R" reward --workdir "$WORK" --url "$url" --requests 2
   local rc=$?
