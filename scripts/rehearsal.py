@@ -161,8 +161,7 @@ def cmd_reward(a) -> None:
     from ttsrl.model import vocab as V
     from ttsrl.reward.client import RewardClientConfig, score_all
 
-    os.environ["TTSRL_REWARD_URL"] = a.url
-    cfg = RewardClientConfig.from_env()
+    cfg = RewardClientConfig(url=a.url)
     rng = np.random.default_rng(0)
     for rep in range(a.batches):
         before = server_seconds(a.url)
