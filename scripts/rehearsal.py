@@ -170,7 +170,7 @@ def cmd_reward(a) -> None:
         res = asyncio.run(score_all(rows, cfg))
         secs = time.time() - t0
         failed = [r for r in res if r.get("reward_failed")]
-        audio_s = len(rows) * RESPONSE / 25.0  # CosyVoice2's 25 codes a second
+        audio_s = len(rows) * RESPONSE / V.TOKEN_RATE_HZ
         say(f"reward batch {rep + 1}: {len(rows)} requests in {secs:.1f}s ({audio_s / secs:.2f} s of speech a second), "
             f"failed {len(failed)}, rewards {[round(r['score'], 3) for r in res]}")
         after = server_seconds(a.url)

@@ -14,8 +14,9 @@
 # Phases: build the random full-size folders (tests/cosyvoice2_tiny.py); stage -1's conversion
 # (pretrained_to_huggingface.py); vLLM serves the converted model through the ttsrl plugin (greedy
 # codes and top-20 log-probs against transformers); the cosyvoice2 reward server at full size (and
-# on a folder whose yaml predates April 2025); 2 GRPO steps of the GPU preset (vLLM rollout;
-# rewards from that server on a GPU, from a sim server on CPU: memory); stage 3's fp32 merge, bit-equal to the FSDP master; stage 4 on the
+# on a folder whose yaml predates April 2025); 2 GRPO steps of the GPU preset (on a GPU: vLLM
+# rollout, that server's rewards; on a CPU under 32 GB: transformers rollout, a sim server's
+# rewards, for memory); stage 3's fp32 merge, bit-equal to the FSDP master; stage 4 on the
 # vLLM engine and on the transformers engine with the full-size cosyvoice2 backend; stage 5's
 # export, loaded strict by CosyVoice's own Qwen2LM. Shrunk: prompts, response lengths and steps,
 # never a layer size (scripts/rehearsal.py says what and why).
