@@ -12,9 +12,13 @@ Differences from stock ``Qwen2ForCausalLM``:
   The mask is fixed, not a trainable bias, so optimiser weight decay cannot erode it.
   ``MASKED_LOGIT`` is finite so that ``p * logit`` (entropy) stays 0 and never NaN, also
   after division by a sampling temperature; exp(-1e4) is 0 in every float type.
+- Only the speech rows are multiplied: the other logits are the constant whatever the weights
+  say, so the head computes ``end - start`` columns, not ``vocab_size`` (6,564 of 151,936+ at
+  full size; the same values and gradients as masking the full product).
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen2ForCausalLM
 
@@ -29,10 +33,12 @@ class SpeechHead(nn.Linear):
         self.output_range = (int(output_range[0]), int(output_range[1]))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().forward(hidden)
         start, end = self.output_range
-        ids = torch.arange(logits.shape[-1], device=logits.device)
-        return logits.masked_fill((ids < start) | (ids >= end), MASKED_LOGIT)
+        speech = F.linear(hidden, self.weight[start:end], None if self.bias is None else self.bias[start:end])
+        lead = speech.shape[:-1]
+        below = speech.new_full((1,) * len(lead) + (start,), MASKED_LOGIT).expand(*lead, start)
+        above = speech.new_full((1,) * len(lead) + (self.out_features - end,), MASKED_LOGIT)
+        return torch.cat([below, speech, above.expand(*lead, self.out_features - end)], dim=-1)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", output_range={self.output_range}"
