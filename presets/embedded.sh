@@ -17,7 +17,7 @@
 : "${TEST_FILE:=data/corpus/test.jsonl}"
 # dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
 : "${DEV_SIZE:=64}"
-: "${MAX_PROMPT_LENGTH:=64}"
+: "${MAX_PROMPT_LENGTH:=32}"  # the corpus's prompts: 20 tokens at most (stage 0 prints it); verl pads every prompt to this
 
 # stage 1
 : "${REWARD_BACKEND:=sim}"
