@@ -222,3 +222,56 @@ def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
         for proc, _ in servers:
             proc.kill()
             proc.wait()
+
+
+FAKE_VENV_PYTHON = """#!/bin/bash
+# a venv's python that installs nothing: it records each pip / uv call; uv exits with UV_RC
+if [[ $1 == -m && $2 == pip ]]; then a=("${@:3}"); echo "pip ${a[*]/--disable-pip-version-check}" | tr -s ' ' >> "$CALLS"; exit 0; fi
+if [[ $1 == -m && $2 == uv ]]; then echo "uv ${*:3}" >> "$CALLS"; exit "$UV_RC"; fi
+if [[ $1 == -c && $2 == *version_info* ]]; then echo 3.11; fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize("uv_rc", [0, 1])
+def test_install_takes_uv_for_the_cpu_stack_and_pip_where_uv_fails(tmp_path, uv_rc):
+    """Stage -2 installs torch with pip, then the CPU stack with uv; where uv fails (a mirror only
+    pip is configured for) pip installs the same requirement files, and the venv is stamped either
+    way. The venv's python is a fake that records the calls (nothing is installed)."""
+    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
+             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    for f in files:
+        (tmp_path / f).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text(FAKE_VENV_PYTHON)
+    (venv_bin / "python").chmod(0o755)
+    tools = tmp_path / "tools"  # the optional system tools, present, so that no apt-get runs
+    tools.mkdir()
+    for name in ("espeak-ng", "shellcheck"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    calls = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "CALLS": str(calls), "UV_RC": str(uv_rc)}
+    env.pop("TTSRL_USE_PYTHON", None)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh")], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    made = calls.read_text().splitlines()
+    uv_calls = [c for c in made if c.startswith("uv pip install")]
+    pip_stack = [c for c in made if c.startswith("pip install") and "requirements-cpu.txt" in c]
+    assert made.index(next(c for c in made if "requirements-torch-cpu.txt" in c)) < made.index(uv_calls[0])
+    assert any(c.startswith("pip install uv==") for c in made)
+    assert "-r requirements-cpu.txt -c constraints-cpu.txt" in uv_calls[0] and "--compile-bytecode" in uv_calls[0]
+    if uv_rc == 0:
+        assert len(uv_calls) == 2 and "--no-deps -r requirements-cosyvoice-cpu.txt" in uv_calls[1]
+        assert not pip_stack and "uv failed" not in r.stdout
+    else:
+        assert len(uv_calls) == 1  # the first failure goes straight to pip
+        assert pip_stack == ["pip install -r requirements-cpu.txt -c constraints-cpu.txt"]
+        assert "pip install --no-deps -r requirements-cosyvoice-cpu.txt" in made
+        assert "uv failed" in r.stdout and "installing with pip" in r.stdout
+    stamp = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--stamp"], capture_output=True,
+                           text=True, timeout=60).stdout.strip()
+    assert (tmp_path / ".venv" / ".ttsrl-install-cpu").read_text().strip() == stamp
