@@ -145,7 +145,15 @@ def test_run_sh_holds_out_a_dev_set_and_stage5_chooses_on_it(tiny_cosyvoice2, tm
                       'EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 '
                       '--max-token-text-ratio 3 --limit 6 --threads 1 --resamples 200)\n')
     env = {**os.environ, "PRESET": str(preset), "OMP_NUM_THREADS": "1"}
+    # the preset's prompt budget fits its own per-character tokenizer (20 tokens at most); the tiny
+    # model's 1,024-entry tokenizer spends up to 45 on a prompt: stage 0 says so and how to widen it,
+    # and the environment's MAX_PROMPT_LENGTH wins over the preset's
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "-1", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1 and "more than --max_prompt_length 32" in r.stderr, r.stdout + r.stderr
+    assert "MAX_PROMPT_LENGTH=N bash run.sh 0 0" in r.stderr, r.stderr
+    env["MAX_PROMPT_LENGTH"] = "64"
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     dev = [json.loads(x)["text"] for x in (exp / "data" / "split" / "dev.jsonl").read_text().splitlines()]
