@@ -18,6 +18,16 @@ import pytest
 from test_run_sh import ROOT, run_sh
 
 
+def _copy_installer(tmp_path: Path) -> list[str]:
+    """Copy install.sh and every file its stamp hashes into ``tmp_path``; returns their paths."""
+    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
+             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    for f in files:
+        (tmp_path / f).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+    return files
+
+
 def _config(env_extra: dict | None = None, preset: str | Path = "presets/embedded.sh",
             ok: bool = True) -> dict | subprocess.CompletedProcess:
     """`bash run.sh --config` for PRESET: the settings a run would use, NAME -> str (one value)
@@ -147,12 +157,8 @@ def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
     """The stamp (what install.sh compares with the venv's record to decide whether to install
     again) changes with the CPU torch pin, now in requirements-torch-cpu.txt, and with
     install.sh itself; install.sh holds no torch version of its own."""
-    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
-             *(p.name for p in ROOT.glob("requirements*.txt"))]
+    files = _copy_installer(tmp_path)
     assert "requirements-torch-cpu.txt" in files
-    for f in files:
-        (tmp_path / f).parent.mkdir(exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
 
     def stamp() -> str:
         r = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--stamp"], capture_output=True,
@@ -178,11 +184,7 @@ def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(t
     """Every node of a multi-node run runs stage -2; on a shared checkout they would install
     into one venv at once. install.sh holds a lock per venv: the second waits, then finds the
     stamp current and installs nothing. (The venv is this machine's real Python, linked.)"""
-    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
-             *(p.name for p in ROOT.glob("requirements*.txt"))]
-    for f in files:
-        (tmp_path / f).parent.mkdir(exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
+    _copy_installer(tmp_path)
     installer = str(tmp_path / "scripts" / "install.sh")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
@@ -238,11 +240,7 @@ def test_install_takes_uv_for_the_cpu_stack_and_pip_where_uv_fails(tmp_path, uv_
     """Stage -2 installs torch with pip, then the CPU stack with uv; where uv fails (a mirror only
     pip is configured for) pip installs the same requirement files, and the venv is stamped either
     way. The venv's python is a fake that records the calls (nothing is installed)."""
-    files = ["scripts/install.sh", "pyproject.toml", "constraints-cpu.txt",
-             *(p.name for p in ROOT.glob("requirements*.txt"))]
-    for f in files:
-        (tmp_path / f).parent.mkdir(exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
+    _copy_installer(tmp_path)
     venv_bin = tmp_path / ".venv" / "bin"
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").write_text(FAKE_VENV_PYTHON)
