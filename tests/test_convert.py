@@ -29,6 +29,10 @@ def test_logits_parity_with_cosyvoice2(tiny_cosyvoice2, tiny_hf, text, speech):
         a = ref.forward_logits(text_ids, speech)
     b = hf_logits(lm, text_ids, speech)
     lo, hi = lm.vocab.output_range
+    # the same float32 weights through two implementations (CosyVoice's Qwen2LM vs our HF class):
+    # matmuls of another shape and attention of another kernel sum in other orders; logits of a
+    # random model are O(10), so 1e-4 is ~100 eps of headroom on any CPU, and a wrong row or a lost
+    # bias moves logits by O(0.1) (test_export_* below)
     assert (a - b[:, lo:hi]).abs().max().item() <= 1e-4
     # every other row is unreachable
     probs = b.softmax(-1)
@@ -322,6 +326,8 @@ def test_export_loads_strict_in_cosyvoices_own_qwen2lm(tiny_cosyvoice2, tiny_hf,
     d, _ = tiny_cosyvoice2
     out = tmp_path / "llm.pt"
     convert.hf_to_cosyvoice(tiny_hf, out, log=lambda _: None)
+    # identical tensors on both sides: only the two forward implementations' sum orders differ
+    # (the tiny model's logits are O(1)); a changed bias shows as > 1e-3 just below
     assert convert.verify_export(tiny_hf, out, reference="cosyvoice") <= 1e-5
     state = torch.load(out)
     state["llm_decoder.bias"] = state["llm_decoder.bias"] + 0.01 * torch.randn_like(state["llm_decoder.bias"])

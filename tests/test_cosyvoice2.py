@@ -214,6 +214,8 @@ def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, 
     emb = t2w._fe._extract_spk_embedding(speech).reshape(-1).double()
     ref = p.data["embedding"].reshape(-1).double()
     want = float(emb @ ref / (emb.norm() * ref.norm()))
+    # a cosine of two float32 192-d embeddings computed by the same code: equal up to float32
+    # rounding of the dot product (~1e-7)
     assert got == [pytest.approx(want, abs=1e-6)] and -1.0 <= got[0] < 0.9999
 
     # a waveform against the embedding of its own audio (the prompt made from that wav): 1.0

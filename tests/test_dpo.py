@@ -131,6 +131,9 @@ def test_pair_split_and_masks_match_separate_unpadded_forwards(lm, fused_model, 
     prompts = [r["prompt_ids"] for r in rows]
     want_c = sequences_logps(lm.model, lm.vocab, prompts, [r["chosen_ids"] for r in rows], average)
     want_r = sequences_logps(lm.model, lm.vocab, prompts, [r["rejected_ids"] for r in rows], average)
+    # sums of ~60 float32 token log-probs (each O(10)) from a padded batch vs one sequence at a
+    # time: other matmul shapes, other sum orders; a masking mistake moves a sum by a whole token's
+    # log-prob (test_inverted_mask_implementation_would_fail)
     torch.testing.assert_close(chosen, want_c, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(rejected, want_r, rtol=1e-5, atol=1e-4)
     assert not torch.allclose(chosen, rejected)
