@@ -89,3 +89,58 @@ def test_tritonclient_sees_the_servers_errors(sim_server_url):
         assert e.value.status() == "404"
     finally:
         client.close()
+
+
+def test_tritonclient_reads_model_config_statistics_and_repository_index():
+    """Triton's management calls (issue 38): tritonclient's get_model_config,
+    get_inference_statistics (all models, one model, one version) and the repository index
+    answer in Triton's schemas, and the statistics count what happened: every item, every batch,
+    the failures, the queue and compute times."""
+    from conftest import start_reward_server, stop_process
+
+    proc, url = start_reward_server("--backend", "sim", "--max-batch", "8", "--max-delay-ms", "30",
+                                    "--reward", "exp_toneless", "--log-level", "WARNING")
+    client = http.InferenceServerClient(url.removeprefix("http://"), concurrency=8)
+    try:
+        cfg = client.get_model_config(DEFAULT_MODEL_NAME)
+        assert cfg == client.get_model_config(DEFAULT_MODEL_NAME, model_version="1")
+        assert cfg["name"] == DEFAULT_MODEL_NAME and cfg["max_batch_size"] == 8
+        assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [
+            ("TOKENS", "TYPE_INT32", ["-1"]), ("TOKEN_LENS", "TYPE_INT32", ["1"]), ("GT_TEXT", "TYPE_STRING", ["1"])]
+        assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS"]
+        assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "30000"
+        assert cfg["parameters"]["reward"] == {"string_value": "exp_toneless"}
+        assert cfg["parameters"]["backend"]["string_value"].startswith("sim")
+        assert cfg["instance_group"][0]["kind"] == "KIND_CPU"
+        assert client.get_model_repository_index() == [{"name": DEFAULT_MODEL_NAME, "version": "1", "state": "READY"}]
+        with pytest.raises(http.InferenceServerException) as e:
+            client.get_model_config("nope")
+        assert e.value.status() == "404"
+
+        n = 24
+        # concurrent (the client's own async requests, 8 at a time): the server batches them
+        pending = [client.async_infer(DEFAULT_MODEL_NAME, _inputs(codec.encode(t), t, True)) for t in TEXTS * 8]
+        assert all(_read(r.get_result())[0] > 0 for r in pending)
+        with pytest.raises(http.InferenceServerException):
+            client.infer(DEFAULT_MODEL_NAME, _inputs([1, SPEECH_TOKEN_SIZE], TEXTS[0], True))  # a 400
+
+        every = client.get_inference_statistics()  # GET /v2/models/stats
+        assert every["model_stats"] == client.get_inference_statistics(DEFAULT_MODEL_NAME)["model_stats"]
+        one = client.get_inference_statistics(DEFAULT_MODEL_NAME, "1")
+        (st,) = one["model_stats"]
+        assert st["name"] == DEFAULT_MODEL_NAME and st["version"] == "1" and st["last_inference"] > 0
+        inf = st["inference_stats"]
+        assert st["inference_count"] == inf["success"]["count"] == n  # the warm-up is not a request
+        assert inf["fail"]["count"] == 1 and inf["success"]["ns"] > 0
+        assert inf["queue"]["count"] == inf["compute_infer"]["count"] == n and inf["compute_input"]["count"] == n
+        assert inf["compute_output"]["count"] == n  # the failed parse counts as a failure only
+        batches = st["batch_stats"]
+        assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == n
+        assert sum(b["compute_infer"]["count"] for b in batches) == st["execution_count"] < n  # batched
+        assert all(set(b) == {"batch_size", "compute_input", "compute_infer", "compute_output"} for b in batches)
+        # each request is charged its batch's compute time, as Triton does
+        assert inf["compute_infer"]["ns"] == sum(b["batch_size"] * b["compute_infer"]["ns"] for b in batches)
+        assert one["ok"] == n and one["items"] == n  # ttsrl's own counters, beside Triton's
+    finally:
+        client.close()
+        stop_process(proc)

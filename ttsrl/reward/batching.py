@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 from ttsrl.reward.backends import SpeechPipeline
 from ttsrl.reward.protocol import RequestError
 from ttsrl.reward.scoring import Scored
+from ttsrl.reward.triton_admin import TritonStats
 
 log = logging.getLogger("ttsrl.reward.server")
 
@@ -50,6 +51,7 @@ class Stats:
         self.backend_seconds = 0.0
         self.batch_sizes: Counter[int] = Counter()
         self.max_queue_depth = 0
+        self.triton = TritonStats()  # the same activity in Triton's statistics schema
 
     def as_dict(self) -> dict:
         return {
@@ -132,6 +134,8 @@ class Batcher:
             batch = await self._next_batch()
             if not batch:
                 continue  # another worker took them
+            now = loop.time()
+            self.stats.triton.durations["queue"].add(sum(now - it.t_enqueued for it in batch) * 1e9, len(batch))
             t0 = time.perf_counter()
             try:
                 results = await loop.run_in_executor(pool, self.score, pipeline,
@@ -155,7 +159,9 @@ class Batcher:
                         self._log_failure(pipeline, e1, 1)
                         results.append(e1)
             finally:
-                self.stats.backend_seconds += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self.stats.backend_seconds += took
+                self.stats.triton.executed(len(batch), took * 1e9)
             self.stats.batches += 1
             self.stats.items += len(batch)
             self.stats.batch_sizes[len(batch)] += 1

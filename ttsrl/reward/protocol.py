@@ -13,7 +13,9 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
                                another server sends it only when asked for by name (NaN)
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
-    GET /v2/models/{name}/stats   request/batch counters and the batch-size histogram (JSON)
+    GET /v2/models[/{name}]/stats  Triton's statistics ({"model_stats": [...]}), ttsrl's own counters
+                                   and batch-size histogram beside it (``ttsrl.reward.triton_admin``)
+    GET /v2/models/{name}/config  Triton's model configuration; POST /v2/repository/index its index
     GET /metrics                  the same and stage latencies for Prometheus (``ttsrl.reward.metrics``)
 
 A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)

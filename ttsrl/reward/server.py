@@ -40,6 +40,7 @@ from ttsrl.reward.protocol import (
     parse_infer,
 )
 from ttsrl.reward.scoring import Scored, score_codes
+from ttsrl.reward.triton_admin import model_config, repository_index
 from ttsrl.reward.triton_binary import EXTENSION, HEADER, encode_response
 
 log = logging.getLogger("ttsrl.reward.server")
@@ -159,11 +160,16 @@ class RewardServer:
             web.get("/v2", self._server_meta),
             web.get("/v2/health/live", self._live),
             web.get("/v2/health/ready", self._ready),
+            web.get("/v2/models/stats", self._stats),  # every model's (before {name} takes "stats")
+            web.post("/v2/repository/index", self._repository_index),
             web.get(f"/v2/models/{name}", self._model_meta),
             web.get(f"/v2/models/{name}/versions/{{version}}", self._model_meta),
             web.get(f"/v2/models/{name}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/versions/{{version}}/ready", self._model_ready),
             web.get(f"/v2/models/{name}/stats", self._stats),
+            web.get(f"/v2/models/{name}/versions/{{version}}/stats", self._stats),
+            web.get(f"/v2/models/{name}/config", self._model_config),
+            web.get(f"/v2/models/{name}/versions/{{version}}/config", self._model_config),
             web.get("/metrics", self.metrics.handle),
             web.post(f"/v2/models/{name}/infer", self._infer),
             web.post(f"/v2/models/{name}/versions/{{version}}/infer", self._infer),
@@ -265,7 +271,7 @@ class RewardServer:
 
     # ---- handlers -------------------------------------------------------------
     def _check_model(self, request: web.Request) -> None:
-        name = request.match_info["name"]
+        name = request.match_info.get("name", self.cfg.model_name)  # /v2/models/stats: every model
         if name != self.cfg.model_name:
             raise RequestError(f"unknown model {name!r}; this server serves {self.cfg.model_name!r}", 404)
         version = request.match_info.get("version")
@@ -273,7 +279,8 @@ class RewardServer:
             raise RequestError(f"unknown version {version!r} of {name}; available: {MODEL_VERSION}", 404)
 
     async def _server_meta(self, request):
-        return _json({"name": "ttsrl-reward", "version": "1", "extensions": [EXTENSION]})
+        return _json({"name": "ttsrl-reward", "version": "1",
+                      "extensions": [EXTENSION, "model_configuration", "statistics"]})
 
     async def _live(self, request):
         return _json({"live": True})
@@ -293,9 +300,24 @@ class RewardServer:
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight)
         return _json(meta)
 
-    async def _stats(self, request):
+    async def _model_config(self, request):
         self._check_model(request)
-        d = self.stats.as_dict()
+        return _json(model_config(
+            self.cfg.model_name, max_batch=self.cfg.max_batch, max_delay_ms=self.cfg.max_delay_ms,
+            max_queue=self.cfg.max_queue, devices=[p.device for p in self.pipelines],
+            parameters={"reward": self.cfg.reward, "backend": ", ".join(p.name for p in self.pipelines),
+                        "sim_weight": f"{self.cfg.sim_weight:g}", "measures_sim": str(self.cfg.measures_sim).lower(),
+                        "max_tokens": str(self.cfg.max_tokens)}))
+
+    async def _repository_index(self, request):
+        return _json(repository_index(self.cfg.model_name, self.ready))
+
+    async def _stats(self, request):
+        """Triton's statistics schema (``model_stats``); ttsrl's own counters beside it at the top
+        level, where tools that read Triton's ignore them."""
+        self._check_model(request)
+        d = {"model_stats": [self.stats.triton.model_stat(self.cfg.model_name)]}
+        d.update(self.stats.as_dict())
         d["queue_depth"] = len(self.batcher.queue) if self.batcher else 0
         d["replicas"] = [p.name for p in self.pipelines]
         if self.guard is not None:
@@ -305,6 +327,20 @@ class RewardServer:
     async def _infer(self, request: web.Request) -> web.Response:
         self.stats.requests += 1
         self._check_model(request)
+        t0 = time.perf_counter_ns()
+        try:
+            resp = await self._answer(request)
+        except Exception:
+            self.stats.triton.durations["fail"].add(time.perf_counter_ns() - t0)
+            raise
+        triton = self.stats.triton
+        triton.durations["success"].add(time.perf_counter_ns() - t0)
+        triton.inference_count += 1
+        triton.last_inference_ms = int(time.time() * 1000)
+        return resp
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        """One inference request, parsed, scored and encoded."""
         if not self.ready or self.batcher is None:
             raise RequestError("server is not ready", 503)
         if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
@@ -313,15 +349,20 @@ class RewardServer:
             body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
         except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
             raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
+        t_parse = time.perf_counter_ns()
         req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
+        triton = self.stats.triton
+        triton.durations["compute_input"].add(time.perf_counter_ns() - t_parse)
         why = text_problem(req.text, self.cfg.max_text_chars)
         if why:  # the same rule as stage 0 and the pair readers: never reaches a batch
             raise RequestError(f"input GT_TEXT: {why}", 422)
         result: Scored = await self.batcher.submit(req.codes, req.text)
+        t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               req.rid, req.wanted, self._sim_output(result.sim))
         self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
+        triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON
             return web.Response(body=data, content_type="application/json", charset="utf-8")
         return web.Response(body=data, content_type="application/octet-stream",
