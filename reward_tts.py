@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     for (lineno, code, text), r in zip(rows, results):
         failed += r["reward_failed"] > 0
         status = "FAILED" if r["reward_failed"] else f"{r['score']:.4f}"
-        print(f"line {lineno}\treward {status}\terror_rate {r['error_rate']:.3f}\tsim {r['sim']:.3f}\t"
+        sim = f"{r['sim']:.3f}" if r["sim_measured"] else "-"  # absent, not 0: the server measured none
+        print(f"line {lineno}\treward {status}\terror_rate {r['error_rate']:.3f}\tsim {sim}\t"
               f"tokens {len(code)}\ttext {text}\ttranscript {r['transcript']}")
     print(f"{len(rows)} rows, {failed} failed, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     return 1 if failed else 0

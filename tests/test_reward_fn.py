@@ -29,7 +29,7 @@ from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
-KEYS = {"score", "error_rate", "transcript", "reward_failed", "sim"}
+KEYS = {"score", "error_rate", "transcript", "reward_failed", "sim", "sim_measured"}
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +209,7 @@ def test_by_hand_cli(server, tmp_path):
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 4
     assert all("reward 1.0000" in line for line in lines[:3]) and "reward 0.0000" in lines[3]
+    assert all("\tsim -\t" in line for line in lines)  # the sim backend measures no SIM: absent, not 0.000
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "你好", "code": [1, 2]}\n{"text": "你好"}\n', encoding="utf-8")
     res = subprocess.run([sys.executable, str(ROOT / "reward_tts.py"), "--input", str(bad), "--url", server.url],

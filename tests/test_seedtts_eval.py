@@ -83,6 +83,19 @@ def test_no_output_reference_empty_and_pinyin_transcripts():
     assert (s.errors, s.ref_len, s.unit) == (1, 3, "syllable")
 
 
+def test_digits_are_kept_on_the_character_path_and_read_out_on_the_pinyin_path():
+    """What docs/evaluation.md states: Seed-TTS keeps digits (a read-out number in a character
+    transcript is 4 substitutions), a pinyin transcript cannot hold one, so there numbers are read
+    out on both sides and the same speech scores 0."""
+    from ttsrl.text import pinyin
+
+    ref = "他在2023年去了北京。"
+    chars = score_utterance(ref, "他在二零二三年去了北京", "zh")
+    assert (chars.errors, chars.ref_len, chars.unit) == (4, 11, "char")
+    syl = score_utterance(ref, " ".join(pinyin("他在二零二三年去了北京")), "zh")
+    assert (syl.errors, syl.ref_len, syl.unit) == (0, 11, "syllable")
+
+
 def test_language_detection():
     assert detect_lang(["你好", "hello 世界", "ok"]) == "zh"
     assert detect_lang(["hello", "world", "你好"]) == "en"

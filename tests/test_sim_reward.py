@@ -145,10 +145,11 @@ def test_client_hands_sim_to_verl(t2w):
         empty = asyncio.run(compute_score("t", "", text, config=RewardClientConfig(url=srv.url)))
     assert got["sim"] == pytest.approx(expect["SIMS"]) and got["score"] == pytest.approx(expect["REWARDS"])
     assert set(got) == set(empty) and empty["sim"] == 0.0
+    assert got["sim_measured"] == 1.0 and empty["sim_measured"] == 0.0  # nothing voiced: a 0.0 that is no SIM
     with serve(t2w) as srv:
         plain = asyncio.run(compute_score("t", SpeechVocab.codes_to_text(c), text,
                                           config=RewardClientConfig(url=srv.url)))
-    assert plain["sim"] == 0.0 and plain["score"] == got["score"]
+    assert plain["sim"] == 0.0 and plain["sim_measured"] == 0.0 and plain["score"] == got["score"]
 
 
 def test_a_backend_without_a_speaker_model_refuses_sim_at_start(tmp_path):

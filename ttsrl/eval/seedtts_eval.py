@@ -23,7 +23,9 @@ run_wer.py skips a missing wav, so it never counts); an empty reference scores 0
 the transcript is empty too, else 1.0 (upstream's jiwer version raised). The simulated ASR
 of the embedded world writes toned pinyin, which cannot be split into characters: for
 such transcripts the per-utterance rate is over toned syllables (``ttsrl.text``), one
-Chinese character being one syllable, and the unit says so.
+Chinese character being one syllable, and the unit says so. A pinyin transcript has no
+digits, so on that path both sides are normalised first (numbers read out): step 2's "digits
+stay digits" holds on the character path only (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ columns from the first sample's keys): ``score``, ``error_rate``, ``transcript``
 (a string; verl's metric code skips strings), ``reward_failed`` and ``sim``: the speaker
 similarity the server measured (its ``SIMS`` output: ``--want-sim`` or ``--sim-weight``), 0.0
 where none was measured (a server that does not, an empty response, a failed request) so the
-column stays finite. ``score`` and ``sim`` are the two components of ``--algorithm gdpo``
+column stays finite, and ``sim_measured`` (1.0 or 0.0), which tells such a 0.0 from a measured
+one: anything that averages or prints SIM reads it first (``reward_tts.py`` prints ``sim -``). ``score`` and ``sim`` are the two components of ``--algorithm gdpo``
 (``algorithm.gdpo_reward_keys``; verl reads them from the extra info,
 ``verl/trainer/ppo/core_algos.py:413-430``).
 """
@@ -205,8 +206,10 @@ _warned_empty = False
 
 
 def _result(score: float, error_rate: float, transcript: str, failed: bool, sim: float = math.nan) -> dict:
+    measured = math.isfinite(sim)
     return {"score": float(score), "error_rate": float(error_rate), "transcript": transcript,
-            "reward_failed": 1.0 if failed else 0.0, "sim": float(sim) if math.isfinite(sim) else 0.0}
+            "reward_failed": 1.0 if failed else 0.0, "sim": float(sim) if measured else 0.0,
+            "sim_measured": 1.0 if measured else 0.0}
 
 
 async def compute_score(data_source: str, solution_str: str, ground_truth: str,
