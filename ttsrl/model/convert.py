@@ -364,13 +364,56 @@ def cosyvoice_own_logits(lm, text_ids: Sequence[int], speech: Sequence[int]) -> 
     return lm.llm_decoder(hidden[0])
 
 
+class CosyVoiceDecodeMismatch(RuntimeError):
+    """CosyVoice's own cached decoding loop does not reproduce the checkpoint's greedy decode."""
+
+
+#: the transformers release CosyVoice pins (its requirements.txt): its cached loop is right there
+COSYVOICE_TRANSFORMERS = "4.51.3"
+
+
+def cosyvoice_own_greedy(lm, text_ids: Sequence[int], steps: int) -> list[int]:
+    """Greedy codes from CosyVoice's own ``Qwen2LM.inference_wrapper`` (its KV-cached
+    ``forward_one_step`` loop, what CosyVoice's inference runs without vLLM), at most ``steps``."""
+    emb = lm.llm_embedding.weight
+    x = torch.cat([emb[lm.sos_eos][None], lm.llm.model.model.embed_tokens(torch.tensor(list(text_ids))),
+                   emb[lm.task_id][None]])[None]
+    lm.sampling = lambda scores, decoded, k: scores.argmax(dim=-1, keepdim=True)  # greedy, no RAS
+    return [int(t) for t in lm.inference_wrapper(x, 25, 0, steps, "")]
+
+
+def checkpoint_greedy(hf, sv: V.SpeechVocab, text_ids: Sequence[int], steps: int) -> tuple[list[int], bool]:
+    """Greedy codes of the HF checkpoint by full forwards (no cache), stopping where CosyVoice's
+    loop stops (eos), and whether the whole sequence is comparable: at one of the other two
+    stop rows CosyVoice's loop re-feeds its last input (``continue``), so only the codes before
+    it are (False)."""
+    lo, hi = sv.output_range
+    ids, out = [sv.sos_id, *text_ids, sv.task_id], []
+    for _ in range(steps):
+        idx = int(hf.model(torch.tensor([ids])).logits[0, -1, lo:hi].argmax())
+        if idx == V.EOS_INDEX:
+            break
+        if idx > V.EOS_INDEX:
+            return out, False
+        out.append(idx)
+        ids = ids + sv.codes_to_ids([idx])
+    return out, True
+
+
 @torch.no_grad()
 def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed: int = 0,
-                  reference: str = "ttsrl") -> float:
+                  reference: str = "ttsrl", decode_steps: int = 8) -> float:
     """Max |logit difference| between the HF checkpoint and the exported llm.pt
     (loaded strictly into ``Qwen2LM``), both in fp32, over a random probe batch.
     ``reference``: "ttsrl" (``ttsrl.model.cosyvoice_lm.Qwen2LM``, no CosyVoice code needed) or
-    "cosyvoice" (CosyVoice's own class from the installed CosyVoice code: ``cosyvoice_own_lm``)."""
+    "cosyvoice" (CosyVoice's own class from the installed CosyVoice code: ``cosyvoice_own_lm``).
+    With "cosyvoice", equal logits are not enough: ``decode_steps`` greedy codes of each probe's
+    text from CosyVoice's own cached loop must equal the checkpoint's, else
+    :class:`CosyVoiceDecodeMismatch` (under transformers 5 that loop repeats one code: its
+    ``forward_one_step`` hands a one-position attention mask, which transformers 5 takes as the
+    whole mask; CosyVoice pins transformers 4.51.3). ``decode_steps=0``: logits only."""
+    import transformers
+
     from ttsrl.model.hf_model import load_speech_lm
 
     hf = load_speech_lm(hf_dir, dtype=torch.float32)
@@ -389,6 +432,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
     g = torch.Generator().manual_seed(seed)
     lo, hi = sv.output_range
     worst = 0.0
+    texts = []
     for _ in range(n_seqs):
         text = torch.randint(0, sv.text_vocab_size, (10,), generator=g).tolist()
         speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (30,), generator=g).tolist()
@@ -396,4 +440,17 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
         ids = [sv.sos_id] + text + [sv.task_id] + sv.codes_to_ids(speech)
         b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]
         worst = max(worst, (a - b).abs().max().item())
+        texts.append(text)
+    if reference == "cosyvoice" and decode_steps > 0:
+        for text in texts:
+            want, whole = checkpoint_greedy(hf, sv, text, decode_steps)
+            got = cosyvoice_own_greedy(ref, text, decode_steps)
+            if (got if whole else got[:len(want)]) != want:
+                raise CosyVoiceDecodeMismatch(
+                    f"CosyVoice's own cached decoding loop (Qwen2LM.inference_wrapper) under transformers "
+                    f"{transformers.__version__} gives greedy codes {got} where the checkpoint gives {want} "
+                    f"(the same logits: max |diff| {worst:.2e}). Run the exported llm.pt in CosyVoice's own "
+                    f"environment (transformers {COSYVOICE_TRANSFORMERS}, its requirements.txt): under "
+                    "transformers 5 its forward_one_step passes a one-position attention mask that is taken "
+                    "as the whole mask.")
     return worst
