@@ -213,3 +213,52 @@ def test_merge_does_not_run_the_checkpoint_folders_code(run):
         assert sentinel.exists()
     finally:
         planted.unlink()
+
+
+def test_verl_own_merger_folder_is_refused_with_a_pointer_to_stage3(run, tmp_path):
+    """verl's own merger (``python -m verl.model_merger``, run for real on this run's step) writes a
+    stock Qwen2 architecture in bf16 without our modeling file: other tools load it without the
+    output bias. load_speech_lm (stages 4 and 5, mining) refuses it and names stage 3 (issue 38);
+    stage 3's folder of the same step loads."""
+    from ttsrl.model.hf_model import load_speech_lm
+
+    ws, _, _ = run
+    out = tmp_path / "verl_merged"
+    proc = subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
+                           str(ws / "ckpt" / f"global_step_{STEPS}" / "actor"), "--target_dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and not (out / "modeling_cosyvoice2.py").exists()
+    with pytest.raises(ValueError, match=r"verl's own model merger.*stage 3"):
+        load_speech_lm(out)
+    ours = tmp_path / "ours"
+    subprocess.run(merge_command(ws, ours) + ["--steps", str(STEPS)], cwd=ROOT, check=True, capture_output=True,
+                   timeout=300)
+    assert type(load_speech_lm(ours / f"step_{STEPS}").model).__name__ == "CosyVoice2Qwen2ForCausalLM"
+
+
+def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path):
+    """Issue 39 item 1: merge run A, replace checkpoints/ by run B's (here: step 3's shards
+    become step 2's), run stage 3 again: the step is merged again from what is there now, not
+    'already merged (checked), skipped' with run A's weights."""
+    import shutil
+
+    from ttsrl.model.checkpoint import read_marker
+
+    ws, _, _ = run
+    ckpt, out = tmp_path / "ckpt", tmp_path / "merged"
+    shutil.copytree(ws / "ckpt", ckpt)
+    cmd = [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ckpt), "--out-dir", str(out),
+           "--base-model", str(ws / "hf_model")]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    a2, a3 = (read_marker(out / f"step_{s}")["files"]["model.safetensors"]["sha256"] for s in (SAVE_FREQ, STEPS))
+    assert a2 != a3 and read_marker(out / f"step_{STEPS}")["source_files"]
+    # "run B": its step 3 holds other shards (those of step 2 here)
+    for shard in (ckpt / f"global_step_{SAVE_FREQ}" / "actor").glob("model_world_size_*_rank_*.pt"):
+        shutil.copy2(shard, ckpt / f"global_step_{STEPS}" / "actor" / shard.name)
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"step {SAVE_FREQ}: already merged (checked), skipped" in again.stdout
+    assert f"step {STEPS}: existing" in again.stdout and "merged from other checkpoint files" in again.stdout
+    assert read_marker(out / f"step_{STEPS}")["files"]["model.safetensors"]["sha256"] == a2  # B's weights now

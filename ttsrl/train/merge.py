@@ -26,9 +26,12 @@ its config and tokenizer files). Note that verl's merger reads the shards with
 did not produce unpickles it, which can run arbitrary code. Only merge your own.
 
 Idempotent and checked: a finished step carries ``MERGED.json`` (written last) listing
-every file with its size and sha256. A step is skipped only when every listed file
-is present with its recorded size and sha256, every weights file opens as
-safetensors, and it was merged at the requested dtype; otherwise it is merged again.
+every file with its size and sha256, and the size and sha256 of the checkpoint files it was
+merged from (``source_files``: the FSDP model shards and the model config). A step is skipped
+only when every listed file is present with its recorded size and sha256, every weights file
+opens as safetensors, it was merged at the requested dtype, and from the checkpoint files that
+are there now (a ``checkpoints/`` replaced by another run's is merged again); otherwise it is
+merged again.
 Stages 4 and 5 trust a step on the same check (``benchmarks/bench_marker_hash.py``
 measures what the hashing costs). The layout, the marker and the atomic writing of a
 step (temporary folder, synced, renamed into place: an interrupted merge leaves no
@@ -50,7 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, step_path, writing_step
+from ttsrl.atomic import sha256_file
+from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, read_marker, step_path, writing_step
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")  # verl's FSDP checkpoints (the merged ones: checkpoint.STEP_RE)
 HF_SUBDIR = "huggingface"
@@ -97,6 +101,27 @@ def saved_steps(ckpt_dir: Path) -> dict[int, Path]:
         if m and actor.is_dir() and any(actor.glob("model_world_size_*_rank_*.pt")):
             steps[int(m.group(1))] = actor
     return dict(sorted(steps.items()))
+
+
+def source_fingerprint(actor: Path) -> dict[str, dict]:
+    """Size and sha256 of every file of ``actor`` the merged weights come from (the FSDP model
+    shards and the model config), keyed by path inside ``actor``: recorded in the step's marker,
+    so a step merged from other shards (checkpoints replaced by another run's) is merged again."""
+    files = sorted(actor.glob("model_world_size_*_rank_*.pt")) + [actor / HF_SUBDIR / "config.json"]
+    return {f.relative_to(actor).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
+            for f in files if f.is_file()}
+
+
+def _source_problem(target: Path, source: dict[str, dict]) -> str | None:
+    """Why the complete step ``target`` was not merged from ``source`` (None: it was)."""
+    recorded = (read_marker(target) or {}).get("source_files")
+    if not isinstance(recorded, dict):
+        return "its marker records no source shards (merged by an older ttsrl)"
+    if recorded != source:
+        changed = sorted(set(recorded) ^ set(source) | {k for k in set(recorded) & set(source)
+                                                           if recorded[k] != source[k]})
+        return f"merged from other checkpoint files than the ones there now ({', '.join(changed[:3])} differ)"
+    return None
 
 
 def _remote_code_modules(hf_config: dict) -> list[str]:
@@ -151,9 +176,12 @@ def stage_config_dir(actor: Path, base_model: Optional[Path], use_checkpoint_cod
 def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
                log: Callable[[str], None] = print) -> StepResult:
     target = step_path(out_dir, step)
+    source = source_fingerprint(actor)
     why = check_merged(target, cfg.dtype) if target.exists() else "absent"
     if why is None:
-        return StepResult(step, target, merged=False)
+        why = _source_problem(target, source)
+        if why is None:
+            return StepResult(step, target, merged=False)
     if target.exists():
         log(f"[merge] step {step}: existing {target} is not a complete merge ({why}): merging again")
     t0 = time.time()
@@ -162,7 +190,7 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
     staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg.tmp-{os.getpid()}-", dir=out_dir))
     try:
         modules = stage_config_dir(actor, cfg.base_model, cfg.use_checkpoint_code, staging)
-        info = {"step": step, "source": str(actor.resolve()), "dtype_option": cfg.dtype,
+        info = {"step": step, "source": str(actor.resolve()), "source_files": source, "dtype_option": cfg.dtype,
                 "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model"}
         # the staged tokenizer files where the merger left them out, the base model's side file
         with writing_step(target, info, modules, tokenizer_from=staging, extra_from=cfg.base_model) as tmp:
