@@ -206,3 +206,86 @@ def test_health_cli_names_the_servers_not_ready(sim_server_url):
     res = subprocess.run([sys.executable, "-m", "ttsrl.reward.health", sim_server_url, dead,
                           "--at-least", "1"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+class Lying(BaseHTTPRequestHandler):
+    """Ready, and every infer request answered 200 with ``body`` (a readable JSON answer that no
+    honest reward server gives): what issue 39 items 2 and 3 probe."""
+
+    body: object = {}
+    posts = 0
+
+    def do_GET(self):
+        self._send(200 if self.path == READY_PATH else 404, b"{}")
+
+    def do_POST(self):
+        type(self).posts += 1
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send(200, __import__("json").dumps(type(self).body).encode())
+
+    def _send(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def lying_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Lying)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    Lying.posts = 0
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def answer(reward=0.5, error_rate=0.1, model="token2wav_asr", **extra) -> dict:
+    return {"model_name": model, "model_version": "1", "outputs": [
+        {"name": "REWARDS", "datatype": "FP32", "shape": [1, 1], "data": [reward]},
+        {"name": "TRANSCRIPTS", "datatype": "BYTES", "shape": [1, 1], "data": ["ni3 hao3"]},
+        {"name": "ERROR_RATES", "datatype": "FP32", "shape": [1, 1], "data": [error_rate]}], **extra}
+
+
+IMPOSSIBLE = {"reward -5": answer(-5.0), "reward 1e6": answer(1e6), "reward true": answer(True),
+              "reward as a string": answer("0.75"), "error rate NaN": answer(error_rate=float("nan")),
+              "error rate -3": answer(error_rate=-3.0), "another model": answer(model="other_model"),
+              "beyond its own range": answer(1.2, parameters={"reward_range": [0.0, 1.0]}),
+              "an empty object": {}, "no REWARDS": {"model_name": "token2wav_asr", "outputs": []}}
+
+
+@pytest.mark.parametrize("why", sorted(IMPOSSIBLE))
+def test_an_impossible_answer_is_a_failure_never_a_reward(lying_server, why):
+    """Issue 39 item 2: such answers used to give '0 failed' and their numbers reached verl."""
+    Lying.body = IMPOSSIBLE[why]
+    with pytest.raises(RequestFailed, match="invalid answer"):
+        asyncio.run(request_reward(codec.encode(TEXTS[0]), TEXTS[0], config([lying_server], retries=1)))
+    out = asyncio.run(compute_score("tts", *rows(1)[0], config=config([lying_server], retries=1,
+                                                                      max_fail_fraction=1.0)))
+    assert out["reward_failed"] == 1.0 and out["score"] == 0.0, out
+
+
+def test_a_possible_answer_from_such_a_server_is_accepted(lying_server):
+    """The checks let an honest answer through: a SIM-weighted reward above 1 inside the range the
+    server advertises, an error rate above 1."""
+    Lying.body = answer(1.05, error_rate=1.5, parameters={"reward_range": [-0.1, 1.1]})
+    got = asyncio.run(request_reward(codec.encode(TEXTS[0]), TEXTS[0], config([lying_server])))
+    assert (got.reward, got.error_rate, got.transcript) == (1.05, 1.5, "ni3 hao3")
+
+
+def test_a_server_answering_invalid_200s_leaves_the_rotation(lying_server, sim_server_url, caplog):
+    """Issue 39 item 3: one server answering `{}` beside a good one: every row is scored by the
+    good one (40 rows -> 0 failed; it was 20 failed), every answer of the liar counts as its
+    failure and takes it out of rotation (until its backoff has passed and it answers ready)."""
+    Lying.body = {}
+    cfg = config([lying_server, sim_server_url], max_fail_fraction=1.0)
+    out = asyncio.run(score(rows(40), cfg))
+    assert [r["reward_failed"] for r in out] == [0.0] * 40, out
+    counts = cfg.pool.counts()
+    assert counts[lying_server]["ok"] == 0 and counts[lying_server]["failed"] == Lying.posts >= 1
+    assert counts[sim_server_url]["ok"] == 40, counts
+    assert f"reward server {lying_server} out of rotation" in caplog.text and "invalid answer" in caplog.text

@@ -61,6 +61,7 @@ one: anything that averages or prints SIM reads it first (``reward_tts.py`` prin
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -75,7 +76,6 @@ from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
     DEFAULT_URL,
     Reply,
-    ResponseError,
     build_payload,
     infer_path,
     parse_response,
@@ -192,11 +192,8 @@ def failure_window(cfg: RewardClientConfig) -> FailureWindow:
 
 async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> Reply:
     """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`."""
-    answer = await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy)
-    try:
-        return parse_response(answer)
-    except ResponseError as e:
-        raise RequestFailed(str(e)) from None
+    return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy,
+                               accept=functools.partial(parse_response, model=cfg.model))
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ speech codes and the text, so sending a request again to another server is alway
 process (one pool per URL list, shared by every thread and event loop of the process):
 
 * a request goes to the server in rotation with the fewest requests in flight (ties at random);
-* a connection error, a timeout, a 5xx or an unreadable 200 takes the server out of rotation for
+* a connection error, a timeout, a 5xx or a 200 that is unreadable or that ``accept`` refuses
+  (an impossible reward, another model: ``protocol.parse_response``) takes the server out of rotation for
   a backoff (``backoff_s``, doubling with each consecutive failure, capped at ``max_backoff_s``)
   and the request goes to another server at once;
 * a 503 or 429 with ``Retry-After`` (queue full, not ready yet) marks the server busy for that
@@ -32,6 +33,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import aiohttp
 
@@ -172,8 +174,11 @@ class EndpointPool:
 
     # -----------------------------------------------------------------------
 
-    async def post(self, path: str, payload: dict, policy: Policy) -> dict:
-        """POST ``payload`` to ``path`` of some server; its JSON answer (see the module doc)."""
+    async def post(self, path: str, payload: dict, policy: Policy, accept: Callable[[dict], Any] = lambda a: a) -> Any:
+        """POST ``payload`` to ``path`` of some server; ``accept`` of its JSON answer (see the module
+        doc). ``accept`` raises ``ValueError`` for an answer that must not be used: the server that
+        gave it is out of rotation (it was answering, so it would keep answering so) and the
+        request goes to another."""
         async with _loop_session(policy.max_connections) as session:
             tried: set[str] = set()
             waits = 0
@@ -196,23 +201,27 @@ class EndpointPool:
                 tried.add(ep.url)
                 ok = False
                 try:
-                    answer = await self._attempt(session, ep, path, payload, policy)
+                    answer = await self._attempt(session, ep, path, payload, policy, accept)
                     ok = answer is not None
                 finally:
                     self.release(ep, ok)
                 if ok:
                     return answer
 
-    async def _attempt(self, session, ep: Endpoint, path: str, payload: dict, policy: Policy) -> dict | None:
-        """One attempt at ``ep``: its JSON, or None after marking ``ep`` failed or busy."""
+    async def _attempt(self, session, ep: Endpoint, path: str, payload: dict, policy: Policy,
+                       accept: Callable[[dict], Any]) -> Any:
+        """One attempt at ``ep``: ``accept`` of its JSON, or None after marking ``ep`` failed or busy."""
         url = ep.url + path
         try:
             async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=policy.timeout_s)) as resp:
                 if resp.status == 200:
                     answer = await resp.json(content_type=None)
-                    if isinstance(answer, dict):
-                        return answer
-                    raise ValueError(f"the answer is not a JSON object: {str(answer)[:100]}")
+                    if not isinstance(answer, dict):
+                        raise ValueError(f"the answer is not a JSON object: {str(answer)[:100]}")
+                    try:
+                        return accept(answer)
+                    except ValueError as e:  # answered, but nothing to use: out of rotation
+                        raise ValueError(f"invalid answer: {e}") from None
                 detail = (await resp.text())[:300]
                 error = f"HTTP {resp.status} from {url}: {detail}"
                 if 400 <= resp.status < 500 and resp.status not in (408, 429):

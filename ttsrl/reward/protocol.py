@@ -93,20 +93,62 @@ class Reply(NamedTuple):
     sim: float = math.nan
 
 
-def parse_response(body: Any) -> Reply:
-    """The :class:`Reply` of an infer response; raises :class:`ResponseError`."""
+#: what every reward variant's error-rate term gives (ttsrl.reward.rewards; the length guard only
+#: scales it down); a SIM weight w adds w x SIM, SIM in [-1, 1]
+REWARD_TERM_RANGE = (0.0, 1.0)
+SIM_SLACK = 1e-3  # a campplus cosine computed in float32 may pass 1 by rounding
+
+
+def reward_range(sim_weight: float = 0.0) -> tuple[float, float]:
+    """The rewards a server with SIM weight ``sim_weight`` can answer (it advertises them in its
+    responses' ``parameters`` and its metadata as ``reward_range``)."""
+    lo, hi = REWARD_TERM_RANGE
+    return (lo - sim_weight, hi + sim_weight) if sim_weight > 0 else (lo, hi)
+
+
+def _number(outs: dict, name: str, allow_nan: bool = False) -> float:
+    """The one value of output ``name``: a JSON number (not a bool, not a string)."""
+    v = outs[name][0]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ResponseError(f"output {name} is {v!r} ({type(v).__name__}), not a number")
+    v = float(v)
+    if not (math.isfinite(v) or (allow_nan and math.isnan(v))):
+        raise ResponseError(f"output {name} is {v}, not a finite number")
+    return v
+
+
+def parse_response(body: Any, model: str | None = None) -> Reply:
+    """The :class:`Reply` of an infer response; raises :class:`ResponseError` for an answer that
+    is malformed, from another model than ``model`` (when given), or impossible: a reward that is
+    not a finite number within the ``reward_range`` the server advertises (a server that
+    advertises none: that of SIM weight 0), an error rate that is not a finite number >= 0, a
+    SIM outside [-1, 1], a transcript that is not a string."""
+    if not isinstance(body, dict):
+        raise ResponseError(f"the answer is not a JSON object: {str(body)[:200]}")
+    if model is not None and body.get("model_name") != model:
+        raise ResponseError(f"the answer is from model {body.get('model_name')!r}, not {model!r}")
     try:
         outs = {o["name"]: o["data"] for o in body["outputs"]}
-        reward = float(outs["REWARDS"][0])
-        err = float(outs["ERROR_RATES"][0]) if "ERROR_RATES" in outs else math.nan
-        sim = float(outs["SIMS"][0]) if "SIMS" in outs else math.nan
-        transcript = str(outs.get("TRANSCRIPTS", [""])[0])
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+        reward = _number(outs, "REWARDS")
+        err = _number(outs, "ERROR_RATES") if "ERROR_RATES" in outs else math.nan
+        sim = _number(outs, "SIMS", allow_nan=True) if "SIMS" in outs else math.nan
+        transcript = outs.get("TRANSCRIPTS", [""])[0]
+    except (KeyError, IndexError, TypeError) as e:
         raise ResponseError(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
-    if not math.isfinite(reward):
-        raise ResponseError(f"reward server returned a non-finite reward {reward}")
-    if not (math.isnan(sim) or -1.0 - 1e-3 <= sim <= 1.0 + 1e-3):
+    advertised = (body.get("parameters") or {}).get("reward_range", list(reward_range()))
+    if not (isinstance(advertised, list) and len(advertised) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in advertised)
+            and advertised[0] <= advertised[1]):
+        raise ResponseError(f"the answer advertises reward_range {advertised!r}, not [low, high]")
+    lo, hi = advertised
+    if not lo <= reward <= hi:
+        raise ResponseError(f"reward server returned a reward {reward} outside the range it advertises [{lo:g}, {hi:g}]")
+    if not (math.isnan(err) or err >= 0):
+        raise ResponseError(f"reward server returned an error rate {err} below 0")
+    if not (math.isnan(sim) or -1.0 - SIM_SLACK <= sim <= 1.0 + SIM_SLACK):
         raise ResponseError(f"reward server returned a speaker similarity {sim} outside [-1, 1]")
+    if not isinstance(transcript, str):
+        raise ResponseError(f"output TRANSCRIPTS is {transcript!r}, not a string")
     return Reply(reward, err, transcript, sim)
 
 
@@ -115,7 +157,8 @@ def parse_response(body: Any) -> Reply:
 
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
-                   rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None) -> dict:
+                   rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None,
+                   sim_weight: float = 0.0) -> dict:
     """The infer response. ``sim`` None: this server does not measure speaker similarity, and
     SIMS is left out unless the request names it (then NaN); a measuring server passes NaN
     where there was nothing to measure. So a server without SIM sends strict JSON, as before."""
@@ -124,7 +167,8 @@ def build_response(model_name: str, reward: float, transcript: str, error_rate: 
     default = [n for n, _, _ in OUTPUT_SPECS if n != "SIMS" or sim is not None]
     outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
                for n, d, s in OUTPUT_SPECS if n in (default if wanted is None else wanted)]
-    resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs}
+    resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs,
+            "parameters": {"reward_range": list(reward_range(sim_weight))}}
     if rid is not None:
         resp["id"] = rid
     return resp

@@ -38,6 +38,7 @@ from ttsrl.reward.protocol import (
     build_response,
     model_metadata,
     parse_infer,
+    reward_range,
 )
 from ttsrl.reward.scoring import Scored, score_codes
 from ttsrl.reward.triton_admin import model_config, repository_index
@@ -297,7 +298,8 @@ class RewardServer:
         meta = model_metadata(self.cfg.model_name)
         meta.update(platform="ttsrl", backend=", ".join(p.name for p in self.pipelines), reward=self.cfg.reward,
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
-                    measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight)
+                    measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
+                    reward_range=list(reward_range(self.cfg.sim_weight)))
         return _json(meta)
 
     async def _model_config(self, request):
@@ -359,7 +361,7 @@ class RewardServer:
         result: Scored = await self.batcher.submit(req.codes, req.text)
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              req.rid, req.wanted, self._sim_output(result.sim))
+                              req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight)
         self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
