@@ -1,8 +1,9 @@
 """Issue 11 item 5's attacks on the reward server, counted: hostile bodies, 500s in
 /stats, 1,100 idle partial connections under ``ulimit -n 1024`` held for 40 s while
-valid requests are sent, and the size of the server's log.
+valid requests are sent, then (issue 39 item 5) 1,024 connections that each send 4 bytes of a
+declared 100 kB body, held while 64 clients send valid requests, and the size of the server's log.
 
-    python benchmarks/attack_reward_server.py [--root CHECKOUT] [--hold-s 40]
+    python benchmarks/attack_reward_server.py [--root CHECKOUT] [--hold-s 40] [--slow-bodies 1024]
 
 ``--root`` runs the server of another checkout (e.g. an older commit, to compare).
 Prints one line per attack; numbers, no pass/fail.
@@ -38,11 +39,54 @@ def bodies() -> dict[str, bytes]:
     return hostile_bodies()
 
 
+def slow_bodies(url: str, host: str, port: int, a) -> None:
+    """``a.slow_bodies`` connections trickling a declared body, held ``a.hold_s`` s while
+    ``a.clients`` clients send valid requests back to back; prints what was answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    socks, refused = [], 0
+    for _ in range(a.slow_bodies):
+        try:
+            s = socket.create_connection((host, port), timeout=5)
+            s.sendall(b"POST /v2/models/token2wav_asr/infer HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"in")
+            socks.append(s)
+        except OSError:
+            refused += 1
+    payload = build_payload(codec.encode(TEXT), TEXT)
+    t_end = time.time() + a.hold_s
+
+    def client(_):
+        ok = failed = 0
+        while time.time() < t_end:
+            try:
+                r = requests.post(url + infer_path(), json=payload, timeout=10)
+                ok += r.status_code == 200
+                failed += r.status_code != 200
+            except requests.RequestException:
+                failed += 1
+        return ok, failed
+
+    with ThreadPoolExecutor(a.clients) as ex:
+        results = list(ex.map(client, range(a.clients)))
+    ok, failed = (sum(r[i] for r in results) for i in (0, 1))
+    for s in socks:  # first: a server they fill could not answer /stats
+        s.close()
+    time.sleep(0.5)
+    st = requests.get(f"{url}/v2/models/{DEFAULT_MODEL_NAME}/stats", timeout=10).json()
+    print(f"{'slow-body connections opened':32s} {len(socks)} (refused {refused})")
+    print(f"{'valid requests while held':32s} {ok} ok, {failed} failed/timed out ({a.clients} clients, "
+          f"{a.hold_s:g} s); evicted slow bodies {st.get('connections_evicted_slow_body', 'absent')}, "
+          f"refused {st.get('connections_refused')}, server_errors {st.get('server_errors')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=ROOT, help="checkout whose server to attack")
     ap.add_argument("--hold-s", type=float, default=40.0, help="how long the 1,100 connections are held")
     ap.add_argument("--connections", type=int, default=1100)
+    ap.add_argument("--slow-bodies", type=int, default=1024, help="slow-body connections of the last attack")
+    ap.add_argument("--clients", type=int, default=64, help="valid clients during the slow-body attack")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, a.connections + 500), hard))
@@ -91,6 +135,7 @@ def main() -> None:
               f"max latency {max(latencies):.2f} s")
         for s in socks:
             s.close()
+        slow_bodies(url, host, int(port), a)
     finally:
         proc.terminate()
         try:
@@ -100,6 +145,8 @@ def main() -> None:
     text = log.read_text(errors="replace")
     print(f"{'server log':32s} {log.stat().st_size} bytes, {text.count('Traceback')} tracebacks, "
           f"{text.count('Too many open files')} 'Too many open files'")
+    for line in [x for x in text.splitlines() if " ERROR " in x][:3]:
+        print(f"{'  error logged':32s} {line[:300]}")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,39 @@ def test_header_and_body_read_timeouts(tmp_path):
         stop_process(proc)
 
 
+def _slow_body(addr: tuple[str, int]) -> socket.socket:
+    """A request declaring a 100 kB body and sending 4 bytes of it (then nothing)."""
+    s = socket.create_connection(addr, timeout=10)
+    s.sendall(b"POST /v2/models/token2wav_asr/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100000\r\n\r\n{\"in")
+    return s
+
+
+def test_slow_bodies_cannot_lock_valid_requests_out(tmp_path):
+    """Issue 39 item 5: connections trickling a declared body used to fill the server for the whole
+    body timeout (every valid request refused). Now a new connection evicts the slowest body
+    reader: with every slot held by a slow body, valid requests are answered at once, the evicted
+    readers are counted (not as server errors), and nothing is logged as an ERROR."""
+    proc, url, log = start(tmp_path, "--log-level", "WARNING", "--max-connections", "32", "--body-timeout-s", "60")
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    try:
+        socks = [_slow_body((host, int(port))) for _ in range(32)]
+        time.sleep(0.6)  # they have been reading for longer than MIN_READ_S
+        assert stats(url)["connections_evicted_slow_body"] >= 1  # the /stats request itself needed a slot
+        t0 = time.time()
+        answered = sum(infer(url, good(), timeout=10).status_code == 200 for _ in range(20))
+        assert answered == 20 and time.time() - t0 < 10
+        s = stats(url)
+        assert s["connections_refused"] == 0 and s["server_errors"] == 0, s
+        assert s["connections_evicted_slow_body"] >= 1 and s["client_gone"] >= 1, s  # each reply frees its slot
+    finally:
+        for so in socks:
+            so.close()
+        stop_process(proc)
+    assert " ERROR " not in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[:2000]
+
+
 # ---------------------------------------------------------------------------
 # Triton's binary tensor data extension (issue 19 A): malformed bodies
 

@@ -42,6 +42,7 @@ class Stats:
         self.requests = 0
         self.ok = 0
         self.client_errors = 0
+        self.client_gone = 0  # connections closed before their request body arrived
         self.rejected_full = 0
         self.backend_errors = 0
         self.server_errors = 0  # requests answered 500
@@ -56,6 +57,7 @@ class Stats:
     def as_dict(self) -> dict:
         return {
             "requests": self.requests, "ok": self.ok, "client_errors": self.client_errors,
+            "client_gone": self.client_gone,
             "rejected_queue_full": self.rejected_full, "backend_errors": self.backend_errors,
             "server_errors": self.server_errors,
             "batches": self.batches, "split_batches": self.split_batches, "items": self.items,

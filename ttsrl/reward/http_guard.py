@@ -10,10 +10,15 @@ of times. :class:`ConnectionGuard` wraps aiohttp's protocol factory:
 * a connection that is not inside a request handler (headers still arriving, or idle
   between keep-alive requests) for ``idle_timeout_s`` is closed;
 * at most ``max_connections`` are open; a new one beyond that evicts the connection
-  idle the longest (a valid request is never evicted while it is being handled), or is
-  closed at once when all of them are busy.
+  idle the longest (one opened less than ``MIN_READ_S`` ago only when no slow body is
+  there to take instead), else the slowest body reader: of the requests whose body has been
+  arriving for at least ``MIN_READ_S``, the one receiving the fewest bytes a second (so
+  1,024 connections trickling 4 bytes of a declared 100 kB body cannot lock valid clients
+  out for the body timeout); a request being scored is never evicted, and a new connection
+  is closed at once only when every one is being scored or has just begun its body.
 
-The body read timeout is the handler's (``asyncio.wait_for`` around the read).
+The body read timeout is the handler's (``asyncio.wait_for`` around the read); the handler
+says when it starts and ends reading a body (``reading``).
 """
 
 from __future__ import annotations
@@ -33,13 +38,22 @@ def default_max_connections() -> int:
     return max(8, min(1024, soft // 2))
 
 
+MIN_READ_S = 0.25  # a body younger than this is never taken for a slow one
+
+
 class _Conn:
-    __slots__ = ("transport", "busy", "idle_since")
+    __slots__ = ("transport", "busy", "idle_since", "received", "reading_since", "read_from")
 
     def __init__(self, transport):
         self.transport = transport
         self.busy = 0
         self.idle_since = time.monotonic()
+        self.received = 0  # bytes received on this connection
+        self.reading_since: float | None = None  # when the handler began waiting for the body
+        self.read_from = 0  # ``received`` then
+
+    def read_rate(self, now: float) -> float:
+        return (self.received - self.read_from) / max(now - (self.reading_since or now), 1e-9)
 
 
 class _GuardedProtocol(asyncio.Protocol):
@@ -60,6 +74,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._guard._received(self._transport, len(data))
         self._inner.data_received(data)
 
     def eof_received(self):
@@ -81,6 +96,7 @@ class ConnectionGuard:
         self.idle_timeout_s = idle_timeout_s
         self.conns: dict[Any, _Conn] = {}
         self.evicted = 0  # idle connections closed to make room
+        self.evicted_slow = 0  # slow body readers closed to make room
         self.refused = 0  # new connections closed because all were busy
         self.timed_out = 0  # idle connections closed after idle_timeout_s
         self._sweeper: asyncio.Task | None = None
@@ -107,21 +123,40 @@ class ConnectionGuard:
         if c is not None:
             c.busy = max(0, c.busy - 1)
             c.idle_since = time.monotonic()
+            c.reading_since = None
+
+    def reading(self, transport, started: bool) -> None:
+        """The handler on ``transport`` begins (True) or ends (False) waiting for a request body."""
+        c = self.conns.get(transport)
+        if c is not None:
+            c.reading_since, c.read_from = (time.monotonic(), c.received) if started else (None, 0)
 
     # ---- protocol side ----------------------------------------------------------
     def _opened(self, transport) -> None:
         if len(self.conns) >= self.max_connections:
+            now = time.monotonic()
             idle = [c for c in self.conns.values() if not c.busy]
-            if idle:
-                victim = min(idle, key=lambda c: c.idle_since)
-                self.conns.pop(victim.transport, None)
-                victim.transport.abort()
+            stale = [c for c in idle if now - c.idle_since >= MIN_READ_S]
+            slow = [c for c in self.conns.values()
+                    if c.busy and c.reading_since is not None and now - c.reading_since >= MIN_READ_S]
+            if stale or (idle and not slow):  # a connection just opened is not taken while a slow body is there
+                victim = min(stale or idle, key=lambda c: c.idle_since)
                 self.evicted += 1
+            elif slow:
+                victim = min(slow, key=lambda c: (c.read_rate(now), c.reading_since))
+                self.evicted_slow += 1
             else:
                 self.refused += 1
                 transport.abort()
                 return
+            self.conns.pop(victim.transport, None)
+            victim.transport.abort()
         self.conns[transport] = _Conn(transport)
+
+    def _received(self, transport, n: int) -> None:
+        c = self.conns.get(transport)
+        if c is not None:
+            c.received += n
 
     def _closed(self, transport) -> None:
         self.conns.pop(transport, None)
@@ -138,7 +173,8 @@ class ConnectionGuard:
 
     def as_dict(self) -> dict:
         return {"open_connections": len(self.conns), "max_connections": self.max_connections,
-                "connections_evicted": self.evicted, "connections_refused": self.refused,
+                "connections_evicted": self.evicted, "connections_evicted_slow_body": self.evicted_slow,
+                "connections_refused": self.refused,
                 "connections_timed_out": self.timed_out}
 
 

@@ -94,6 +94,10 @@ class ServerConfig:
 # HTTP
 
 
+class ClientGone(Exception):
+    """The connection closed while its request body was being read."""
+
+
 def _json(obj: Any, status: int = 200, headers: dict | None = None) -> web.Response:
     return web.Response(text=json.dumps(obj, ensure_ascii=False), status=status,
                         content_type="application/json", headers=headers)
@@ -244,6 +248,9 @@ class RewardServer:
             self.guard.enter(transport)
         try:
             return await handler(request)
+        except ClientGone:  # nobody to answer: neither a client error nor the server's fault
+            self.stats.client_gone += 1
+            return _error("the client went away before its request was read", 499)
         except RequestError as e:
             self.stats.client_errors += e.status < 500
             headers = {"Retry-After": str(self.cfg.retry_after_s)} if e.status == 503 else None
@@ -347,10 +354,17 @@ class RewardServer:
             raise RequestError("server is not ready", 503)
         if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
             raise RequestError(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
+        if self.guard is not None:
+            self.guard.reading(request.transport, True)
         try:
             body = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
         except asyncio.TimeoutError:  # answered with Connection: close (see _errors)
             raise RequestError(f"request body not received within {self.cfg.body_timeout_s:g} s", 408) from None
+        except ConnectionResetError:  # the client hung up (or was evicted as the slowest reader)
+            raise ClientGone() from None
+        finally:
+            if self.guard is not None:
+                self.guard.reading(request.transport, False)
         t_parse = time.perf_counter_ns()
         req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
         triton = self.stats.triton
