@@ -21,9 +21,12 @@ switch, ``PYTHONPATH``, ``HF_*``, ``NCCL_*``...: ttsrl/train/cluster.py); secret
 ``ray start``. Paths must be absolute, on a filesystem every node mounts.
 
 The run resumes from the newest ``global_step_N`` in ``--checkpoint-dir``
-(``trainer.resume_mode=auto``). Before verl starts, ``<checkpoint-dir>/ttsrl_run.json``
-records the settings, the preset, the ``TTSRL_*`` knobs in effect (ttsrl/knobs.py), the
-names of the variables forwarded to the workers and the verl overrides. ``--dry-run`` prints the environment and command instead of running
+(``trainer.resume_mode=auto``; an empty tracker or one naming a partial step, left by a crash
+while verl saved, is first repaired to the newest complete step: ttsrl/train/verl_ckpt.py).
+Before verl starts, ``<checkpoint-dir>/ttsrl_run.json`` records the settings, the preset, the
+``TTSRL_*`` knobs in effect (ttsrl/knobs.py), the names of the variables forwarded to the
+workers, the verl overrides and the step resumed from, and keeps every earlier launch's record
+(``earlier_launches``). ``--dry-run`` prints the environment and command instead of running
 (and writes nothing). The process is replaced by verl's (signals reach it directly).
 """
 
@@ -35,6 +38,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
@@ -43,8 +47,9 @@ from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given
 from ttsrl.train import cluster
 from ttsrl.train.grpo import PRESETS, GRPOConfig
+from ttsrl.train.verl_ckpt import repair_tracker
 
-RUN_RECORD = "ttsrl_run.json"  # in --checkpoint-dir: what the latest launch ran with
+RUN_RECORD = "ttsrl_run.json"  # in --checkpoint-dir: what the latest launch ran with (and the earlier ones)
 
 
 class Run(NamedTuple):
@@ -99,15 +104,27 @@ def forwarding_note(run: Run, environ: Mapping[str, str]) -> str:
     return note
 
 
-def write_run_record(run: Run, environ: Mapping[str, str]) -> Path:
-    """``<checkpoint_dir>/ttsrl_run.json`` (atomic): the settings, the preset, the TTSRL_* knobs
+def write_run_record(run: Run, environ: Mapping[str, str], resumes_from: int | None = None) -> Path:
+    """``<checkpoint_dir>/ttsrl_run.json`` (atomic): this launch's settings, preset, TTSRL_* knobs
     in ``environ`` (the environment verl gets), the names (not the values) of the variables
-    forwarded to every node's workers and the verl overrides."""
+    forwarded to every node's workers, the verl overrides, when it started and the step it
+    resumes from; at the top level, so the record reads as the latest launch. Every earlier
+    launch of the same checkpoint folder stays in ``earlier_launches`` (oldest first): a resumed
+    run keeps the settings its first steps were trained with."""
     path = Path(run.config.checkpoint_dir) / RUN_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
+    earlier: list = []
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, UnicodeError, ValueError) as e:
+            old = {"unreadable_record": f"{type(e).__name__}: {e}"[:300]}
+        if isinstance(old, dict):
+            earlier = list(old.pop("earlier_launches", [])) + [old]
     record = {"preset": run.preset, "config": dataclasses.asdict(run.config), "knobs": knobs.in_effect(environ),
               "env": run.env, "forwarded_env": cluster.forwarded_names(run.command),
-              "verl_overrides": run.command[3:]}
+              "verl_overrides": run.command[3:], "launched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "resumes_from_step": resumes_from, "earlier_launches": earlier}
     atomic_write_text(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     return path
 
@@ -125,7 +142,10 @@ def main(argv: list[str] | None = None) -> None:
         print(" \\\n  ".join(shlex.quote(c) for c in command))
         return
     environ = {**os.environ, **env}
-    record = write_run_record(run, environ)
+    # a crash while verl saved can leave an empty tracker or one naming a partial step: verl's
+    # resume would stop on int('') -- repaired to the newest complete step, with a message
+    resumes = repair_tracker(Path(cfg.checkpoint_dir)) if cfg.resume_mode == "auto" else None
+    record = write_run_record(run, environ, resumes)
     if note:
         print(note, flush=True)
     print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode}); settings, "

@@ -339,6 +339,13 @@ def test_a_launch_records_settings_knobs_and_overrides(tmp_path, monkeypatch):
     assert "actor_rollout_ref.actor.optim.lr=0.0002" in record["verl_overrides"] and record["verl_overrides"][-1] == "x.y=1"
     assert record["env"]["VERL_PLATFORM"] == "cpu" and launched[0]["VERL_PLATFORM"] == "cpu"
     assert [p.name for p in ckpt.iterdir()] == ["ttsrl_run.json"]  # no temp file left
+    assert record["earlier_launches"] == [] and record["resumes_from_step"] is None
+    # a second launch (a resume with another lr) keeps the first one's record (issue 39 item 7)
+    with pytest.raises(SystemExit):
+        train_grpo.main([a if a != "2e-4" else "1e-4" for a in argv])
+    again = json.loads((ckpt / "ttsrl_run.json").read_text())
+    assert again["config"]["lr"] == 1e-4 and [r["config"]["lr"] for r in again["earlier_launches"]] == [2e-4]
+    assert again["earlier_launches"][0]["launched_at"] == record["launched_at"]
 
 
 def test_paths_reach_verl_exactly_with_spaces_quotes_and_backslashes():

@@ -262,3 +262,41 @@ def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path
     assert f"step {SAVE_FREQ}: already merged (checked), skipped" in again.stdout
     assert f"step {STEPS}: existing" in again.stdout and "merged from other checkpoint files" in again.stdout
     assert read_marker(out / f"step_{STEPS}")["files"]["model.safetensors"]["sha256"] == a2  # B's weights now
+
+
+def test_crash_leftovers_are_named_and_skipped_and_a_torn_tracker_is_repaired(run, tmp_path):
+    """Issue 39 item 6, on this run's real checkpoints: a partial global_step_N (verl killed
+    while saving: no fsdp_config.json) and a complete one newer than the tracker are named and
+    left out by stage 3, which merges the rest (it used to fail on verl's 'fsdp_config.json does
+    not exist' and skip every later step); an empty tracker (verl writes it in place) is repaired
+    to the newest complete step, which verl's own resume then finds."""
+    import shutil
+
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    from ttsrl.train.verl_ckpt import TRACKER, repair_tracker
+
+    ws, _, _ = run
+    ckpt, out = tmp_path / "ckpt", tmp_path / "merged"
+    shutil.copytree(ws / "ckpt", ckpt)
+    assert (ckpt / TRACKER).read_text().strip() == str(STEPS)
+    shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / f"global_step_{STEPS + 1}")
+    (ckpt / f"global_step_{STEPS + 1}" / "actor" / "fsdp_config.json").unlink()  # killed mid-save
+    shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / f"global_step_{STEPS + 2}")  # saved, never tracked
+    proc = subprocess.run([sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ckpt), "--out-dir",
+                           str(out), "--base-model", str(ws / "hf_model")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"global_step_{STEPS + 1} left out: no fsdp_config.json" in proc.stdout, proc.stdout
+    assert f"global_step_{STEPS + 2} left out: newer than the step" in proc.stdout, proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == [f"step_{SAVE_FREQ}", f"step_{STEPS}"]
+
+    (ckpt / TRACKER).write_text("")  # torn: verl's resume would raise on int('')
+    with pytest.raises(ValueError):
+        find_latest_ckpt_path(str(ckpt))
+    said = []  # torn while naming the step just saved: the newest complete one (STEPS + 2 here)
+    assert repair_tracker(ckpt, log=said.append) == STEPS + 2
+    assert "repaired" in said[0] and find_latest_ckpt_path(str(ckpt)).endswith(f"global_step_{STEPS + 2}")
+    (ckpt / TRACKER).write_text(str(STEPS + 1))  # names the partial step: the newest complete one below it
+    assert repair_tracker(ckpt, log=said.append) == STEPS and "not complete" in said[1]
+    assert repair_tracker(ckpt, log=said.append) == STEPS and len(said) == 2  # sound: left alone

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -55,9 +54,8 @@ from typing import Callable, Optional
 
 from ttsrl.atomic import sha256_file
 from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, read_marker, step_path, writing_step
+from ttsrl.train.verl_ckpt import HF_SUBDIR, saved_steps
 
-STEP_RE = re.compile(r"^global_step_(\d+)$")  # verl's FSDP checkpoints (the merged ones: checkpoint.STEP_RE)
-HF_SUBDIR = "huggingface"
 DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16"}  # --dtype -> torch dtype name (None: keep)
 
 
@@ -87,20 +85,6 @@ class StepResult:
     path: Path
     merged: bool  # False: already merged, skipped
     seconds: float = 0.0
-
-
-def saved_steps(ckpt_dir: Path) -> dict[int, Path]:
-    """{N: CKPT/global_step_N/actor} for every step whose actor shards exist."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        raise MergeError(f"checkpoint folder {ckpt_dir} does not exist")
-    steps = {}
-    for d in ckpt_dir.iterdir():
-        m = STEP_RE.match(d.name)
-        actor = d / "actor"
-        if m and actor.is_dir() and any(actor.glob("model_world_size_*_rank_*.pt")):
-            steps[int(m.group(1))] = actor
-    return dict(sorted(steps.items()))
 
 
 def source_fingerprint(actor: Path) -> dict[str, dict]:
@@ -210,7 +194,9 @@ def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
 
 
 def merge_all(cfg: MergeConfig, log: Callable[[str], None] = print) -> list[StepResult]:
-    steps = saved_steps(cfg.ckpt_dir)
+    if not Path(cfg.ckpt_dir).is_dir():
+        raise MergeError(f"checkpoint folder {cfg.ckpt_dir} does not exist")
+    steps = saved_steps(cfg.ckpt_dir, warn=log)  # partial and untracked folders: named, left out
     if cfg.steps is not None:
         missing = sorted(set(cfg.steps) - set(steps))
         if missing:
