@@ -59,6 +59,7 @@ Sampling defaults are CosyVoice2's: top-p 0.8, top-k 25, repetition-aware sampli
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ttsrl.data.testsets import TestSetError, parse_test_set_arg
@@ -153,6 +154,10 @@ def parse_args(argv=None) -> EvalConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank, in a session of its own: die with torchrun
+        from ttsrl.lifeline import die_with_parent
+
+        die_with_parent()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress bar (ours), not one per model load

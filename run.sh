@@ -445,7 +445,8 @@ if stage 4; then
       SHARE_ARGS+=(--wait-shares "${SHARE_WAIT_S:-7200}")
     fi
   fi
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
+  # ttsrl.lifeline: torchrun (and, through infer_dataset.py, its ranks) dies with this script
+  "$PY" -m ttsrl.lifeline "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
     --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${DEV_ARGS[@]}" "${SHARE_ARGS[@]}" \
     "${EVAL_ARGS[@]}"
   done_stage 4

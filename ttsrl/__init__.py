@@ -6,7 +6,7 @@ importing only from layers below it (``tests/test_layers.py`` checks this):
 0. shared modules here: ``atomic`` (every writer's crash-safe policy), ``cli`` (options
    declared by dataclass fields), ``console``, ``jsonl`` (the one JSONL reader),
    ``knobs`` (every ``TTSRL_*`` environment variable), ``text`` (normaliser, pinyin, error
-   counts), ``limits``, ``stats``; and ``verl_plugin`` (our verl plugin, which imports no
+   counts), ``limits``, ``stats``, ``lifeline`` (children that die with their parent); and ``verl_plugin`` (our verl plugin, which imports no
    ttsrl code but ``knobs``)
 1. ``model``    - the CosyVoice2 LLM: token ids, conversion, HF/vLLM classes, generation
 2. ``embedded`` - the CPU preset's simulated codec and tiny model;
