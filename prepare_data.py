@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default: %(default)s)")
     p.add_argument("--skip-invalid", "--skip_invalid", action="store_true",
                    help="skip invalid rows (and list them) instead of failing")
+    p.add_argument("--allow-leak", action="store_true",
+                   help="keep test texts that also occur in the train file (by default such a leak is an "
+                        "error listing each one, and nothing is written)")
     p.add_argument("--drop-duplicates", "--drop_duplicates", action="store_true",
                    help="drop repeated texts within a split (keeps the first); default: keep, warn")
     p.add_argument("--data-source", "--data_source", default=DEFAULT_DATA_SOURCE, metavar="NAME",
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PrepareConfig(
         train_file=args.train_file, test_file=args.test_file, local_dir=args.local_dir,
         tokenizer=args.tokenizer, max_prompt_length=args.max_prompt_length,
-        skip_invalid=args.skip_invalid, drop_duplicates=args.drop_duplicates,
+        skip_invalid=args.skip_invalid, drop_duplicates=args.drop_duplicates, allow_leak=args.allow_leak,
         data_source=args.data_source, ability=args.ability, chunk_size=args.chunk_size,
         max_listed=args.max_listed, progress=not args.quiet)
     try:

@@ -130,8 +130,8 @@ def test_json_array_and_jsonl_give_the_same_parquet(tmp_path):
     a = tmp_path / "a"
     b = tmp_path / "b"
     a.mkdir(), b.mkdir()
-    run_prepare(a, write_jsonl(a / "train.jsonl", rows), write_jsonl(a / "test.jsonl", rows[:2]))
-    run_prepare(b, write_json_array(b / "train.json", rows), write_json_array(b / "test.json", rows[:2]))
+    run_prepare(a, write_jsonl(a / "train.jsonl", rows), write_jsonl(a / "test.jsonl", rows[:2]), allow_leak=True)
+    run_prepare(b, write_json_array(b / "train.json", rows), write_json_array(b / "test.json", rows[:2]), allow_leak=True)
     for split in ("train", "test"):
         ta = pq.read_table(a / "out" / f"{split}.parquet")
         tb = pq.read_table(b / "out" / f"{split}.parquet")
@@ -356,10 +356,16 @@ def test_normalised_duplicates_are_reported_and_optionally_dropped(tmp_path):
     assert [r["index"] for r in kept] == [0, 1, 2]
 
 
-def test_test_texts_found_in_train_are_reported_as_leak(tmp_path):
+def test_test_texts_found_in_train_are_a_leak_refused_unless_allowed(tmp_path):
+    """Issue 39 item 8: a leak was only warned about (exit 0); now an error naming the line, and
+    nothing written, unless --allow-leak keeps it (and the warning says so)."""
     train = [{"text": "今天天气很好。"}, {"text": "请把窗户关上。"}]
     test = [{"text": "新的句子。"}, {"text": "请把窗户关上"}]
-    report, _ = run_prepare(tmp_path, train, test)
+    with pytest.raises(DataError, match=r"train/test leak: 1 of the test texts(.|\n)*test.jsonl:2: same text as "
+                                        r"train line 2(.|\n)*--allow-leak"):
+        run_prepare(tmp_path, train, test)
+    assert not (tmp_path / "out").exists()
+    report, _ = run_prepare(tmp_path, train, test, allow_leak=True)
     leaks = report.scans["test"].leaks
     assert leaks.count == 1 and (leaks.first[0].line, leaks.first[0].reason) == (2, "same text as train line 2")
     assert "train/test leak: 1 of the test texts" in "\n".join(report.warnings())
@@ -392,7 +398,7 @@ def test_huge_input_is_streamed_in_chunks(tmp_path):
 @pytest.mark.parametrize("fail_in", ["train", "test"])
 def test_failure_while_writing_leaves_previous_files_and_no_partial_file(tmp_path, fail_in):
     rows = [{"text": f"第{i}句。"} for i in range(50)]
-    _, out = run_prepare(tmp_path, rows, rows[:20], chunk_size=10)
+    _, out = run_prepare(tmp_path, rows, rows[:20], chunk_size=10, allow_leak=True)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == ["test.parquet", "train.parquet"]
 
@@ -405,12 +411,13 @@ def test_failure_while_writing_leaves_previous_files_and_no_partial_file(tmp_pat
 
     new_rows = [{"text": f"新的第{i}句。"} for i in range(50)]
     with pytest.raises(Crash):
-        run_prepare(tmp_path, new_rows, new_rows[:20], chunk_size=10, on_chunk=crash)
+        run_prepare(tmp_path, new_rows, new_rows[:20], chunk_size=10, on_chunk=crash, allow_leak=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temp file left either
 
     fresh = tmp_path / "fresh"
     with pytest.raises(Crash):
-        run_prepare(tmp_path, new_rows, new_rows[:20], chunk_size=10, on_chunk=crash, local_dir=fresh)
+        run_prepare(tmp_path, new_rows, new_rows[:20], chunk_size=10, on_chunk=crash, local_dir=fresh,
+                    allow_leak=True)
     assert list(fresh.iterdir()) == []
 
 
@@ -592,7 +599,7 @@ def test_temp_parquet_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
     proc.wait(30)
     assert leftover.is_file() and leftover.parent == out
     train = write_jsonl(tmp_path / "train.jsonl", [{"text": "你好"}])
-    res = run_cli("--train_file", str(train), "--test_file", str(train), "--local_dir", str(out), "-q")
+    res = run_cli("--train_file", str(train), "--test_file", str(train), "--local_dir", str(out), "-q", "--allow-leak")
     assert res.returncode == 0, res.stderr
     assert not leftover.exists()
     assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]

@@ -43,8 +43,8 @@ Duplicates and leaks
     text: about 200 bytes per distinct text, the only memory that grows with the
     input (about 300 MiB peak RSS for 1M rows).
     Duplicates within a split are reported and kept, or dropped after the first
-    occurrence with ``drop_duplicates``. A test text that also occurs in train is
-    reported as a leak (kept).
+    occurrence with ``drop_duplicates``. A test text that also occurs in train is a
+    leak: an error naming each one, or with ``allow_leak`` reported and kept.
 
 Extra columns
     Every other key of the input objects becomes a column; a row that lacks it gets
@@ -104,6 +104,7 @@ class PrepareConfig:
     max_prompt_length: int = 1024
     skip_invalid: bool = False
     drop_duplicates: bool = False
+    allow_leak: bool = False  # keep test texts that also occur in train (else: DataError, nothing written)
     data_source: str = DEFAULT_DATA_SOURCE
     ability: str = DEFAULT_ABILITY
     chunk_size: int = 10_000  # rows per Parquet row group / in memory at once
@@ -215,7 +216,7 @@ class PrepareReport:
                            + _list_problems(scan.path, scan.duplicates))
             if scan.leaks.count:
                 out.append(f"train/test leak: {scan.leaks.count} of the test texts also occur in "
-                           "the train file (kept):\n" + _list_problems(scan.path, scan.leaks))
+                           "the train file (kept: --allow-leak):\n" + _list_problems(scan.path, scan.leaks))
             mixed = [c for c in scan.columns.values() if c.mixed]
             for c in mixed:
                 kinds = ", ".join(f"{k} at line {line}" for k, line in c.kinds.items())
@@ -303,6 +304,11 @@ def prepare(cfg: PrepareConfig,
     for s in scans.values():
         if s.rows == 0:
             raise DataError(f"{s.path}: no valid rows ({s.records} records read)")
+    leaks = scans["test"].leaks
+    if leaks.count and not cfg.allow_leak:  # a held-out figure over trained texts would mean nothing
+        raise DataError(f"train/test leak: {leaks.count} of the test texts of {scans['test'].path} also occur in "
+                        f"{scans['train'].path}:\n" + _list_problems(scans["test"].path, leaks)
+                        + "\nRemove them from one of the files, or pass --allow-leak to keep them.")
 
     outputs = {split: out_dir / f"{split}.parquet" for split in SPLITS}
     try:
