@@ -362,8 +362,16 @@ if stage 1; then
   done_stage 1
 fi
 
+# Ray 2.60 keeps the cluster token in ~/.ray/auth_token and creates it readable by everyone (0644):
+# the folder and the token are made this user's alone, before stage 2 and after (Ray may create it)
+private_ray_dir() {
+  mkdir -p "$HOME/.ray" && chmod 700 "$HOME/.ray"
+  if [[ -f $HOME/.ray/auth_token ]]; then chmod 600 "$HOME/.ray/auth_token"; fi
+}
+
 if stage 2; then
   need_venv
+  private_ray_dir
   case $TRAINER in
     grpo)
       if ! is_head; then  # a worker lends its node to the head's Ray until training ends
@@ -408,6 +416,7 @@ if stage 2; then
         --trainer "$TRAINER" "${PREF_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/train_$TRAINER.log" \
         || { echo "stage 2 failed: ${TRAINER^^} training (log $LOG_DIR/train_$TRAINER.log)" >&2; exit 1; } ;;
   esac
+  private_ray_dir  # a token Ray created during training
   done_stage 2
 fi
 

@@ -127,11 +127,19 @@ def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_p
     assert shlex.quote(f"data.train_files='{exp}/data/train.parquet'") in text and "trainer.x=5" in text, text
     assert "export VERL_USE_EXTERNAL_MODULES" in text and "export VERL_USE_EXTERNAL_MODULES" not in r.stdout
 
-    # a second run (a resume) appends to the log instead of overwriting it
-    r = run_sh("2", "2", env=env)
+    # a second run (a resume) appends to the log instead of overwriting it; Ray's token, created
+    # readable by everyone, is made the user's alone with its folder (issue 39 item 8)
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("secret")
+    os.chmod(home / ".ray", 0o755)
+    os.chmod(home / ".ray" / "auth_token", 0o644)
+    r = run_sh("2", "2", env={**env, "HOME": str(home)})
     assert r.returncode == 0, r.stdout + r.stderr
     again = log.read_text()
     assert again.startswith(text) and again.count("stage 2 output follows") == 2
+    assert (home / ".ray").stat().st_mode & 0o777 == 0o700
+    assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
 
 
 def test_server_of_a_crashed_run_is_adopted_and_stopped(hand_started_server, tmp_path):
