@@ -242,6 +242,19 @@ if multi_node; then  # nodes share EXP_DIR: each its own logs and server pid fil
   SERVER_PID_FILE=$NODES_DIR/reward_server.$NODE_RANK.pid
   export RAY_AUTH_MODE=token  # as `ray start --head` sets it up; the driver and nodes.py need it too
 fi
+# one run.sh at a time on an EXP_DIR (on each node of a multi-node run): a second is refused,
+# naming the first. flock on fd 9, which the long-lived children started here do not keep (9>&-)
+LOCK_FILE=$EXP_DIR/run.lock
+multi_node && LOCK_FILE=$NODES_DIR/run.$NODE_RANK.lock
+mkdir -p "$(dirname "$LOCK_FILE")"
+exec 9>> "$LOCK_FILE"
+if ! command -v flock > /dev/null; then
+  echo "     (no flock here: nothing keeps a second run.sh off $EXP_DIR)"
+elif ! flock -n 9; then
+  echo "another run.sh is running on $EXP_DIR: $(cat "$LOCK_FILE" 2>/dev/null || echo '?'); wait for it, or give this run another EXP_DIR" >&2
+  exit 1
+fi
+printf 'pid %s, stages %s..%s, started %s on %s\n' "$$" "$START" "$STOP" "$(date '+%F %T')" "$(hostname)" > "$LOCK_FILE"
 export TTSRL_REWARD_URL=$REWARD_URLS TENSORBOARD_DIR
 export PYTHONUNBUFFERED=1
 STARTED_SERVER=0
@@ -262,19 +275,30 @@ if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
 fi
 
 server_ready() { "$PY" -m ttsrl.reward.health "$REWARD_URL" >/dev/null 2>&1; }
+# serves_this_run [--expect pid=P]: the server at REWARD_URL serves this run's REWARD and REWARD_BACKEND
+# (and is process P); else the message naming what it serves is on stderr
+serves_this_run() {
+  "$PY" -m ttsrl.reward.health "$REWARD_URL" --expect "reward=$REWARD" --expect "backend=$REWARD_BACKEND" "$@" >/dev/null
+}
+# is_our_server PID: that process is a reward server (a pid file can outlive its process, and the
+# pid be reused by another)
+is_our_server() { [[ $1 =~ ^[0-9]+$ ]] && ps -o args= -p "$1" 2>/dev/null | grep -q 'token2wav_asr_server\.py'; }
 wait_for_servers() {  # every server of REWARD_URLS (or REWARD_MIN_READY of them) answers ready
   "$PY" -m ttsrl.reward.health "$REWARD_URLS" --wait "$REWARD_START_TIMEOUT_S" ${REWARD_MIN_READY:+--at-least "$REWARD_MIN_READY"}
 }
 start_local_server() {  # this machine's server at REWARD_URL: started, adopted or used
   if server_ready; then
+    serves_this_run || { echo "stage ${LAST_STAGE:-1} stopped: this run asks for reward $REWARD and backend $REWARD_BACKEND;" \
+      "stop that server, or set REWARD/REWARD_BACKEND (or REWARD_PORT) to match" >&2; exit 1; }
     if (( STARTED_SERVER )); then
       echo "     reward server of stage 1 answering at $REWARD_URL"
-    elif [[ -f $SERVER_PID_FILE ]] && kill -0 "$(cat "$SERVER_PID_FILE")" 2>/dev/null; then
-      # one a crashed run.sh started (its pid file is still here) is adopted and stopped at the end
+    elif [[ -f $SERVER_PID_FILE ]] && is_our_server "$(cat "$SERVER_PID_FILE")" \
+        && serves_this_run --expect "pid=$(cat "$SERVER_PID_FILE")" 2>/dev/null; then
+      # the server a crashed run.sh started (the pid file's process answers there) is adopted and stopped at the end
       STARTED_SERVER=1
       echo "     reward server already answering at $REWARD_URL (pid $(cat "$SERVER_PID_FILE"), started by an earlier run; stopped at the end)"
     else
-      rm -f "$SERVER_PID_FILE"  # stale: its process is gone, the pid may be someone else's by now
+      rm -f "$SERVER_PID_FILE"  # stale: its process is gone or another, or not the one answering
       echo "     reward server already answering at $REWARD_URL (not started by run.sh: used, and left running)"
     fi
     return 0
@@ -282,7 +306,7 @@ start_local_server() {  # this machine's server at REWARD_URL: started, adopted 
   rm -f "$SERVER_PID_FILE"
   mkdir -p "$LOG_DIR" "$(dirname "$SERVER_PID_FILE")"
   setsid nohup "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" --reward "$REWARD" --port "$REWARD_PORT" "${REWARD_ARGS[@]}" \
-    > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null &
+    > "$LOG_DIR/reward_server.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$SERVER_PID_FILE"
   STARTED_SERVER=1
   "$PY" -m ttsrl.reward.health "$REWARD_URL" --wait "$REWARD_START_TIMEOUT_S" --pid "$(cat "$SERVER_PID_FILE")" \
@@ -299,7 +323,7 @@ start_server() {  # the local server when REWARD_URLS lists it, then every liste
 }
 stop_server() {
   [[ -f $SERVER_PID_FILE ]] || return 0
-  kill "$(cat "$SERVER_PID_FILE")" 2>/dev/null || true
+  if is_our_server "$(cat "$SERVER_PID_FILE")"; then kill "$(cat "$SERVER_PID_FILE")" 2>/dev/null || true; fi
   rm -f "$SERVER_PID_FILE"
   echo "     reward server stopped"
 }

@@ -126,7 +126,7 @@ start_ray() {
   echo "     ray start ${RAY_NODE_ARGS[*]}  (log $LOG_DIR/ray.log)"
   setsid env -u RAY_ADDRESS -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER RAY_gcs_rpc_server_reconnect_timeout_s=30 \
     RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}" \
-    "$(dirname "$PY")/ray" start "${RAY_NODE_ARGS[@]}" >> "$LOG_DIR/ray.log" 2>&1 < /dev/null &
+    "$(dirname "$PY")/ray" start "${RAY_NODE_ARGS[@]}" >> "$LOG_DIR/ray.log" 2>&1 < /dev/null 9>&- &
   RAY_PID=$!
 }
 stop_ray() {

@@ -167,6 +167,55 @@ def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
     assert _alive(proc) and not (exp / "reward_server.pid").exists()
 
 
+def test_a_reused_pid_is_neither_adopted_nor_killed(hand_started_server, tmp_path):
+    """Issue 39 item 4: the pid file names a live process that is not the server answering (a
+    reused pid): run.sh used to adopt the server on `kill -0` and kill that process at the end."""
+    proc, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    exp.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        (exp / "reward_server.pid").write_text(f"{other.pid}\n")
+        r = run_sh("1", "2", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "not started by run.sh" in r.stdout and "reward server stopped" not in r.stdout, r.stdout
+        assert other.poll() is None and _alive(proc)  # neither killed
+    finally:
+        other.kill()
+
+
+def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_path):
+    """Issue 35 item 1 / 39: REWARD=exp_toneless beside a server serving tanh used to train on tanh.
+    Now stage 2 stops, naming what the server serves and what the run asks for."""
+    proc, port = hand_started_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    r = run_sh("2", "2", env={**env, "REWARD": "exp_toneless"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "serves reward 'tanh' (this run asks for 'exp_toneless')" in r.stderr, r.stderr
+    assert "stage 2 output follows" not in r.stdout and _alive(proc)
+    r = run_sh("2", "2", env={**env, "REWARD_BACKEND": "whisper"})
+    assert r.returncode == 1 and "backend 'sim' (this run asks for 'whisper')" in r.stderr, r.stderr
+
+
+def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
+    """Issue 39 item 4: two run.sh on one EXP_DIR used to run side by side (both started a server,
+    both merged, scored and exported). The first holds EXP_DIR/run.lock; a second is refused."""
+    import fcntl
+
+    exp, env = _dry_run_preset(tmp_path, 1)
+    exp.mkdir(parents=True)
+    with open(exp / "run.lock", "a") as held:  # as a running run.sh holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (exp / "run.lock").write_text("pid 4242, stages 3..5, started 2026-12-03 10:00:00 on host\n")
+        r = run_sh("0", "0", env=env)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"another run.sh is running on {exp}: pid 4242, stages 3..5" in r.stderr, r.stderr
+        assert "==== stage" not in r.stdout
+    r = run_sh("0", "0", env=env)  # released: this one runs (and fails: no hf_model here), recording itself
+    assert "another run.sh" not in r.stderr and "==== stage 0" in r.stdout, r.stdout + r.stderr
+    assert "stages 0..0" in (exp / "run.lock").read_text()
+
+
 def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
     """ALGORITHM, SAMPLING and SEED reach train_grpo.py (its verl command), REWARD the server's --reward."""
     _, port = hand_started_server

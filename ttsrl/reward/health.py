@@ -3,6 +3,9 @@
 Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``) answers 200 for every
 listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming the servers not ready.
 With ``--pid``, the wait ends (status 1) as soon as that process (the server being started) has exited.
+With ``--expect FIELD=VALUE`` (reward, backend, model_dir, pid), a ready server that serves something
+else gives status 3 and a line naming what it serves and what was asked (run.sh adopts a server
+only when it serves the run's reward and backend, and stops it only when it is the one it started).
 URLs are comma-separated (as in ``TTSRL_REWARD_URL``) and/or separate arguments.
 :func:`launch_server` starts the reward-server CLI as a user does and returns its URL once it
 says it is ready (tests, benchmarks)."""
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from ttsrl.reward.protocol import READY_PATH, split_urls
+from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, READY_PATH, split_urls
 
 
 def ready(url: str, timeout: float = 2.0) -> bool:
@@ -60,6 +63,22 @@ def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None,
 
 READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it serves
 
+#: what a run asks of a server it adopts -> the model metadata field that says it
+IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "pid": "pid"}
+
+
+def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
+    """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
+    reward variant, backend name, CosyVoice model folder, its process id), else a sentence naming
+    what it serves and what was asked."""
+    try:
+        meta = requests.get(f"{url.rstrip('/')}/v2/models/{model}", timeout=5).json()
+    except (requests.RequestException, ValueError) as e:
+        return f"{url} gave no model metadata ({type(e).__name__}: {e})"
+    wrong = [f"{k} {meta.get(IDENTITY_FIELDS[k])!r} (this run asks for {v!r})" for k, v in expect.items()
+             if str(meta.get(IDENTITY_FIELDS[k])) != v]
+    return f"the reward server at {url} serves {', '.join(wrong)}" if wrong else None
+
 
 def launch_server(*args: str, timeout: float = 120.0, root: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``token2wav_asr_server.py ARGS`` (pass ``--port 0`` for any free port) and
@@ -89,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--wait", type=float, default=0.0, help="keep trying this many seconds")
     p.add_argument("--at-least", type=int, default=None, metavar="N",
                    help="succeed once N servers are ready (default: all of them)")
+    p.add_argument("--expect", action="append", default=[], metavar="FIELD=VALUE",
+                   help=f"also check that the server serves this ({', '.join(IDENTITY_FIELDS)}; repeatable): "
+                        "exit 3 naming what it serves instead")
     p.add_argument("--pid", type=int, default=None,
                    help="the server process being started: stop waiting once it has exited")
     a = p.parse_args(argv)
@@ -98,10 +120,19 @@ def main(argv=None) -> int:
         p.error(str(e))
     if a.at_least is not None and not 1 <= a.at_least <= len(urls):
         p.error(f"--at-least {a.at_least}: expected 1..{len(urls)} (the number of URLs)")
+    expect = {}
+    for item in a.expect:
+        key, sep, value = item.partition("=")
+        if not sep or key not in IDENTITY_FIELDS:
+            p.error(f"--expect {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(IDENTITY_FIELDS)}")
+        expect[key] = value
     up = wait_ready_all(urls, a.wait, a.at_least, a.pid)
     need = len(urls) if a.at_least is None else a.at_least
     if len(up) >= need:
-        return 0
+        problems = [w for w in (identity_problem(u, expect) for u in up) if w] if expect else []
+        for w in problems:
+            print(w, file=sys.stderr)
+        return 3 if problems else 0
     if a.pid is not None and not alive(a.pid):
         print(f"the reward server (pid {a.pid}) exited before it was ready", file=sys.stderr)
     missing = [u for u in urls if u not in up]

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -287,7 +288,7 @@ class RewardServer:
             raise RequestError(f"unknown version {version!r} of {name}; available: {MODEL_VERSION}", 404)
 
     async def _server_meta(self, request):
-        return _json({"name": "ttsrl-reward", "version": "1",
+        return _json({"name": "ttsrl-reward", "version": "1", "pid": os.getpid(),  # run.sh adopts by it
                       "extensions": [EXTENSION, "model_configuration", "statistics"]})
 
     async def _live(self, request):
@@ -303,7 +304,9 @@ class RewardServer:
     async def _model_meta(self, request):
         self._check_model(request)
         meta = model_metadata(self.cfg.model_name)
+        b = self.cfg.backend
         meta.update(platform="ttsrl", backend=", ".join(p.name for p in self.pipelines), reward=self.cfg.reward,
+                    backend_name=b.backend, asr=b.asr, model_dir=b.cosyvoice_model_dir, pid=os.getpid(),
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
                     reward_range=list(reward_range(self.cfg.sim_weight)))
