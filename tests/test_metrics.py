@@ -62,6 +62,7 @@ def test_metrics_count_exactly_what_was_sent():
             assert requests.post(url + infer_path("nope"), json=build_payload([1, 2], TEXTS[0]),
                                  timeout=30).status_code == 404
         requests.get(url + "/v2/health/ready", timeout=5)  # not an infer request: not counted
+        assert requests.get(f"{url}/v2/models/nope", timeout=5).status_code == 404  # nor is this 404
 
         m, _ = scrape(url)
         stats = requests.get(f"{url}/v2/models/{MODEL}/stats", timeout=5).json()
@@ -70,6 +71,12 @@ def test_metrics_count_exactly_what_was_sent():
         assert m[("ttsrl_infer_request_seconds_count", ())] == sent
         failures = {dict(k[1])["status"]: v for k, v in m.items() if k[0] == "ttsrl_infer_failures_total"}
         assert failures == {"400": 3, "413": 1, "404": wrong_model}
+        # /stats counts the same requests, each once by its answer (issue 39 item 7: it counted
+        # only handled infer requests in `requests` but every 4xx in `client_errors`)
+        assert stats["requests"] == sent and stats["ok"] == n_ok
+        assert stats["client_errors"] == 3 + 1 + wrong_model and stats["server_errors"] == 0
+        assert stats["requests"] == sum(stats[k] for k in ("ok", "client_errors", "unavailable", "server_errors",
+                                                         "client_gone"))
         # batches: the histogram agrees with the server's own counters, and holds every scored item
         assert m[("ttsrl_batch_size_count", ())] == stats["batches"] > 0
         assert m[("ttsrl_batch_size_sum", ())] == stats["items"] == n_ok

@@ -42,7 +42,8 @@ class Stats:
         self.requests = 0
         self.ok = 0
         self.client_errors = 0
-        self.client_gone = 0  # connections closed before their request body arrived
+        self.client_gone = 0  # connections closed before their request body arrived (answered 499)
+        self.unavailable = 0  # answered 503: not ready yet, or the queue full (rejected_full of them)
         self.rejected_full = 0
         self.backend_errors = 0
         self.server_errors = 0  # requests answered 500
@@ -54,10 +55,24 @@ class Stats:
         self.max_queue_depth = 0
         self.triton = TritonStats()  # the same activity in Triton's statistics schema
 
+    def answered(self, status: int) -> None:
+        """One infer request, answered with ``status``."""
+        self.requests += 1
+        if status == 200:
+            self.ok += 1
+        elif status == 499:
+            self.client_gone += 1
+        elif status == 503:
+            self.unavailable += 1
+        elif status < 500:
+            self.client_errors += 1
+        else:
+            self.server_errors += 1
+
     def as_dict(self) -> dict:
         return {
             "requests": self.requests, "ok": self.ok, "client_errors": self.client_errors,
-            "client_gone": self.client_gone,
+            "client_gone": self.client_gone, "unavailable": self.unavailable,
             "rejected_queue_full": self.rejected_full, "backend_errors": self.backend_errors,
             "server_errors": self.server_errors,
             "batches": self.batches, "split_batches": self.split_batches, "items": self.items,

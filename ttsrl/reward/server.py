@@ -29,7 +29,7 @@ from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from ttsrl.reward.batching import Batcher, Stats
 from ttsrl.reward.http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
-from ttsrl.reward.metrics import ServerMetrics
+from ttsrl.reward.metrics import ServerMetrics, is_infer
 from ttsrl.reward.protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
@@ -97,6 +97,9 @@ class ServerConfig:
 
 class ClientGone(Exception):
     """The connection closed while its request body was being read."""
+
+
+CLIENT_GONE = 499  # the status nginx logs for it: nobody receives the answer
 
 
 def _json(obj: Any, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -244,39 +247,44 @@ class RewardServer:
     # ---- middleware ------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler):
+        """Every exception a handler raises becomes an answer; each infer request is counted once
+        in /stats by the status it is answered with (so /stats and /metrics count the same
+        requests, and requests = ok + client_errors + unavailable + server_errors + client_gone)."""
         transport = request.transport
         if self.guard is not None:
             self.guard.enter(transport)
         try:
+            resp = await self._answer_or_error(request, handler)
+        finally:
+            if self.guard is not None:
+                self.guard.leave(transport)
+        if is_infer(request):
+            self.stats.answered(resp.status)
+        return resp
+
+    async def _answer_or_error(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
             return await handler(request)
         except ClientGone:  # nobody to answer: neither a client error nor the server's fault
-            self.stats.client_gone += 1
-            return _error("the client went away before its request was read", 499)
+            return _error("the client went away before its request was read", CLIENT_GONE)
         except RequestError as e:
-            self.stats.client_errors += e.status < 500
             headers = {"Retry-After": str(self.cfg.retry_after_s)} if e.status == 503 else None
             resp = _error(str(e), e.status, headers)
             if e.status == 408:  # the rest of that body is not worth waiting for
                 resp.force_close()
             return resp
         except web.HTTPRequestEntityTooLarge:
-            self.stats.client_errors += 1
             return _error(f"request body larger than {self.cfg.max_body_bytes} bytes", 413)
         except web.HTTPException as e:
             if e.status >= 400:
-                self.stats.client_errors += e.status < 500
                 return _error(e.reason or "error", e.status)
             raise
         except asyncio.CancelledError:
             raise
         except Exception as e:  # never crash on a request: answer 500 and log (a repeat: counted)
-            self.stats.server_errors += 1
             what = f"{type(e).__name__}: {e}"[:300]
             self.errors.error(f"500 on {request.path}: {what}", "unhandled error on %s", request.path, exc_info=e)
             return _error(f"internal error: {what}", 500)
-        finally:
-            if self.guard is not None:
-                self.guard.leave(transport)
 
     # ---- handlers -------------------------------------------------------------
     def _check_model(self, request: web.Request) -> None:
@@ -337,7 +345,6 @@ class RewardServer:
         return _json(d)
 
     async def _infer(self, request: web.Request) -> web.Response:
-        self.stats.requests += 1
         self._check_model(request)
         t0 = time.perf_counter_ns()
         try:
@@ -379,7 +386,6 @@ class RewardServer:
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight)
-        self.stats.ok += 1
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON
