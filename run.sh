@@ -415,6 +415,8 @@ if stage 2; then
         if ! "$PY" train_grpo.py "${GRPO_ARGS[@]}" --algorithm "$ALGORITHM" ${SAMPLING:+--sampling "$SAMPLING"} ${SEED:+--seed "$SEED"} --model-path "$HF_MODEL_DIR" --train-files "$DATA_DIR/train.parquet" \
             --val-files "$DATA_DIR/test.parquet" --checkpoint-dir "$CKPT_DIR" --max-prompt-length "$MAX_PROMPT_LENGTH" \
             "${CLUSTER_ARGS[@]}" -- "${EXTRA_OVERRIDES[@]}" 2>&1 | "$PY" -m ttsrl.console --log "$LOG_DIR/train_grpo.log"; then
+          why=$("$PY" -m ttsrl.console --why "$LOG_DIR/train_grpo.log" 2>/dev/null || true)
+          [[ -z $why ]] || printf 'stage 2 failed; why, as its log says it:\n%s\n' "$why" >&2
           echo "stage 2 failed; the end of $LOG_DIR/train_grpo.log:" >&2
           tail -40 "$LOG_DIR/train_grpo.log" >&2
           exit 1

@@ -85,3 +85,21 @@ def test_progress_lines_at_the_first_step_every_30_s_and_the_last():
     assert lines[0] == "build: step  1/10  loss 2.000  elapsed 1s  ETA 9s"
     assert lines[1] == "build: step  3/10  loss 0.667  elapsed 32s  ETA 1m14s"  # 31.5 s / 3 steps x 7 left
     assert lines[-1] == "build: step 10/10  loss 0.200  elapsed 1m07s"
+
+
+def test_why_finds_the_cause_above_pages_of_warnings(tmp_path):
+    """Issue 39 item 7: on a full disk the tail of stage 2's log is warnings; --why prints the
+    line that says Errno 28 (and the exception's last line), from the last run only."""
+    log = tmp_path / "train_grpo.log"
+    old_run = "==== 2026-12-01 stage 2 output follows\nValueError: from an earlier run\n"
+    this_run = ("==== 2026-12-03 stage 2 output follows\nstep:1 - critic/score/mean:0.5\n"
+                "(TaskRunner pid=42) OSError: [Errno 28] No space left on device: '/ckpt/global_step_2'\n"
+                + "".join(f"(pid=7) UserWarning: something deprecated {i}\n" for i in range(40))
+                + "ray.exceptions.RayTaskError(OSError): [Errno 28] No space left on device\n")
+    log.write_text(old_run + this_run)
+    r = subprocess.run([sys.executable, "-m", "ttsrl.console", "--why", str(log)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "  OSError: [Errno 28] No space left on device: '/ckpt/global_step_2'", lines
+    assert "from an earlier run" not in r.stdout and "Warning" not in r.stdout and len(lines) == 2

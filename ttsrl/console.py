@@ -155,6 +155,32 @@ class StepConsole:
         return text
 
 
+RUN_MARKER = "stage 2 output follows"  # the line main() writes into the log at each run's start
+_CAUSE_RE = re.compile(r"\[Errno \d+\]|No space left on device|Out of memory|(?:^|\s)(?:[\w.]+(?:Error|Exception)"
+                       r"|Killed|Segmentation fault)\b:?")
+_WARNING_RE = re.compile(r"warn", re.IGNORECASE)
+
+
+def causes(lines: list[str], limit: int = 5) -> list[str]:
+    """The lines of a failed run's output that say why (an OSError's errno, an exception's last
+    line, an OOM kill), first seen first, each once, Ray's actor prefix dropped; warnings are not
+    causes. On a full disk the tail of the log is pages of warnings and the cause is above them."""
+    out: list[str] = []
+    for raw in lines:
+        line = strip_ray_prefix(_ANSI_RE.sub("", raw)).strip()
+        if line and _CAUSE_RE.search(line) and not _WARNING_RE.search(line) and line not in out:
+            out.append(line[:400])
+            if len(out) == limit:
+                break
+    return out
+
+
+def last_run(log_text: str) -> list[str]:
+    """The lines of ``log_text`` after its last run marker (the whole text when it has none)."""
+    at = log_text.rfind(RUN_MARKER)
+    return (log_text[at:] if at >= 0 else log_text).splitlines()[1 if at >= 0 else 0:]
+
+
 def run(stream: IO[bytes], log: IO[bytes], out: IO[str], total_steps: Optional[int] = None) -> StepConsole:
     console = StepConsole(total_steps)
     for raw in stream:
@@ -173,13 +199,22 @@ def run(stream: IO[bytes], log: IO[bytes], out: IO[str], total_steps: Optional[i
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log", required=True, help="file that receives every line (appended)")
+    p.add_argument("--log", help="file that receives every line (appended)")
+    p.add_argument("--why", metavar="LOG", help="print the lines of LOG's last run that say why it failed "
+                   "(errno, exception, OOM), then exit (run.sh, when stage 2 fails)")
     p.add_argument("--total-steps", type=int, default=None,
                    help="for the ETA; otherwise read from the verl command or verl's progress bar")
     args = p.parse_args(argv)
+    if args.why:
+        found = causes(last_run(open(args.why, encoding="utf-8", errors="replace").read()))
+        for line in found:
+            print(f"  {line}")
+        return
+    if not args.log:
+        p.error("--log is required (or --why LOG)")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with open(args.log, "ab") as log:
-        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} stage 2 output follows\n".encode())
+        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {RUN_MARKER}\n".encode())
         print(f"[console] one line per step here; verl's full metrics and worker logs: {args.log}", flush=True)
         run(sys.stdin.buffer, log, sys.stdout, args.total_steps)
 
