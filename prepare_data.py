@@ -53,7 +53,8 @@ Checks (all rows of both files are read before anything is written):
   duplicates       texts equal after normalisation (NFKC, case-folded, whitespace and
                    punctuation removed) within a split: reported and kept, or dropped
                    after the first occurrence with --drop-duplicates.
-  leaks            test texts that also occur in the train file: reported.
+  leaks            test texts that also occur in the train file: an error naming each
+                   (nothing written); kept, and reported, with --allow-leak.
 
 Output is written in chunks of --chunk-size rows (one Parquet row group each), to
 temporary files in LOCAL_DIR that replace train.parquet/test.parquet only when both
