@@ -39,6 +39,14 @@ def bodies() -> dict[str, bytes]:
     return hostile_bodies()
 
 
+def answered(url: str, payload: dict, timeout: float) -> bool:
+    """One valid request: answered 200 (False: another status, a refused or reset connection, a timeout)."""
+    try:
+        return requests.post(url + infer_path(), json=payload, timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def slow_bodies(url: str, host: str, port: int, a) -> None:
     """``a.slow_bodies`` connections trickling a declared body, held ``a.hold_s`` s while
     ``a.clients`` clients send valid requests back to back; prints what was answered."""
@@ -59,12 +67,8 @@ def slow_bodies(url: str, host: str, port: int, a) -> None:
     def client(_):
         ok = failed = 0
         while time.time() < t_end:
-            try:
-                r = requests.post(url + infer_path(), json=payload, timeout=10)
-                ok += r.status_code == 200
-                failed += r.status_code != 200
-            except requests.RequestException:
-                failed += 1
+            good = answered(url, payload, timeout=10)
+            ok, failed = ok + good, failed + (not good)
         return ok, failed
 
     with ThreadPoolExecutor(a.clients) as ex:
@@ -122,12 +126,8 @@ def main() -> None:
         t_end = time.time() + a.hold_s
         while time.time() < t_end:
             t0 = time.time()
-            try:
-                r = requests.post(url + infer_path(), json=payload, timeout=5)
-                ok += r.status_code == 200
-                failed += r.status_code != 200
-            except requests.RequestException:
-                failed += 1
+            good = answered(url, payload, timeout=5)
+            ok, failed = ok + good, failed + (not good)
             latencies.append(time.time() - t0)
             time.sleep(0.2)
         print(f"{'partial connections opened':32s} {len(socks)} (refused {refused})")

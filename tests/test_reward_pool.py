@@ -5,6 +5,7 @@ port, a server that answers 503 + Retry-After, and every server gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -134,22 +135,24 @@ def test_pool_fails_over_then_readmits_a_restarted_server(two_servers, caplog):
             stop_process(proc_a2)
 
 
-class Busy(BaseHTTPRequestHandler):
-    """Ready, but every infer request gets 503 with Retry-After (a full queue)."""
+class Canned(BaseHTTPRequestHandler):
+    """A stand-in server that answers ready, counts infer requests and answers each with
+    :meth:`answer` (status, JSON body, headers)."""
 
-    retry_after = "30"
     posts = 0
 
     def do_GET(self):
-        self._answer(200 if self.path == READY_PATH else 404, {})
+        self._send(200 if self.path == READY_PATH else 404, b"{}", {})
 
     def do_POST(self):
         type(self).posts += 1
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer(503, {"Retry-After": self.retry_after})
+        self._send(*self.answer())
 
-    def _answer(self, status, headers):
-        body = b'{"error": "queue full"}'
+    def answer(self) -> tuple[int, bytes, dict]:
+        raise NotImplementedError
+
+    def _send(self, status, body, headers):
         self.send_response(status)
         for k, v in {**headers, "Content-Type": "application/json", "Content-Length": str(len(body))}.items():
             self.send_header(k, v)
@@ -160,14 +163,32 @@ class Busy(BaseHTTPRequestHandler):
         pass
 
 
+class Busy(Canned):
+    """Ready, but every infer request gets 503 with Retry-After (a full queue)."""
+
+    retry_after = "30"
+
+    def answer(self):
+        return 503, b'{"error": "queue full"}', {"Retry-After": self.retry_after}
+
+
+@contextlib.contextmanager
+def serving(handler: type[Canned]):
+    """``handler`` on a free loopback port, its post count reset; yields its URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    handler.posts = 0
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.fixture
 def busy_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    Busy.posts = 0
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serving(Busy) as url:
+        yield url
 
 
 def test_503_with_retry_after_redirects_instead_of_sleeping(busy_server, sim_server_url):
@@ -208,40 +229,20 @@ def test_health_cli_names_the_servers_not_ready(sim_server_url):
     assert res.returncode == 0, res.stderr
 
 
-class Lying(BaseHTTPRequestHandler):
+class Lying(Canned):
     """Ready, and every infer request answered 200 with ``body`` (a readable JSON answer that no
     honest reward server gives): what issue 39 items 2 and 3 probe."""
 
     body: object = {}
-    posts = 0
 
-    def do_GET(self):
-        self._send(200 if self.path == READY_PATH else 404, b"{}")
-
-    def do_POST(self):
-        type(self).posts += 1
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._send(200, __import__("json").dumps(type(self).body).encode())
-
-    def _send(self, status, body):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    def answer(self):
+        return 200, __import__("json").dumps(type(self).body).encode(), {}
 
 
 @pytest.fixture
 def lying_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Lying)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    Lying.posts = 0
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serving(Lying) as url:
+        yield url
 
 
 def answer(reward=0.5, error_rate=0.1, model="token2wav_asr", **extra) -> dict:
