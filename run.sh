@@ -372,10 +372,13 @@ if stage 0 && head_only 0; then
   if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
     "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" | sed 's/^/     /'
   fi
+  LEAK_ARGS=()
+  [[ ${ALLOW_LEAK:-0} == 1 ]] && LEAK_ARGS=(--allow-leak)  # keep test texts that are training texts too
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
-    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" \
+    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK_ARGS[@]}" \
     || { echo "stage 0 failed (above: each row and why). A prompt over the budget: MAX_PROMPT_LENGTH=N bash run.sh 0 0" \
-              "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer)" >&2; exit 1; }
+              "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer);" \
+              "test texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them" >&2; exit 1; }
   done_stage 0
 fi
 

@@ -451,3 +451,20 @@ def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed
     r = run_sh("2", "2", env=env)
     assert r.returncode == 1 and f"{users}:1: 'chosen' must be a list" in r.stderr
     assert "stage 2 failed: reading USER_PAIRS" in r.stderr
+
+
+def test_stage0_refuses_a_train_test_leak_unless_allow_leak(tiny_hf, tmp_path):
+    """Issue 39 item 8 through run.sh: test texts that are training texts too stop stage 0 (with
+    the way out named); ALLOW_LEAK=1 keeps them."""
+    exp = tmp_path / "exp"
+    corpus = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "test.jsonl").write_text("\n".join(corpus[:2]) + "\n", encoding="utf-8")
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{tiny_hf}"\nTEST_FILE="{tmp_path / "test.jsonl"}"\n')
+    env = {**os.environ, "PRESET": str(preset), "DEV_SIZE": "0", "MAX_PROMPT_LENGTH": "64"}
+    r = run_sh("0", "0", env=env)
+    assert r.returncode == 1 and "train/test leak: 2 of the test texts" in r.stderr, r.stdout + r.stderr
+    assert "ALLOW_LEAK=1" in r.stderr and not (exp / "data" / "train.parquet").exists()
+    r = run_sh("0", "0", env={**env, "ALLOW_LEAK": "1"})
+    assert r.returncode == 0 and (exp / "data" / "train.parquet").is_file(), r.stdout + r.stderr
