@@ -54,7 +54,7 @@ from typing import Callable, Optional
 
 from ttsrl.atomic import sha256_file
 from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, read_marker, step_path, writing_step
-from ttsrl.train.verl_ckpt import HF_SUBDIR, saved_steps
+from ttsrl.train.verl_ckpt import HF_SUBDIR, saved_steps, shard_files
 
 DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16"}  # --dtype -> torch dtype name (None: keep)
 
@@ -91,7 +91,7 @@ def source_fingerprint(actor: Path) -> dict[str, dict]:
     """Size and sha256 of every file of ``actor`` the merged weights come from (the FSDP model
     shards and the model config), keyed by path inside ``actor``: recorded in the step's marker,
     so a step merged from other shards (checkpoints replaced by another run's) is merged again."""
-    files = sorted(actor.glob("model_world_size_*_rank_*.pt")) + [actor / HF_SUBDIR / "config.json"]
+    files = shard_files(actor) + [actor / HF_SUBDIR / "config.json"]
     return {f.relative_to(actor).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
             for f in files if f.is_file()}
 
@@ -102,8 +102,7 @@ def _source_problem(target: Path, source: dict[str, dict]) -> str | None:
     if not isinstance(recorded, dict):
         return "its marker records no source shards (merged by an older ttsrl)"
     if recorded != source:
-        changed = sorted(set(recorded) ^ set(source) | {k for k in set(recorded) & set(source)
-                                                           if recorded[k] != source[k]})
+        changed = sorted(k for k in set(recorded) | set(source) if recorded.get(k) != source.get(k))
         return f"merged from other checkpoint files than the ones there now ({', '.join(changed[:3])} differ)"
     return None
 

@@ -27,6 +27,11 @@ TRACKER = "latest_checkpointed_iteration.txt"  # verl's name (verl.utils.checkpo
 HF_SUBDIR = "huggingface"
 
 
+def shard_files(actor: Path) -> list[Path]:
+    """The FSDP model shards of ``actor`` (``model_world_size_W_rank_R.pt``), sorted."""
+    return sorted(p for p in actor.iterdir() if SHARD_RE.match(p.name)) if actor.is_dir() else []
+
+
 def step_problem(actor: Path) -> str | None:
     """Why ``global_step_N/actor`` is not a complete FSDP checkpoint (None: it is): verl's
     ``fsdp_config.json``, the model config and one model shard per rank of one world size."""
@@ -36,7 +41,7 @@ def step_problem(actor: Path) -> str | None:
         return "no fsdp_config.json (verl did not finish saving it)"
     if not (actor / HF_SUBDIR / "config.json").is_file():
         return f"no {HF_SUBDIR}/config.json"
-    shards = [m for m in (SHARD_RE.match(p.name) for p in actor.iterdir()) if m]
+    shards = [SHARD_RE.match(p.name) for p in shard_files(actor)]
     sizes = {int(m.group(1)) for m in shards}
     if len(sizes) != 1:
         return "no model shards" if not sizes else f"model shards of several world sizes {sorted(sizes)}"
