@@ -15,10 +15,13 @@ from the fields and parses straight into the config::
 
 Field metadata (``option`` fills it): ``help`` (required: a field without it is an error
 that names its FILE:LINE), ``flag`` (the option's name when not ``--field-name``),
-``choices`` (allowed values; for a tuple field, allowed items) and ``cli=False`` (a field
-set by code, not an option). Types: ``str``, ``int``, ``float``, ``bool`` (``--flag`` alone
-is true; or a value: true/false, 1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]``
-(comma-separated).
+``choices`` (allowed values; for a tuple field, allowed items), ``metavar``, ``cli=False``
+(a field set by code, not an option), ``negated=True`` (a bool field whose flag, e.g.
+``--no-length-guard``, sets it false), ``parse`` (a function from the typed text to the
+value, for any other type; ValueError is a usage error) and ``append=True`` (a repeatable
+option: the field is the list of its values, each parsed, not split at commas). Types:
+``str``, ``int``, ``float``, ``bool`` (``--flag`` alone is true; or a value: true/false,
+1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]`` (comma-separated).
 
 Every option's argparse default is ``None``, so :func:`given` returns only the values
 typed on the command line: the caller layers them over the dataclass defaults (or a
@@ -39,9 +42,11 @@ METAVARS = {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL"}
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def option(default=dataclasses.MISSING, *, help: str, **meta):
-    """A dataclass field carrying its command-line help (and ``flag``/``choices``/``cli``)."""
+def option(default=dataclasses.MISSING, *, help: str, default_factory=dataclasses.MISSING, **meta):
+    """A dataclass field carrying its command-line help (and ``flag``/``choices``/``cli``...)."""
     metadata = {"help": help, **meta}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -101,32 +106,57 @@ def _split(text: str, conv, choices, flag: str) -> tuple:
     return items
 
 
-def add_fields(parser, cls: type) -> None:
-    """Add one option per field of the dataclass ``cls`` to ``parser`` (or an argument group).
+def _parser_of(parse):
+    """``parse`` as an argparse type: its ValueError becomes a usage error naming the problem."""
+    def conv(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return conv
+
+
+def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """Add one option per field of the dataclass ``cls`` to ``parser`` (or an argument group),
+    except the fields named in ``skip`` (a CLI that sets them its own way).
 
     Raises ``TypeError`` naming the field's FILE:LINE for a field without help or of a
     type this module does not parse."""
     hints = typing.get_type_hints(cls)
     for f in option_fields(cls):
+        if f.name in skip:
+            continue
         where = f"{field_location(cls, f.name)}: {cls.__name__}.{f.name}"
         text = f.metadata.get("help")
         if not text:
             raise TypeError(f"{where} has no help: declare it with option(..., help=...)")
-        item, many = _item_type(hints[f.name])
-        if item not in METAVARS:
-            raise TypeError(f"{where}: type {hints[f.name]} is not a command-line type (str, int, float, bool, "
-                            "Optional[X], tuple[X, ...])")
-        conv = parse_bool if item is bool else item
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         choices = f.metadata.get("choices")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = "" if f.metadata.get("append") or f.metadata.get("negated") else f" (default: {_default_text(f)})"
         kw: dict = {"dest": f.name, "default": None, "required": required,
-                    "help": (text + (" (required)" if required else f" (default: {_default_text(f)})"))
-                    .replace("%", "%%")}
+                    "help": (text + (" (required)" if required else default)).replace("%", "%%")}
+        if f.metadata.get("negated"):  # --no-x alone: the field is false
+            parser.add_argument(flag, action="store_const", const=False, **kw)
+            continue
+        if "metavar" in f.metadata:
+            kw["metavar"] = f.metadata["metavar"]
+        if "parse" in f.metadata or f.metadata.get("append"):
+            kw["type"] = _parser_of(f.metadata.get("parse", str))
+            kw.setdefault("metavar", "VALUE")
+            if choices:
+                kw["choices"] = tuple(choices)
+            parser.add_argument(flag, action="append" if f.metadata.get("append") else "store", **kw)
+            continue
+        item, many = _item_type(hints[f.name])
+        if item not in METAVARS:
+            raise TypeError(f"{where}: type {hints[f.name]} is not a command-line type (str, int, float, bool, "
+                            "Optional[X], tuple[X, ...]); declare parse=FUNCTION for another")
+        conv = parse_bool if item is bool else item
         if many:
             kw["type"] = lambda s, conv=conv, choices=choices, flag=flag: _split(s, conv, choices, flag)
-            kw["metavar"] = ("[,".join(choices) + "]" * (len(choices) - 1) if choices
-                             else f"{METAVARS[item]}[,{METAVARS[item]}...]")
+            kw.setdefault("metavar", "[,".join(choices) + "]" * (len(choices) - 1) if choices
+                          else f"{METAVARS[item]}[,{METAVARS[item]}...]")
         else:
             kw["type"] = conv
             if item is bool:  # --flag alone means true; --flag false also parses
@@ -134,10 +164,19 @@ def add_fields(parser, cls: type) -> None:
             if choices:
                 kw["choices"] = tuple(choices)
             else:
-                kw["metavar"] = METAVARS[item]
+                kw.setdefault("metavar", METAVARS[item])
         parser.add_argument(flag, **kw)
 
 
 def given(args: argparse.Namespace, cls: type) -> dict:
     """The fields of ``cls`` set on the command line (parsed by a parser built with :func:`add_fields`)."""
     return {f.name: getattr(args, f.name) for f in option_fields(cls) if getattr(args, f.name, None) is not None}
+
+
+def parse_into(parser: argparse.ArgumentParser, cls: type, args: argparse.Namespace, **values):
+    """``cls(**values, **given(args, cls))``: a config from the command line (``values``: fields
+    set by code, e.g. nested configs); its ValueError (``__post_init__``) is a usage error."""
+    try:
+        return cls(**values, **given(args, cls))
+    except ValueError as e:
+        parser.error(str(e))

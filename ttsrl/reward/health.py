@@ -4,7 +4,8 @@ Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``
 listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming the servers not ready.
 With ``--pid``, the wait ends (status 1) as soon as that process (the server being started) has exited.
 With ``--expect FIELD=VALUE`` (reward, backend, model_dir, pid), a ready server that serves something
-else gives status 3 and a line naming what it serves and what was asked (run.sh adopts a server
+else gives status 3 (``model_dir``: the absolute model folder of a cosyvoice2 server, compared
+as an absolute path; ``model_dir=`` for a backend without one) and a line naming what it serves and what was asked (run.sh adopts a server
 only when it serves the run's reward and backend, and stops it only when it is the one it started).
 URLs are comma-separated (as in ``TTSRL_REWARD_URL``) and/or separate arguments.
 :func:`launch_server` starts the reward-server CLI as a user does and returns its URL once it
@@ -69,12 +70,14 @@ IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "
 
 def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
     """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
-    reward variant, backend name, CosyVoice model folder, its process id), else a sentence naming
+    reward variant, backend name, CosyVoice model folder (absolute; "" for backends without one),
+    its process id), else a sentence naming
     what it serves and what was asked."""
     try:
         meta = requests.get(f"{url.rstrip('/')}/v2/models/{model}", timeout=5).json()
     except (requests.RequestException, ValueError) as e:
         return f"{url} gave no model metadata ({type(e).__name__}: {e})"
+    expect = {k: os.path.abspath(v) if k == "model_dir" and v else v for k, v in expect.items()}
     wrong = [f"{k} {meta.get(IDENTITY_FIELDS[k])!r} (this run asks for {v!r})" for k, v in expect.items()
              if str(meta.get(IDENTITY_FIELDS[k])) != v]
     return f"the reward server at {url} serves {', '.join(wrong)}" if wrong else None

@@ -4,6 +4,7 @@
                                        speech scales the reward down)
     length_ratio                    -> generated / expected tokens (stage 4 reports its mean)
     compute_reward(name, ...)       -> a RewardResult for one of the variants in REWARDS
+                                       (a Reward each: its function and what it needs)
 
 Everything here is a pure function of its arguments.
 """
@@ -181,14 +182,43 @@ def _cer_nll_variant(ref: str, hyp: str, asr_logprob: float | None):
 
 RewardFn = Callable[[str, str, "float | None"], "tuple[float, float, float | None]"]
 
-#: name -> fn(ref, hyp, asr_logprob) -> (raw reward, error rate, confidence or None)
-REWARDS: dict[str, RewardFn] = {
-    "tanh": _tanh_variant,
-    "toneless": _toneless_variant,
-    "exp_toneless": _exp_toneless_variant,  # exp(-12 c^1.5) of the tone-free pinyin error rate
-    "tanh_reference": _tanh_reference_variant,  # the reference's own normalisation (WeTextProcessing)
-    "cer_nll": _cer_nll_variant,
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward variant: its function and what it needs beyond the transcript.
+
+    ``needs_asr_logprob``: the variant reads ``asr_logprob`` (the mean log-likelihood the
+    ASR gives the reference text): the server and stage 4 then ask the ASR to score
+    (``BackendConfig.want_score``), and a server whose ASR cannot refuses to start."""
+    fn: RewardFn  # fn(ref, hyp, asr_logprob) -> (raw reward, error rate, confidence or None)
+    help: str
+    needs_asr_logprob: bool = False
+
+
+#: name -> the variant; every CLI's --reward choices are these names
+REWARDS: dict[str, Reward] = {
+    "tanh": Reward(_tanh_variant, "1 - tanh(3 c) of the toned pinyin error rate c (reference formula, "
+                                  "ttsrl normalisation)"),
+    "toneless": Reward(_toneless_variant, "1 - tanh(3 c) of the tone-free pinyin error rate"),
+    "exp_toneless": Reward(_exp_toneless_variant, "exp(-12 c^1.5) of the tone-free pinyin error rate"),
+    "tanh_reference": Reward(_tanh_reference_variant, "tanh with the reference's own WeTextProcessing "
+                                                      "normalisation"),
+    "cer_nll": Reward(_cer_nll_variant, "harmonic mean of 1 - CER and the ASR's confidence in the reference "
+                                        "(needs an ASR that scores text, e.g. whisper)", needs_asr_logprob=True),
 }
+
+
+def reward_variant(name: str) -> Reward:
+    """The registered variant ``name``; ValueError naming the choices otherwise."""
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}") from None
+
+
+def reward_choices_help() -> str:
+    """One line per variant, for a CLI's --reward help."""
+    return "; ".join(f"{name}: {r.help}" for name, r in REWARDS.items())
 
 
 def compute_reward(name: str, ref: str, hyp: str, *, asr_logprob: float | None = None,
@@ -199,11 +229,7 @@ def compute_reward(name: str, ref: str, hyp: str, *, asr_logprob: float | None =
     When ``n_tokens`` (speech tokens generated) is given, the length guard scales the
     reward by ``length_factor(n_tokens, expected_tokens(ref, token_rate))``.
     """
-    try:
-        fn = REWARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}") from None
-    raw, err, conf = fn(ref, hyp, asr_logprob)
+    raw, err, conf = reward_variant(name).fn(ref, hyp, asr_logprob)
     factor, ratio, ok = 1.0, None, True
     if n_tokens is not None:
         factor, ratio, ok = length_factor(n_tokens, expected_tokens(ref, token_rate))

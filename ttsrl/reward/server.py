@@ -20,11 +20,12 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from aiohttp import web
 
+from ttsrl.cli import option
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from ttsrl.reward.batching import Batcher, Stats
@@ -41,6 +42,7 @@ from ttsrl.reward.protocol import (
     parse_infer,
     reward_range,
 )
+from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
 from ttsrl.reward.scoring import Scored, score_codes
 from ttsrl.reward.triton_admin import model_config, repository_index
 from ttsrl.reward.triton_binary import EXTENSION, HEADER, encode_response
@@ -50,31 +52,41 @@ log = logging.getLogger("ttsrl.reward.server")
 
 @dataclass
 class ServerConfig:
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT  # 0 = any free port (printed when ready)
-    model_name: str = DEFAULT_MODEL_NAME
-    reward: str = "tanh"  # a name in ttsrl.reward.rewards.REWARDS
-    length_guard: bool = True  # scale rewards of implausibly long/short speech down
-    want_sim: bool = False  # measure speaker similarity (SIMS output) without adding it to the reward
-    sim_weight: float = 0.0  # reward = error-rate term + this x SIM (GLM-TTS: 0.1); > 0 measures SIM
-    max_batch: int = 32
-    max_delay_ms: float = 10.0
-    max_queue: int = 4096  # requests waiting for a worker; more get 503
-    max_body_bytes: int = 1 << 20
-    max_tokens: int = MAX_SPEECH_CODES  # speech codes per sequence (CosyVoice2: 25/s -> 164 s)
-    max_text_chars: int = MAX_TEXT_CHARS  # characters of GT_TEXT (ttsrl.limits)
-    devices: list[str] | None = None  # None: every local device
-    retry_after_s: int = 1
-    max_connections: int = 0  # open connections; 0 = half the file-descriptor limit, at most 1024
-    idle_timeout_s: float = 10.0  # a connection outside a request (headers still coming, idle) is closed
-    body_timeout_s: float = 30.0  # a request body not received in time: 408
+    """The server's settings; each field is also an option of ``token2wav_asr_server.py``
+    (the backend's are :class:`BackendConfig`'s own)."""
+    backend: BackendConfig = option(default_factory=BackendConfig, cli=False, help="the speech backend (its own options)")
+    host: str = option(DEFAULT_HOST, help="address to bind (127.0.0.1: this machine only)")
+    port: int = option(DEFAULT_PORT, help="port (0 = any free port, printed when ready)")
+    model_name: str = option(DEFAULT_MODEL_NAME, help="model name in the URL")
+    reward: str = option("tanh", choices=REWARDS, help="reward variant: " + reward_choices_help())
+    length_guard: bool = option(True, flag="--no-length-guard", negated=True,
+                                help="do not lower rewards of speech much longer/shorter than the text needs")
+    want_sim: bool = option(False, help="measure each utterance's speaker similarity to its prompt (cosine of "
+                                        "CosyVoice2's campplus embeddings) and return it as SIMS, without adding "
+                                        "it to the reward (for logging, and for GRPO's --algorithm gdpo, which "
+                                        "weighs it itself); needs a backend with a speaker model (cosyvoice2)")
+    sim_weight: float = option(0.0, metavar="W",
+                               help="reward = error-rate reward + W x SIM (GLM-TTS uses 0.1; implies --want-sim; "
+                                    "needs a backend with a speaker model; 0: the error-rate reward alone)")
+    max_batch: int = option(32, help="most requests in one backend batch")
+    max_delay_ms: float = option(10.0, help="longest wait after the oldest queued request before a batch runs")
+    max_queue: int = option(4096, help="requests that may wait; beyond it the server answers 503 + Retry-After")
+    max_body_bytes: int = option(1 << 20, help="largest request body (413 above)")
+    max_tokens: int = option(MAX_SPEECH_CODES,  # CosyVoice2: 25/s -> 164 s
+                             help="most speech codes per sequence (413 above)")
+    max_text_chars: int = option(MAX_TEXT_CHARS, cli=False, help="characters of GT_TEXT (ttsrl.limits)")
+    devices: tuple[str, ...] | None = option(None, help="comma-separated devices, one backend replica each "
+                                                        "(none: all GPUs, else cpu)")
+    retry_after_s: int = option(1, cli=False, help="Retry-After of a 503")
+    max_connections: int = option(0, help="open connections at most; beyond it the longest-idle one is closed "
+                                          "(0 = half the file-descriptor limit, at most 1024)")
+    idle_timeout_s: float = option(10.0, help="close a connection that sends no complete request headers for this "
+                                              "long (also idle keep-alive connections)")
+    body_timeout_s: float = option(30.0, help="answer 408 when a request body takes longer than this")
+    log_level: str = option("INFO", help="logging level of the server's log (DEBUG, INFO, WARNING, ...)")
 
     def validate(self) -> None:
-        from ttsrl.reward.rewards import REWARDS
-
-        if self.reward not in REWARDS:
-            raise ValueError(f"unknown reward {self.reward!r}; choose from {sorted(REWARDS)}")
+        reward_variant(self.reward)  # ValueError naming the choices
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_tokens", "max_text_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -123,7 +135,8 @@ class RewardServer:
         self.metrics.watch(lambda: len(self.batcher.queue) if self.batcher else 0,
                            lambda: len(self.guard.conns) if self.guard else 0)
         self._given = list(pipelines) if pipelines else None
-        self._factory = pipeline_factory or (lambda dev: build_pipeline(cfg.backend, dev))
+        backend = self.backend_config(cfg)
+        self._factory = pipeline_factory or (lambda dev: build_pipeline(backend, dev))
         self.pipelines: list[SpeechPipeline] = []
         self.batcher: Batcher | None = None
         self.ready = False
@@ -132,6 +145,11 @@ class RewardServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._flusher: asyncio.Task | None = None
+
+    @staticmethod
+    def backend_config(cfg: ServerConfig) -> BackendConfig:
+        """``cfg.backend`` with what the reward needs of it turned on (the ASR's log-probability)."""
+        return replace(cfg.backend, want_score=cfg.backend.want_score or reward_variant(cfg.reward).needs_asr_logprob)
 
     # ---- serving ---------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
@@ -196,8 +214,9 @@ class RewardServer:
             # build replicas in threads: model loading must not block the loop
             self.pipelines = list(await asyncio.gather(
                 *(loop.run_in_executor(None, self._factory, d) for d in devices)))
-        if self.cfg.reward == "cer_nll" and not all(p.want_score for p in self.pipelines):
-            raise ValueError("reward cer_nll needs an ASR that scores text (e.g. whisper) and want_score on")
+        if reward_variant(self.cfg.reward).needs_asr_logprob and not all(p.want_score for p in self.pipelines):
+            raise ValueError(f"reward {self.cfg.reward} needs the ASR's log-probability of the reference text: "
+                             "an ASR that scores text (e.g. whisper) and want_score on")
         if self.cfg.measures_sim:
             self._measure_sim()
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
@@ -314,7 +333,7 @@ class RewardServer:
         meta = model_metadata(self.cfg.model_name)
         b = self.cfg.backend
         meta.update(platform="ttsrl", backend=", ".join(p.name for p in self.pipelines), reward=self.cfg.reward,
-                    backend_name=b.backend, asr=b.asr, model_dir=b.cosyvoice_model_dir, pid=os.getpid(),
+                    backend_name=b.backend, asr=b.asr, model_dir=b.model_dir, pid=os.getpid(),
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
                     reward_range=list(reward_range(self.cfg.sim_weight)))
@@ -327,7 +346,7 @@ class RewardServer:
             max_queue=self.cfg.max_queue, devices=[p.device for p in self.pipelines],
             parameters={"reward": self.cfg.reward, "backend": ", ".join(p.name for p in self.pipelines),
                         "sim_weight": f"{self.cfg.sim_weight:g}", "measures_sim": str(self.cfg.measures_sim).lower(),
-                        "max_tokens": str(self.cfg.max_tokens)}))
+                        "max_tokens": str(self.cfg.max_tokens), "model_dir": self.cfg.backend.model_dir}))
 
     async def _repository_index(self, request):
         return _json(repository_index(self.cfg.model_name, self.ready))

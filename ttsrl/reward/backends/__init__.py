@@ -14,32 +14,58 @@ tests get a :class:`SpeechPipeline`. Backend presets:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from ttsrl.cli import option
 from ttsrl.reward.backends.base import ASR, Audio, SpeakerPrompt, SpeechPipeline, Token2Wav, Transcript, stable_index
 
 BACKENDS = ("sim", "whisper", "cosyvoice2")
 ASRS = ("default", "sim", "whisper", "sherpa")
+SHERPA_KINDS = ("sense_voice", "paraformer")
 
-__all__ = ["ASR", "Audio", "BackendConfig", "BACKENDS", "SpeakerPrompt", "SpeechPipeline", "Token2Wav",
+__all__ = ["ASR", "Audio", "BackendConfig", "BACKENDS", "SHERPA_KINDS", "SpeakerPrompt", "SpeechPipeline", "Token2Wav",
            "Transcript", "build_pipeline", "local_devices", "stable_index"]
 
 
 @dataclass
 class BackendConfig:
-    backend: str = "sim"
-    asr: str = "default"  # override the preset's ASR
-    want_score: bool = False  # ask the ASR for log-likelihoods (cer_nll reward)
-    want_sim: bool = False  # measure speaker similarity to the prompt (stage 4; the server: --want-sim/--sim-weight)
-    whisper_model_dir: str | None = None  # CTranslate2 Whisper dir; None = wheel-shipped base
-    whisper_compute_type: str | None = None
-    cpu_threads: int = 0
-    cosyvoice_checkout: str | None = None
-    cosyvoice_model_dir: str | None = None
-    prompt_dir: str | None = None
-    cosyvoice_batch_flow: bool = False  # CosyVoice2 flow over the whole batch (cosyvoice2_batch)
-    sherpa_model_dir: str | None = None
-    sherpa_kind: str = "sense_voice"
+    """The backend settings; each field is also the command-line option of every CLI that
+    builds a pipeline (``token2wav_asr_server.py``, ``infer_dataset.py``: see ``options``)."""
+    backend: str = option("sim", choices=BACKENDS,
+                          help="token2wav + ASR preset: sim (simulated codec), whisper (espeak-ng + Whisper), "
+                               "cosyvoice2 (CosyVoice2 flow + HiFT, then Whisper or --asr)")
+    asr: str = option("default", choices=ASRS, help="ASR instead of the preset's ('default': the preset's own)")
+    want_score: bool = option(False, cli=False,  # set from the reward's needs (Reward.needs_asr_logprob)
+                              help="ask the ASR for the log-likelihood of the reference text")
+    want_sim: bool = option(False, cli=False,  # stage 4; the server: --want-sim/--sim-weight
+                            help="measure speaker similarity to the prompt")
+    whisper_model_dir: str | None = option(None, metavar="DIR", help="CTranslate2 Whisper directory "
+                                           "(none: Whisper-base from the PyPI wheels)")
+    whisper_compute_type: str | None = option(None, metavar="TYPE", help="CTranslate2 compute type "
+                                              "(none: int8 on CPU, float16 on GPU)")
+    cpu_threads: int = option(0, metavar="N", help="threads per CPU backend (0 = all cores, max 8)")
+    cosyvoice_checkout: str | None = option(None, metavar="DIR", help="CosyVoice source checkout (backend "
+                                            "cosyvoice2; none: the installed cosyvoice package)")
+    cosyvoice_model_dir: str | None = option(None, metavar="DIR",
+                                             help="CosyVoice2-0.5B model directory (backend cosyvoice2)")
+    prompt_dir: str | None = option(None, metavar="DIR", help="speaker prompts for token2wav: *.wav (>= 16 kHz, "
+                                    "<= 30 s), one chosen per text; zero-shot test sets use their own "
+                                    "(backend cosyvoice2)")
+    cosyvoice_batch_flow: bool = option(False, help="run CosyVoice2's flow over each batch at once (padded, "
+                                                    "masked; the same audio up to float error) instead of one "
+                                                    "utterance at a time (backend cosyvoice2)")
+    sherpa_model_dir: str | None = option(None, metavar="DIR",
+                                          help="sherpa-onnx SenseVoice/Paraformer directory (--asr sherpa)")
+    sherpa_kind: str = option("sense_voice", choices=SHERPA_KINDS, help="sherpa-onnx model family")
+
+    @property
+    def model_dir(self) -> str:
+        """The model folder this backend serves, absolute ("" for a backend without one): what the
+        reward server publishes as ``model_dir`` so a launcher can tell two servers apart."""
+        if self.backend == "cosyvoice2" and self.cosyvoice_model_dir:
+            return os.path.abspath(self.cosyvoice_model_dir)
+        return ""
 
     def validate(self) -> None:
         if self.backend not in BACKENDS:
