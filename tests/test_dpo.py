@@ -14,7 +14,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 
 from ttsrl.model.hf_model import load_speech_lm
 from ttsrl.train.dpo import (

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 
 from ttsrl.model.checkpoint import MARKER, check_merged, write_marker
 from ttsrl.train.pairs import Pair, read_pairs, write_pairs

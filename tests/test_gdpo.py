@@ -97,7 +97,7 @@ def test_gdpo_trains_on_the_cpu_path(tmp_path, sim_server_url):
     import os
     import subprocess
 
-    from conftest import grpo_command, make_grpo_workspace, parse_steps
+    from helpers import grpo_command, make_grpo_workspace, parse_steps
 
     ws = make_grpo_workspace(tmp_path)
     cmd = grpo_command(ws, "--algorithm", "gdpo", "--train-batch-size", "4", "--ppo-mini-batch-size", "4",

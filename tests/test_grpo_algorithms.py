@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import grpo_command, make_grpo_workspace, parse_steps
+from helpers import grpo_command, make_grpo_workspace, parse_steps
 from omegaconf import OmegaConf
 from test_algorithm_config import DEFINING
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from conftest import fsdp_full_state, grpo_command, make_grpo_workspace, merge_command, parse_steps
+from helpers import fsdp_full_state, grpo_command, make_grpo_workspace, merge_command, parse_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, WORLD, PROMPTS, N = 2, 2, 4, 4

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from conftest import start_reward_server, stop_process
+from helpers import start_reward_server, stop_process
 
 from ttsrl.embedded import codec
 from ttsrl.reward.backends import SpeechPipeline

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from conftest import start_reward_server, stop_process
+from helpers import start_reward_server, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 
 from ttsrl.embedded import codec

@@ -10,7 +10,7 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS
 from ttsrl.train.pairs import Pair, PairsError, read_pairs, read_user_pairs, write_pairs

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from conftest import dead_url
+from helpers import dead_url
 
 from ttsrl.train.grpo import GRPOConfig
 

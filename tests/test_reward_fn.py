@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import dead_url
+from helpers import dead_url
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SpeechVocab

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from conftest import dead_url, start_reward_server, stop_process
+from helpers import dead_url, start_reward_server, stop_process
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SpeechVocab

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import dead_url, start_reward_server, stop_process
+from helpers import dead_url, start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh", "scripts/nodes.sh",

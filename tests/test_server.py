@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import start_reward_server, stop_process
+from helpers import start_reward_server, stop_process
 
 from ttsrl.embedded import codec
 from ttsrl.model.vocab import SPEECH_TOKEN_SIZE

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import stop_process
+from helpers import stop_process
 
 from ttsrl.embedded import codec
 from ttsrl.reward.protocol import build_payload, infer_path

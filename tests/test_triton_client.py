@@ -96,7 +96,7 @@ def test_tritonclient_reads_model_config_statistics_and_repository_index():
     get_inference_statistics (all models, one model, one version) and the repository index
     answer in Triton's schemas, and the statistics count what happened: every item, every batch,
     the failures, the queue and compute times."""
-    from conftest import start_reward_server, stop_process
+    from helpers import start_reward_server, stop_process
 
     proc, url = start_reward_server("--backend", "sim", "--max-batch", "8", "--max-delay-ms", "30",
                                     "--reward", "exp_toneless", "--log-level", "WARNING")

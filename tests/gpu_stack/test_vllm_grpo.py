@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import grpo_rows, parse_steps  # tests/conftest.py (tests/ is on sys.path)
+from helpers import grpo_rows, parse_steps  # tests/helpers.py (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
