@@ -59,97 +59,33 @@ Sampling defaults are CosyVoice2's: top-p 0.8, top-k 25, repetition-aware sampli
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
-from ttsrl.data.testsets import TestSetError, parse_test_set_arg
-from ttsrl.eval.dist import COLLECTIVE_TIMEOUT_S
-from ttsrl.eval.evaluate import EvalConfig, run_sweep
-from ttsrl.eval.report import HEADLINES
-from ttsrl.eval.shares import MAX_WAIT_S, NodeShare
+from ttsrl.cli import add_fields, group, parse_into
+from ttsrl.data.testsets import TestSetError
+from ttsrl.eval.evaluate import GEN, SCORING, EvalConfig, run_sweep
 from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
 from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
-from ttsrl.stats import DEFAULT_RESAMPLES
 
 
 def parse_args(argv=None) -> EvalConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("models and outputs")
-    g.add_argument("--start-model", required=True, help="converted start model (HF dir) = step 0")
-    g.add_argument("--merged-dir", default=None, help="merged steps MERGED_DIR/step_N (stage 3); optional")
-    g.add_argument("--steps", default=None, help="comma-separated steps to score (default: 0 and every merged step)")
-    g.add_argument("--out-dir", required=True, help="where results, report.md, summary.json, cer.png go")
-    g.add_argument("--test-set", action="append", required=True, metavar="NAME=PATH",
-                   help="a test set (JSONL file, Seed-TTS dir or CV3-Eval dir); repeatable")
-    g.add_argument("--dev-set", action="append", default=[], metavar="NAME=PATH",
-                   help="a dev set (same layouts): stage 5 chooses the step on dev sets only; repeatable")
-    g.add_argument("--headline", choices=("utt_mean", "pooled"), default="utt_mean",
-                   help="convention report.md leads with and stage 5 chooses by (default: utt_mean, Seed-TTS)")
-    g.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples per interval")
-    g.add_argument("--limit", type=int, default=None, help="only the first N utterances of each test set")
-    g.add_argument("--force", action="store_true", help="re-score models that are already scored")
-    g.add_argument("--no-wavs", action="store_true", help="do not write wavs (backends that make audio)")
-    g.add_argument("--node-share", default=None, metavar="R/N",
-                   help="score only node R's share of the models (of N nodes); no report, a marker OUT/shares/R-of-N.json")
-    g.add_argument("--wait-shares", type=float, default=None, metavar="SECONDS",
-                   help="head node (--node-share 0/N): wait up to SECONDS for the other shares' markers, "
-                        "score what is still unscored, write the report")
-
-    g = p.add_argument_group("generation")
-    g.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto",
-                   help="auto: vLLM for --greedy on a GPU when installed, else transformers; "
-                        "vllm: greedy or CosyVoice2 sampling (same rule as transformers, other random numbers)")
-    g.add_argument("--device", default="auto", help="auto (one GPU per rank, else cpu), cpu or cuda")
-    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                   help="weights dtype of the transformers engine")
-    g.add_argument("--batch-size", type=int, default=8, help="utterances per batch (transformers engine)")
-    g.add_argument("--greedy", action="store_true", help="argmax decoding instead of CosyVoice2 sampling")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (per utterance: seed + id)")
-    g.add_argument("--seeds", type=int, default=1,
-                   help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and spread across seeds")
-    add_sampling_args(g)  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine")
-    g.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0 = this machine's cores / its ranks, GPU ranks too)")
-
-    g = p.add_argument_group("scoring backend (as token2wav_asr_server.py)")
-    add_backend_args(g, cpu_threads=False)  # --threads sets the backend's threads too
-    g.add_argument("--reward", default="tanh", choices=("tanh", "tanh_reference", "toneless"),
-                   help="reward variant reported per utterance (default %(default)s)")
-    g.add_argument("--no-length-guard", action="store_true", help="report rewards without the length guard")
+    add_fields(p, EvalConfig)  # in its groups: models and outputs, generation, scoring backend
+    add_fields(group(p, GEN), GenerationConfig)  # --greedy, --seed, --batch-size
+    add_sampling_args(group(p, GEN))  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
+    add_backend_args(group(p, SCORING), cpu_threads=False)
     a = p.parse_args(argv)
-
-    try:
-        test_sets = [parse_test_set_arg(t) for t in a.test_set]
-        dev_sets = [parse_test_set_arg(t) for t in a.dev_set]
-        steps = [int(x) for x in a.steps.split(",")] if a.steps else None
-        node_share = NodeShare.parse(a.node_share) if a.node_share is not None else None
-    except ValueError as e:
-        p.error(str(e))
-    if a.wait_shares is not None and (node_share is None or node_share.rank != 0):
-        p.error(f"--wait-shares is for the head node: it needs --node-share 0/N (got --node-share {a.node_share})")
-    if a.wait_shares is not None and not 0 <= a.wait_shares <= MAX_WAIT_S:
-        p.error(f"--wait-shares must be 0 .. {MAX_WAIT_S:.0f} seconds (the head's other ranks wait in a collective "
-                f"with a {COLLECTIVE_TIMEOUT_S / 3600:.0f} h timeout), got {a.wait_shares:g}")
-    if a.batch_size < 1 or a.seeds < 1 or (a.limit is not None and a.limit < 1):
-        p.error("--batch-size, --seeds and --limit must be >= 1")
-    if a.resamples < 100:
-        p.error("--resamples must be >= 100")
-    backend = backend_config(a, cpu_threads=a.threads)
+    generation = parse_into(p, GenerationConfig, a, sampling=sampling_from_args(a))
+    cfg = parse_into(p, EvalConfig, a, generation=generation)
+    backend = backend_config(a, cpu_threads=cfg.threads)  # --threads sets the backend's threads too
     try:
         backend.validate()
     except ValueError as e:
         p.error(str(e))
-    sampling = sampling_from_args(a)
-    return EvalConfig(start_model=a.start_model, out_dir=a.out_dir, test_sets=test_sets, dev_sets=dev_sets,
-                      merged_dir=a.merged_dir, seeds=a.seeds, headline=HEADLINES[a.headline], resamples=a.resamples,
-                      steps=steps, backend=backend,
-                      generation=GenerationConfig(greedy=a.greedy, sampling=sampling, seed=a.seed,
-                                                  batch_size=a.batch_size),
-                      engine=a.engine, device=a.device, dtype=a.dtype, reward=a.reward,
-                      length_guard=not a.no_length_guard, save_wavs=not a.no_wavs, force=a.force,
-                      limit=a.limit, gpu_memory_utilization=a.gpu_memory_utilization, threads=a.threads,
-                      node_share=node_share, wait_shares=a.wait_shares)
+    return dataclasses.replace(cfg, backend=backend)
 
 
 def main(argv=None) -> int:

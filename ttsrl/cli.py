@@ -18,8 +18,9 @@ that names its FILE:LINE), ``flag`` (the option's name when not ``--field-name``
 ``choices`` (allowed values; for a tuple field, allowed items), ``metavar``, ``cli=False``
 (a field set by code, not an option), ``negated=True`` (a bool field whose flag, e.g.
 ``--no-length-guard``, sets it false), ``parse`` (a function from the typed text to the
-value, for any other type; ValueError is a usage error) and ``append=True`` (a repeatable
-option: the field is the list of its values, each parsed, not split at commas). Types:
+value, for any other type; ValueError is a usage error), ``append=True`` (a repeatable
+option: the field is the list of its values, each parsed, not split at commas) and
+``group`` (the title of the ``--help`` section it is listed in). Types:
 ``str``, ``int``, ``float``, ``bool`` (``--flag`` alone is true; or a value: true/false,
 1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]`` (comma-separated).
 
@@ -116,6 +117,14 @@ def _parser_of(parse):
     return conv
 
 
+def group(parser: argparse.ArgumentParser, title: str):
+    """The argument group of ``parser`` titled ``title`` (made when missing)."""
+    for g in parser._action_groups:
+        if g.title == title:
+            return g
+    return parser.add_argument_group(title)
+
+
 def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
     """Add one option per field of the dataclass ``cls`` to ``parser`` (or an argument group),
     except the fields named in ``skip`` (a CLI that sets them its own way).
@@ -126,6 +135,9 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
     for f in option_fields(cls):
         if f.name in skip:
             continue
+        target = parser
+        if f.metadata.get("group") and isinstance(parser, argparse.ArgumentParser):
+            target = group(parser, f.metadata["group"])
         where = f"{field_location(cls, f.name)}: {cls.__name__}.{f.name}"
         text = f.metadata.get("help")
         if not text:
@@ -137,7 +149,7 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
         kw: dict = {"dest": f.name, "default": None, "required": required,
                     "help": (text + (" (required)" if required else default)).replace("%", "%%")}
         if f.metadata.get("negated"):  # --no-x alone: the field is false
-            parser.add_argument(flag, action="store_const", const=False, **kw)
+            target.add_argument(flag, action="store_const", const=False, **kw)
             continue
         if "metavar" in f.metadata:
             kw["metavar"] = f.metadata["metavar"]
@@ -146,7 +158,7 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
             kw.setdefault("metavar", "VALUE")
             if choices:
                 kw["choices"] = tuple(choices)
-            parser.add_argument(flag, action="append" if f.metadata.get("append") else "store", **kw)
+            target.add_argument(flag, action="append" if f.metadata.get("append") else "store", **kw)
             continue
         item, many = _item_type(hints[f.name])
         if item not in METAVARS:
@@ -165,7 +177,7 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
                 kw["choices"] = tuple(choices)
             else:
                 kw.setdefault("metavar", METAVARS[item])
-        parser.add_argument(flag, **kw)
+        target.add_argument(flag, **kw)
 
 
 def given(args: argparse.Namespace, cls: type) -> dict:

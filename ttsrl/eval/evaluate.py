@@ -30,13 +30,15 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ttsrl.data.testsets import TestSet, Utterance, read_test_set
+from ttsrl.cli import option
+from ttsrl.data.testsets import TestSet, Utterance, parse_test_set_arg, read_test_set
 from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, rank_threads, shard
 from ttsrl.eval.report import (
+    HEADLINES,
     PLOT_FILE,
     REPORT_FILE,
     RESULTS_FILE,
@@ -51,6 +53,8 @@ from ttsrl.eval.report import (
 from ttsrl.eval.seedtts_eval import detect_lang, score_utterance
 from ttsrl.eval.shares import MAX_WAIT_S, NodeShare, finish_share, start_share
 from ttsrl.model.generate import Generated, GenerationConfig, make_requests
+from ttsrl.reward.backends import BackendConfig
+from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
 from ttsrl.stats import DEFAULT_RESAMPLES
 
 SCHEMA_VERSION = 4  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim
@@ -114,31 +118,65 @@ def model_fingerprint(model_dir: Path) -> str:
 # the sweep
 
 
+ENGINES = ("auto", "hf", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+OUT, GEN, SCORING = "models and outputs", "generation", "scoring backend (as token2wav_asr_server.py)"
+
+
+def parse_headline(text: str) -> str:
+    """``--headline``: utt_mean or pooled (or the metric names cer_utt_mean, cer_pooled) -> the metric."""
+    if text in HEADLINES.values():
+        return text
+    if text not in HEADLINES:
+        raise ValueError(f"--headline {text!r}: choose one of {', '.join(HEADLINES)}")
+    return HEADLINES[text]
+
+
 @dataclass
 class EvalConfig:
-    start_model: str
-    out_dir: str
-    test_sets: list[tuple[str, str]]
-    dev_sets: list[tuple[str, str]] = field(default_factory=list)  # stage 5 chooses on these only
-    merged_dir: str | None = None
-    steps: list[int] | None = None  # None = every merged step (plus 0)
-    backend: object = None  # ttsrl.reward.backends.BackendConfig
-    generation: GenerationConfig = GenerationConfig()
-    engine: str = "auto"  # auto | hf | vllm
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "float32"  # HF engine
-    reward: str = "tanh"
-    length_guard: bool = True
-    save_wavs: bool = True
-    force: bool = False
-    limit: int | None = None  # first N utterances of each test set (smoke runs)
-    gpu_memory_utilization: float = 0.8
-    threads: int = 0  # CPU threads per rank (0 = cores / local ranks)
-    seeds: int = 1  # decode every utterance with seeds seed .. seed+seeds-1
-    headline: str = "cer_utt_mean"  # or cer_pooled: what report.md leads with and stage 5 chooses by
-    resamples: int = DEFAULT_RESAMPLES  # bootstrap resamples per interval
-    node_share: NodeShare | None = None  # several nodes: score this node's share of the models only
-    wait_shares: float | None = None  # the head (share 0): wait this long for the other shares, then report
+    """The sweep's settings; each field is also an option of ``infer_dataset.py`` (the
+    generation's and the backend's are :class:`GenerationConfig`'s and ``BackendConfig``'s own)."""
+    start_model: str = option(group=OUT, help="converted start model (HF dir) = step 0")
+    out_dir: str = option(group=OUT, help="where results, report.md, summary.json, cer.png go")
+    test_sets: list[tuple[str, str]] = option(
+        flag="--test-set", append=True, parse=parse_test_set_arg, metavar="NAME=PATH", group=OUT,
+        help="a test set (JSONL file, Seed-TTS dir or CV3-Eval dir); repeatable")
+    dev_sets: list[tuple[str, str]] = option(  # stage 5 chooses on these only
+        [], flag="--dev-set", append=True, parse=parse_test_set_arg, metavar="NAME=PATH", group=OUT,
+        help="a dev set (same layouts): stage 5 chooses the step on dev sets only; repeatable")
+    merged_dir: str | None = option(None, group=OUT, help="merged steps MERGED_DIR/step_N (stage 3); optional")
+    steps: tuple[int, ...] | None = option(None, group=OUT, help="steps to score (none: 0 and every merged step)")
+    backend: BackendConfig | None = option(None, cli=False, help="the scoring backend (its own options)")
+    generation: GenerationConfig = option(GenerationConfig(), cli=False, help="decoding (its own options)")
+    engine: str = option("auto", choices=ENGINES, group=GEN,
+                         help="auto: vLLM for --greedy on a GPU when installed, else transformers; vllm: greedy or "
+                              "CosyVoice2 sampling (same rule as transformers, other random numbers)")
+    device: str = option("auto", group=GEN, help="auto (one GPU per rank, else cpu), cpu or cuda")
+    dtype: str = option("float32", choices=DTYPES, group=GEN, help="weights dtype of the transformers engine")
+    reward: str = option("tanh", choices=REWARDS, group=SCORING,
+                         help="reward variant reported per utterance: " + reward_choices_help())
+    length_guard: bool = option(True, flag="--no-length-guard", negated=True, group=SCORING,
+                                help="report rewards without the length guard")
+    save_wavs: bool = option(True, flag="--no-wavs", negated=True, group=OUT,
+                             help="do not write wavs (backends that make audio)")
+    force: bool = option(False, group=OUT, help="re-score models that are already scored")
+    limit: int | None = option(None, group=OUT, help="only the first N utterances of each test set (smoke runs)")
+    gpu_memory_utilization: float = option(0.8, group=GEN, help="vLLM engine")
+    threads: int = option(0, group=GEN, help="torch CPU threads per rank (0 = this machine's cores / its ranks, "
+                                             "GPU ranks too); the backend's threads too")
+    seeds: int = option(1, group=GEN, help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and "
+                                           "spread across seeds")
+    headline: str = option("cer_utt_mean", flag="--headline", parse=parse_headline, metavar="{utt_mean,pooled}",
+                           group=OUT, help="convention report.md leads with and stage 5 chooses by (utt_mean: "
+                                           "Seed-TTS's mean of per-utterance rates; pooled)")
+    resamples: int = option(DEFAULT_RESAMPLES, group=OUT, help="bootstrap resamples per interval")
+    node_share: NodeShare | None = option(  # several nodes: score this node's share of the models only
+        None, parse=NodeShare.parse, metavar="R/N", group=OUT,
+        help="score only node R's share of the models (of N nodes); no report, a marker OUT/shares/R-of-N.json")
+    wait_shares: float | None = option(  # the head (share 0): wait this long for the other shares, then report
+        None, metavar="SECONDS", group=OUT,
+        help="head node (--node-share 0/N): wait up to SECONDS for the other shares' markers, score what is "
+             "still unscored, write the report")
 
     def __post_init__(self):
         if self.wait_shares is not None:
@@ -146,13 +184,24 @@ class EvalConfig:
                 raise ValueError(f"wait_shares (--wait-shares) is for the head node: it needs node share 0/N, "
                                  f"got {self.node_share or 'none'}")
             if not 0 <= self.wait_shares <= MAX_WAIT_S:  # the head's other ranks wait in one collective
-                raise ValueError(f"wait_shares must be 0 .. {MAX_WAIT_S} seconds, got {self.wait_shares}")
+                raise ValueError(f"wait_shares (--wait-shares) must be 0 .. {MAX_WAIT_S:.0f} seconds (the head's "
+                                 f"other ranks wait in a collective), got {self.wait_shares:g}")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
-        if self.headline not in ("cer_utt_mean", "cer_pooled"):
-            raise ValueError(f"headline must be cer_utt_mean or cer_pooled, got {self.headline!r}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.headline not in HEADLINES.values():
+            raise ValueError(f"headline must be one of {', '.join(HEADLINES.values())}, got {self.headline!r}")
         if self.resamples < 100:
             raise ValueError(f"resamples must be >= 100, got {self.resamples}")
+        reward_variant(self.reward)  # ValueError naming the choices
+
+
+def scoring_backend(cfg: EvalConfig) -> BackendConfig:
+    """The backend stage 4 scores with: ``cfg.backend`` measuring speaker similarity (where a
+    speaker model exists) and what the reward needs (the ASR's log-probability)."""
+    return replace(cfg.backend or BackendConfig(), want_sim=True,
+                   want_score=reward_variant(cfg.reward).needs_asr_logprob)
 
 
 def settings_of(cfg: EvalConfig, engine: str) -> dict:
@@ -252,8 +301,8 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
     plan = _plan(cfg, d, mine, test_sets, settings, out_dir, say, force=cfg.force)
     say(f"stage 4: {len(mine)} model(s), {len(test_sets)} test set(s), {len(plan)} model(s) to score; "
         f"engine {engine} on {device}, {d.world} rank(s), {'greedy' if cfg.generation.greedy else 'sampling'}")
-    pipeline = functools.cache(lambda: build_pipeline(replace(cfg.backend or BackendConfig(), want_sim=True),
-                                                      device))  # built once, if at all; SIM where a speaker model exists
+    backend = scoring_backend(cfg)
+    pipeline = functools.cache(lambda: build_pipeline(backend, device))  # built once, if at all
     by_name = {ts.name: ts for ts in test_sets}
 
     def run_plan(plan):

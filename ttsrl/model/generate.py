@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ttsrl.cli import option
 from ttsrl.model import vocab as V
 from ttsrl.model.cosyvoice_lm import SamplingConfig, SamplingError, pick_token
 
@@ -80,10 +81,15 @@ class Generated:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    greedy: bool = False
-    sampling: SamplingConfig = SamplingConfig()
-    seed: int = 0
-    batch_size: int = 8
+    """How to decode; the fields are also stage 4's options (``infer_dataset.py``)."""
+    greedy: bool = option(False, help="argmax decoding instead of CosyVoice2 sampling")
+    sampling: SamplingConfig = option(SamplingConfig(), cli=False, help="CosyVoice2's sampling (its own options)")
+    seed: int = option(0, help="sampling seed (per utterance: seed + id)")
+    batch_size: int = option(8, help="utterances per batch (transformers engine)")
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size (--batch-size) must be >= 1, got {self.batch_size}")
 
 
 def build_input_ids(vocab: V.SpeechVocab, req: Request) -> list[int]:
