@@ -19,9 +19,11 @@ and sha256 its marker records.
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ttsrl.atomic import atomic_write_text
+from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.model import convert
 from ttsrl.model.checkpoint import MARKER, check_merged
 from ttsrl.train import steps
@@ -47,25 +49,38 @@ def selection_record(summary_path: str, step_override: int | None) -> tuple[int,
     return step, record
 
 
+@dataclass
+class ExportConfig:
+    """The export's settings; each field is also its option. One source: a checkpoint folder
+    (``hf_cosyvoice2_llm_path``) or stage 4's summary (``from_sweep``, with the step folders)."""
+    output_path: str = option(metavar="llm.pt", help="where to write llm.pt")
+    hf_cosyvoice2_llm_path: str | None = option(None, metavar="DIR",
+                                                help="HF checkpoint folder to export; or --from-sweep")
+    from_sweep: str | None = option(None, metavar="SUMMARY_JSON",
+                                    help="choose the step from stage 4's summary.json; or --hf-cosyvoice2-llm-path")
+    merged_dir: str | None = option(None, metavar="DIR", help="with --from-sweep: folder of merged steps (step_N/)")
+    start_model: str | None = option(None, metavar="DIR", help="with --from-sweep: the converted start model (step 0)")
+    step: int | None = option(None, metavar="N",
+                              help="with --from-sweep: export this step instead of the dev set's choice")
+    verify: bool = option(False, help="reload the written llm.pt as CosyVoice2's Qwen2LM and compare its logits "
+                                      "with the HF model")
+
+    def __post_init__(self):
+        if (self.hf_cosyvoice2_llm_path is None) == (self.from_sweep is None):
+            raise ValueError("give one of --hf-cosyvoice2-llm-path (a checkpoint) or --from-sweep (stage 4 chooses)")
+        if self.from_sweep and not (self.merged_dir and self.start_model):
+            raise ValueError("--from-sweep needs --merged-dir and --start-model")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--hf-cosyvoice2-llm-path", metavar="DIR", help="HF checkpoint folder to export")
-    src.add_argument("--from-sweep", metavar="SUMMARY_JSON", help="choose the step from stage 4's summary.json")
-    p.add_argument("--merged-dir", help="with --from-sweep: folder of merged steps (step_N/)")
-    p.add_argument("--start-model", help="with --from-sweep: the converted start model (step 0)")
-    p.add_argument("--step", type=int, help="with --from-sweep: export this step instead of the dev set's choice")
-    p.add_argument("--output-path", required=True, metavar="llm.pt", help="where to write llm.pt")
-    p.add_argument("--verify", action="store_true",
-                   help="reload the written llm.pt as CosyVoice2's Qwen2LM and compare its logits with the HF model")
-    a = p.parse_args(argv)
+    add_fields(p, ExportConfig)
+    a = parse_into(p, ExportConfig, p.parse_args(argv))
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
         if a.from_sweep:
-            if not (a.merged_dir and a.start_model):
-                p.error("--from-sweep needs --merged-dir and --start-model")
             step, record = selection_record(a.from_sweep, a.step)
             src_dir = steps.model_dir_for(step, a.start_model, a.merged_dir)
             print(f"exporting step {step}: {record['reason']}\n  from {src_dir}")
