@@ -72,9 +72,15 @@ class ExportConfig:
             raise ValueError("--from-sweep needs --merged-dir and --start-model")
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """One option per field of ExportConfig."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, ExportConfig)
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = parse_into(p, ExportConfig, p.parse_args(argv))
     from transformers.utils import logging as hf_logging
 

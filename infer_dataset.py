@@ -71,12 +71,18 @@ from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
 
 
-def parse_args(argv=None) -> EvalConfig:
+def parser() -> argparse.ArgumentParser:
+    """One option per field of EvalConfig, GenerationConfig, SamplingConfig and BackendConfig."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, EvalConfig)  # in its groups: models and outputs, generation, scoring backend
     add_fields(group(p, GEN), GenerationConfig)  # --greedy, --seed, --batch-size
     add_sampling_args(group(p, GEN))  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
     add_backend_args(group(p, SCORING), cpu_threads=False)
+    return p
+
+
+def parse_args(argv=None) -> EvalConfig:
+    p = parser()
     a = p.parse_args(argv)
     generation = parse_into(p, GenerationConfig, a, sampling=sampling_from_args(a))
     cfg = parse_into(p, EvalConfig, a, generation=generation)

@@ -31,16 +31,26 @@ import argparse
 import sys
 
 
-def parse_args(argv=None):
-    """The command line, checked: a :class:`ttsrl.train.pairs.MineConfig` (``.sampling``: its
-    SamplingConfig)."""
-    from ttsrl.cli import add_fields, given, parse_into
-    from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
-    from ttsrl.train.pairs import MINING_ONLY, MineConfig
+def parser() -> argparse.ArgumentParser:
+    """One option per field of MineConfig and SamplingConfig."""
+    from ttsrl.cli import add_fields
+    from ttsrl.model.cosyvoice_lm import add_sampling_args
+    from ttsrl.train.pairs import MineConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, MineConfig)
     add_sampling_args(p.add_argument_group("sampling (CosyVoice2's rule; mining only)"))
+    return p
+
+
+def parse_args(argv=None):
+    """The command line, checked: a :class:`ttsrl.train.pairs.MineConfig` (``.sampling``: its
+    SamplingConfig)."""
+    from ttsrl.cli import given, parse_into
+    from ttsrl.model.cosyvoice_lm import sampling_from_args
+    from ttsrl.train.pairs import MINING_ONLY, MineConfig
+
+    p = parser()
     a = p.parse_args(argv)
     typed = given(a, MineConfig)
     if typed.get("user_pairs"):

@@ -25,10 +25,16 @@ from ttsrl.reward.backends.options import add_backend_args, backend_config
 from ttsrl.reward.server import ServerConfig, run
 
 
-def parse_args(argv=None) -> ServerConfig:
+def parser() -> argparse.ArgumentParser:
+    """One option per field of BackendConfig and ServerConfig."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_args(p)
     add_fields(p, ServerConfig)
+    return p
+
+
+def parse_args(argv=None) -> ServerConfig:
+    p = parser()
     a = p.parse_args(argv)
     cfg = parse_into(p, ServerConfig, a, backend=backend_config(a))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

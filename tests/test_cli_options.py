@@ -1,0 +1,119 @@
+"""One option mechanism for every CLI (issue 35, item 3): settings are dataclass fields declared
+with ``ttsrl.cli.option`` and their choices come from the registries (``REWARDS``, the backends,
+``ALGORITHMS``, the sampling rules), never from a hand-written list that can drift."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import huggingface_to_pretrained  # noqa: E402
+import infer_dataset  # noqa: E402
+import mine_pairs  # noqa: E402
+import token2wav_asr_server  # noqa: E402
+import train_dpo  # noqa: E402
+import train_grpo  # noqa: E402
+from ttsrl.model.cosyvoice_lm import SAMPLING_RULES  # noqa: E402
+from ttsrl.reward.backends import ASRS, BACKENDS  # noqa: E402
+from ttsrl.reward.rewards import REWARDS  # noqa: E402
+from ttsrl.train.algorithms import ALGORITHMS  # noqa: E402
+
+#: every CLI's parser, built as the CLI builds it
+PARSERS = {"token2wav_asr_server.py": token2wav_asr_server.parser, "infer_dataset.py": infer_dataset.parser,
+           "mine_pairs.py": mine_pairs.parser, "huggingface_to_pretrained.py": huggingface_to_pretrained.parser,
+           "train_dpo.py": train_dpo.parser, "train_grpo.py": train_grpo._parser}
+
+#: option -> the registry its choices must be
+REGISTRIES = {"--reward": lambda: tuple(REWARDS), "--backend": lambda: BACKENDS, "--reward-backend": lambda: BACKENDS,
+              "--asr": lambda: ASRS, "--algorithm": lambda: tuple(ALGORITHMS), "--sampling-rule": lambda: SAMPLING_RULES}
+
+#: the CLIs (and the modules declaring their options) converted to ttsrl.cli: no hand-written option
+CONVERTED = ("token2wav_asr_server.py", "ttsrl/reward/server.py", "ttsrl/reward/backends/options.py",
+             "ttsrl/reward/backends/__init__.py", "infer_dataset.py", "ttsrl/eval/evaluate.py",
+             "ttsrl/model/generate.py", "mine_pairs.py", "ttsrl/train/pairs.py", "huggingface_to_pretrained.py",
+             "train_dpo.py", "ttsrl/model/cosyvoice_lm.py")
+
+#: CLIs that still hand-write argparse options (to convert; none may be added). ttsrl/cli.py is the
+#: mechanism itself; ttsrl/launch/ is being written (issue 35, item 4).
+NOT_YET = {"build_base_model.py", "merge_checkpoints.py", "prepare_data.py", "pretrained_to_huggingface.py",
+           "reward_tts.py", "train_grpo.py", "ttsrl/console.py", "ttsrl/data/devsplit.py", "ttsrl/eval/compare.py",
+           "ttsrl/reward/health.py", "ttsrl/train/merge.py", "ttsrl/train/nodes.py"}
+
+
+def hand_written_options(path: Path) -> list[int]:
+    """Lines of ``path`` that call ``.add_argument(...)`` or make a mutually exclusive group."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("add_argument", "add_mutually_exclusive_group")]
+
+
+def options(parser) -> dict:
+    return {s: a for a in parser._actions for s in a.option_strings}
+
+
+@pytest.mark.parametrize("cli", sorted(PARSERS))
+def test_choices_come_from_the_registries(cli):
+    for flag, action in options(PARSERS[cli]()).items():
+        if flag in REGISTRIES:
+            assert tuple(action.choices) == REGISTRIES[flag](), (cli, flag)
+
+
+def test_the_server_and_stage_4_offer_every_reward_and_backend():
+    for cli in ("token2wav_asr_server.py", "infer_dataset.py"):
+        opts = options(PARSERS[cli]())
+        assert tuple(opts["--reward"].choices) == tuple(REWARDS) and "exp_toneless" in opts["--reward"].choices
+        assert tuple(opts["--backend"].choices) == BACKENDS
+
+
+def test_a_reward_registered_later_is_a_choice_of_every_cli(monkeypatch):
+    """The choices are read from REWARDS when a parser is built, not copied at import."""
+    monkeypatch.setitem(REWARDS, "my_reward", REWARDS["tanh"])
+    assert token2wav_asr_server.parse_args(["--reward", "my_reward"]).reward == "my_reward"
+    argv = ["--start-model", "m", "--out-dir", "o", "--test-set", "t=x.jsonl", "--reward", "my_reward"]
+    assert infer_dataset.parse_args(argv).reward == "my_reward"
+
+
+@pytest.mark.parametrize("path", CONVERTED)
+def test_converted_clis_hand_write_no_option(path):
+    assert hand_written_options(ROOT / path) == [], f"{path}: declare the option as a field with ttsrl.cli.option"
+
+
+def test_no_new_cli_hand_writes_options():
+    files = [*ROOT.glob("*.py"), *(ROOT / "ttsrl").rglob("*.py")]
+    hand = {str(p.relative_to(ROOT)) for p in files if hand_written_options(p)}
+    hand = {p for p in hand if not p.startswith("ttsrl/launch/")} - {"ttsrl/cli.py"}
+    assert hand <= NOT_YET, f"declare these options with ttsrl.cli.option: {sorted(hand - NOT_YET)}"
+
+
+def test_flags_kept_their_names_and_meanings(tmp_path):
+    """The flags scripts, presets and docs use still parse to what they meant."""
+    cfg = token2wav_asr_server.parse_args(["--backend", "sim", "--reward", "exp_toneless", "--no-length-guard",
+                                           "--want-sim", "--sim-weight", "0.1", "--devices", "cpu,cpu", "--port", "0",
+                                           "--max-batch", "4", "--cpu-threads", "2", "--log-level", "WARNING"])
+    assert (cfg.reward, cfg.length_guard, cfg.want_sim, cfg.sim_weight, cfg.devices, cfg.max_batch) == \
+        ("exp_toneless", False, True, 0.1, ("cpu", "cpu"), 4)
+    assert (cfg.backend.backend, cfg.backend.cpu_threads, token2wav_asr_server.parse_args([]).length_guard) == \
+        ("sim", 2, True)
+    argv = ["--start-model", "m", "--out-dir", "o", "--test-set", "a=x.jsonl", "--test-set", "b=y,z.jsonl",
+            "--no-wavs", "--force", "--greedy", "--steps", "0,2", "--threads", "3", "--node-share", "0/2"]
+    ev = infer_dataset.parse_args(argv)
+    assert ev.test_sets == [("a", "x.jsonl"), ("b", "y,z.jsonl")]  # repeated, never split at commas
+    assert (ev.save_wavs, ev.force, ev.generation.greedy, ev.steps, ev.backend.cpu_threads) == \
+        (False, True, True, (0, 2), 3)
+    assert str(ev.node_share) == "0/2"
+    with pytest.raises(SystemExit):
+        infer_dataset.parse_args(["--start-model", "m", "--out-dir", "o", "--test-set", "no-equals-sign"])
+    mine = mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", "--texts", "t.jsonl", "--k", "3"])
+    assert (mine.k, mine.min_margin, mine.batch_size, mine.user_pairs) == (3, 0.1, 16, None)
+    for bad in ([], ["--texts", "t.jsonl", "--user-pairs", "u.jsonl"]):  # exactly one source
+        with pytest.raises(SystemExit):
+            mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", *bad])
+    with pytest.raises(SystemExit) as e:
+        huggingface_to_pretrained.main(["--output-path", str(tmp_path / "llm.pt"), "--from-sweep", "s.json"])
+    assert e.value.code == 2  # --from-sweep needs --merged-dir and --start-model
