@@ -10,29 +10,35 @@ rows equal CosyVoice2's (llm_decoder bias included) and every other row is maske
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
+from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.model import convert
 from ttsrl.model.cosyvoice_lm import Qwen2LM
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class ImportConfig:
+    """The conversion's settings; each field is also its option."""
+    pretrained_cosyvoice2_path: str = option(metavar="DIR", help="folder with llm.pt and CosyVoice-BlankEN/")
+    save_path: str = option(metavar="OUT", help="output HF checkpoint folder, written atomically. It must not overlap "
+                                               "the input; an existing non-empty folder is replaced only when it is "
+                                               "an earlier output of this tool (else --force)")
+    force: bool = option(False, help="replace OUT even when it is a file or a non-empty folder this tool did not "
+                                     "write (never when it overlaps the input)")
+    dtype: str = option("float32", choices=DTYPES, help="dtype of the written weights (float32: exact)")
+    stock_qwen2: bool = option(False, help="write a plain Qwen2ForCausalLM (no lm_head bias, no output mask) for "
+                                           "tools that only know stock Qwen2; prints what that loses on a probe batch")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pretrained-cosyvoice2-path", required=True, metavar="DIR",
-                   help="folder with llm.pt and CosyVoice-BlankEN/")
-    p.add_argument("--save-path", required=True, metavar="OUT",
-                   help="output HF checkpoint folder, written atomically. It must not overlap the input; an existing "
-                        "non-empty folder is replaced only when it is an earlier output of this tool (else --force)")
-    p.add_argument("--force", action="store_true",
-                   help="replace OUT even when it is a file or a non-empty folder this tool did not write "
-                        "(never when it overlaps the input)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dtype of the written weights (default float32: exact)")
-    p.add_argument("--stock-qwen2", action="store_true",
-                   help="write a plain Qwen2ForCausalLM (no lm_head bias, no output mask) for tools that "
-                        "only know stock Qwen2; prints what that loses on a probe batch")
-    a = p.parse_args(argv)
+    add_fields(p, ImportConfig)
+    a = parse_into(p, ImportConfig, p.parse_args(argv))
     t0 = time.time()
     try:
         sv = convert.cosyvoice_to_hf(a.pretrained_cosyvoice2_path, a.save_path, dtype=getattr(torch, a.dtype),

@@ -34,18 +34,26 @@ def main(argv=None) -> int:
     import argparse
     import asyncio
     import time
+    from dataclasses import dataclass
 
+    from ttsrl.cli import add_fields, option, parse_into
     from ttsrl.jsonl import iter_objects
     from ttsrl.reward.client import RewardClientConfig, score_all
     from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, DEFAULT_URL
 
+    # declared here, not at module level: verl loads this file without registering it as a module,
+    # where a dataclass cannot resolve its annotations
+    @dataclass
+    class ScoreFile:
+        """``python reward_tts.py``: score a JSONL file by hand; each field is also its option."""
+        input: str = option(aliases=("-i",), help="JSONL with 'text' (str) and 'code' (list of ints 0..6560)")
+        max_samples: int | None = option(None, aliases=("-n",), help="only the first N rows")
+        url: str | None = option(None, help=f"server URL (none: $TTSRL_REWARD_URL or {DEFAULT_URL})")
+        model_name: str | None = option(None, help=f"model name (none: $TTSRL_REWARD_MODEL or {DEFAULT_MODEL_NAME})")
+
     p = argparse.ArgumentParser(description="Score a JSONL of (text, code) rows against the reward server.")
-    p.add_argument("--input", "-i", required=True, help="JSONL with 'text' (str) and 'code' (list of ints 0..6560)")
-    p.add_argument("--max-samples", "-n", type=int, default=None, help="only the first N rows")
-    p.add_argument("--url", default=None, help=f"server URL (default $TTSRL_REWARD_URL or {DEFAULT_URL})")
-    p.add_argument("--model-name", default=None,
-                   help=f"model name (default $TTSRL_REWARD_MODEL or {DEFAULT_MODEL_NAME})")
-    a = p.parse_args(argv)
+    add_fields(p, ScoreFile)
+    a = parse_into(p, ScoreFile, p.parse_args(argv))
     cfg = RewardClientConfig.from_env()
     cfg.url = (a.url or cfg.url).rstrip("/")
     cfg.model = a.model_name or cfg.model

@@ -19,8 +19,10 @@ that names its FILE:LINE), ``flag`` (the option's name when not ``--field-name``
 (a field set by code, not an option), ``negated=True`` (a bool field whose flag, e.g.
 ``--no-length-guard``, sets it false), ``parse`` (a function from the typed text to the
 value, for any other type; ValueError is a usage error), ``append=True`` (a repeatable
-option: the field is the list of its values, each parsed, not split at commas) and
-``group`` (the title of the ``--help`` section it is listed in). Types:
+option: the field is the list of its values, each parsed, not split at commas; with
+``positional=True`` the values are the positional arguments, one or more), ``aliases``
+(short flags, e.g. ``("-i",)``) and ``group`` (the title of the ``--help`` section it is
+listed in). Types:
 ``str``, ``int``, ``float``, ``bool`` (``--flag`` alone is true; or a value: true/false,
 1/0, yes/no, on/off), ``Optional[X]`` and ``tuple[X, ...]`` (comma-separated).
 
@@ -143,13 +145,14 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
         if not text:
             raise TypeError(f"{where} has no help: declare it with option(..., help=...)")
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        names = (flag, *f.metadata.get("aliases", ()))
         choices = f.metadata.get("choices")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = "" if f.metadata.get("append") or f.metadata.get("negated") else f" (default: {_default_text(f)})"
         kw: dict = {"dest": f.name, "default": None, "required": required,
                     "help": (text + (" (required)" if required else default)).replace("%", "%%")}
         if f.metadata.get("negated"):  # --no-x alone: the field is false
-            target.add_argument(flag, action="store_const", const=False, **kw)
+            target.add_argument(*names, action="store_const", const=False, **kw)
             continue
         if "metavar" in f.metadata:
             kw["metavar"] = f.metadata["metavar"]
@@ -158,7 +161,11 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
             kw.setdefault("metavar", "VALUE")
             if choices:
                 kw["choices"] = tuple(choices)
-            target.add_argument(flag, action="append" if f.metadata.get("append") else "store", **kw)
+            if f.metadata.get("positional"):  # NAME [NAME ...]: argparse names it by its dest
+                del kw["dest"], kw["required"]
+                target.add_argument(f.name, nargs="+" if f.metadata.get("append") else None, **kw)
+            else:
+                target.add_argument(*names, action="append" if f.metadata.get("append") else "store", **kw)
             continue
         item, many = _item_type(hints[f.name])
         if item not in METAVARS:
@@ -177,7 +184,7 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
                 kw["choices"] = tuple(choices)
             else:
                 kw.setdefault("metavar", METAVARS[item])
-        target.add_argument(flag, **kw)
+        target.add_argument(*names, **kw)
 
 
 def given(args: argparse.Namespace, cls: type) -> dict:

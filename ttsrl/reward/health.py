@@ -17,10 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
+from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, READY_PATH, split_urls
 
 
@@ -105,30 +107,39 @@ def launch_server(*args: str, timeout: float = 120.0, root: Path | None = None) 
     raise RuntimeError("reward server did not start:\n" + "".join(seen[-40:]))
 
 
+def parse_expect(item: str) -> tuple[str, str]:
+    """``--expect FIELD=VALUE`` -> (FIELD, VALUE), FIELD one of IDENTITY_FIELDS."""
+    key, sep, value = item.partition("=")
+    if not sep or key not in IDENTITY_FIELDS:
+        raise ValueError(f"--expect {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(IDENTITY_FIELDS)}")
+    return key, value
+
+
+@dataclass
+class HealthCheck:
+    """What ``python -m ttsrl.reward.health`` checks; each field is also its argument."""
+    urls: list[str] = option(positional=True, append=True, metavar="URL",
+                             help="base URL(s) of reward servers, comma-separated or separate")
+    wait: float = option(0.0, help="keep trying this many seconds")
+    at_least: int | None = option(None, metavar="N", help="succeed once N servers are ready (none: all of them)")
+    expect: list[tuple[str, str]] = option(
+        [], append=True, parse=parse_expect, metavar="FIELD=VALUE",
+        help=f"also check that the server serves this ({', '.join(IDENTITY_FIELDS)}; repeatable): exit 3 naming "
+             "what it serves instead")
+    pid: int | None = option(None, help="the server process being started: stop waiting once it has exited")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("urls", nargs="+", help="base URL(s) of reward servers, comma-separated or separate")
-    p.add_argument("--wait", type=float, default=0.0, help="keep trying this many seconds")
-    p.add_argument("--at-least", type=int, default=None, metavar="N",
-                   help="succeed once N servers are ready (default: all of them)")
-    p.add_argument("--expect", action="append", default=[], metavar="FIELD=VALUE",
-                   help=f"also check that the server serves this ({', '.join(IDENTITY_FIELDS)}; repeatable): "
-                        "exit 3 naming what it serves instead")
-    p.add_argument("--pid", type=int, default=None,
-                   help="the server process being started: stop waiting once it has exited")
-    a = p.parse_args(argv)
+    add_fields(p, HealthCheck)
+    a = parse_into(p, HealthCheck, p.parse_args(argv))
     try:
         urls = list(split_urls(",".join(a.urls)))
     except ValueError as e:
         p.error(str(e))
     if a.at_least is not None and not 1 <= a.at_least <= len(urls):
         p.error(f"--at-least {a.at_least}: expected 1..{len(urls)} (the number of URLs)")
-    expect = {}
-    for item in a.expect:
-        key, sep, value = item.partition("=")
-        if not sep or key not in IDENTITY_FIELDS:
-            p.error(f"--expect {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(IDENTITY_FIELDS)}")
-        expect[key] = value
+    expect = dict(a.expect)
     up = wait_ready_all(urls, a.wait, a.at_least, a.pid)
     need = len(urls) if a.at_least is None else a.at_least
     if len(up) >= need:
