@@ -27,7 +27,8 @@ from ttsrl.reward.server import ServerConfig, run
 
 def parser() -> argparse.ArgumentParser:
     """One option per field of BackendConfig and ServerConfig."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="token2wav_asr_server.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_args(p)
     add_fields(p, ServerConfig)
     return p

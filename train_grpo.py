@@ -11,7 +11,7 @@ one logical GPU per ``--n-gpus-per-node``, each an FSDP rank). Any verl Hydra ov
     python train_grpo.py --preset cpu --model-path exp/hf_model \\
         --train-files data/train.parquet --val-files data/test.parquet \\
         --checkpoint-dir exp/checkpoints --total-training-steps 30 --save-freq 10 \\
-        -- actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=False
+        --lr 1e-5 --val-before-train false -- actor_rollout_ref.actor.optim.weight_decay=0.0
 
 On several nodes, start Ray on each (``ray start``) and attach: ``--ray-address HOST:PORT``
 (default ``$RAY_ADDRESS``) with ``--nnodes N``. The workers on every node then get the
@@ -24,7 +24,9 @@ The run resumes from the newest ``global_step_N`` in ``--checkpoint-dir``
 (``trainer.resume_mode=auto``; an empty tracker or one naming a partial step, left by a crash
 while verl saved, is first repaired to the newest complete step: ttsrl/train/verl_ckpt.py).
 Before verl starts, ``<checkpoint-dir>/ttsrl_run.json`` records the settings, the preset, the
-``TTSRL_*`` knobs in effect (ttsrl/knobs.py), the names of the variables forwarded to the
+``TTSRL_*`` knobs in effect (ttsrl/knobs.py), the reward asked for (``--reward``,
+``--reward-backend``) with the servers (``--reward-urls``) and the model metadata each serves
+(a server serving another reward or backend stops the run before verl starts), the names of the variables forwarded to the
 workers, the verl overrides and the step resumed from, and keeps every earlier launch's record
 (``earlier_launches``). ``--dry-run`` prints the environment and command instead of running
 (and writes nothing). The process is replaced by verl's (signals reach it directly).
@@ -61,7 +63,8 @@ class Run(NamedTuple):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="train_grpo.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     shown = "; ".join(f"{name}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the field defaults")
                       for name, values in PRESETS.items())
     p.add_argument("--preset", choices=tuple(PRESETS), default="gpu",
@@ -104,7 +107,31 @@ def forwarding_note(run: Run, environ: Mapping[str, str]) -> str:
     return note
 
 
-def write_run_record(run: Run, environ: Mapping[str, str], resumes_from: int | None = None) -> Path:
+def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, list[str]]:
+    """What this run trains on: the reward variant and backend asked for, the servers and the
+    model metadata each serves (``error`` where it gave none); and a sentence per server that
+    serves another reward or backend than asked."""
+    from ttsrl.reward.health import metadata
+    from ttsrl.reward.protocol import DEFAULT_URL, split_urls
+
+    urls = split_urls(cfg.reward_urls or environ.get("TTSRL_REWARD_URL") or DEFAULT_URL)
+    served, problems = {}, []
+    for url in urls:
+        try:
+            served[url] = meta = metadata(url)
+        except Exception as e:  # down now: the client fails over, and the launcher waited for it
+            served[url] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        for key, field in (("reward", "reward"), ("backend_name", "reward_backend")):
+            asked = getattr(cfg, field)
+            if asked is not None and meta.get(key) != asked:
+                problems.append(f"the reward server at {url} serves {key} {meta.get(key)!r}, but this run asks for "
+                                f"{asked!r} (--{field.replace('_', '-')})")
+    return {"reward": cfg.reward, "backend": cfg.reward_backend, "urls": list(urls), "served": served}, problems
+
+
+def write_run_record(run: Run, environ: Mapping[str, str], resumes_from: int | None = None,
+                     reward: dict | None = None) -> Path:
     """``<checkpoint_dir>/ttsrl_run.json`` (atomic): this launch's settings, preset, TTSRL_* knobs
     in ``environ`` (the environment verl gets), the names (not the values) of the variables
     forwarded to every node's workers, the verl overrides, when it started and the step it
@@ -122,7 +149,7 @@ def write_run_record(run: Run, environ: Mapping[str, str], resumes_from: int | N
         if isinstance(old, dict):
             earlier = list(old.pop("earlier_launches", [])) + [old]
     record = {"preset": run.preset, "config": dataclasses.asdict(run.config), "knobs": knobs.in_effect(environ),
-              "env": run.env, "forwarded_env": cluster.forwarded_names(run.command),
+              "reward": reward, "env": run.env, "forwarded_env": cluster.forwarded_names(run.command),
               "verl_overrides": run.command[3:], "launched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "resumes_from_step": resumes_from, "earlier_launches": earlier}
     atomic_write_text(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
@@ -144,8 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     environ = {**os.environ, **env}
     # a crash while verl saved can leave an empty tracker or one naming a partial step: verl's
     # resume would stop on int('') -- repaired to the newest complete step, with a message
+    reward, problems = reward_record(cfg, environ)
+    if problems:  # before verl: a run never trains on another reward than it asked for
+        sys.exit("[train_grpo] " + "\n[train_grpo] ".join(problems))
     resumes = repair_tracker(Path(cfg.checkpoint_dir)) if cfg.resume_mode == "auto" else None
-    record = write_run_record(run, environ, resumes)
+    record = write_run_record(run, environ, resumes, reward)
     if note:
         print(note, flush=True)
     print(f"[train_grpo] checkpoints -> {cfg.checkpoint_dir} (resume_mode={cfg.resume_mode}); settings, "

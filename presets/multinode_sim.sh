@@ -8,7 +8,7 @@
 #   PRESET=presets/multinode_sim.sh bash run.sh -2 0          # the head alone: venv, model, data
 #   PRESET=presets/multinode_sim.sh NODE_RANK=1 bash run.sh 1 4 &
 #   PRESET=presets/multinode_sim.sh NODE_RANK=0 bash run.sh 1 5
-#   ... bash run.sh 1 5 -- trainer.total_training_steps=3    # a short run (overrides: the head's)
+#   ... GRPO_EXTRA="--total-training-steps 3" bash run.sh 1 5   # a short run (the head trains)
 #
 # Ranks are 127.0.0.2 and 127.0.0.3, not 127.0.0.1 twice: Ray replaces 127.0.0.1 by the
 # machine's network address once multi-node clustering is on (Linux; macOS has only 127.0.0.1

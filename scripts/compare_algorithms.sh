@@ -25,7 +25,7 @@ for seed in $SEEDS; do
     rm -rf "$run"  # a run that died half-way starts again (verl would resume it with another clock)
     echo "== $run ($(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$COMPARE_DIR/runs.log"
     EXP_DIR=$run HF_MODEL_DIR=$BASE/hf_model DATA_DIR=$BASE/data ALGORITHM=$algo SEED=$seed \
-      bash run.sh 2 4 -- "trainer.total_training_steps=$STEPS" "trainer.save_freq=$SAVE_FREQ"
+      GRPO_EXTRA="--total-training-steps $STEPS --save-freq $SAVE_FREQ" bash run.sh 2 4
     echo "   done $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$COMPARE_DIR/runs.log"
   done
 done

@@ -100,11 +100,28 @@ def test_cpu_preset_overrides():
 
 
 def test_extra_overrides_win_and_loggers():
+    """A raw override of a key no field owns is applied last (it wins over ttsrl's constant)."""
     c = gpu(loggers=("console", "wandb", "tensorboard"),
-            extra=["actor_rollout_ref.actor.optim.lr=5e-6", "trainer.save_freq=7"])
+            extra=["actor_rollout_ref.actor.optim.weight_decay=0.05", "trainer.critic_warmup=2"])
     cfg = composed(c.to_overrides())
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(5e-6) and cfg.trainer.save_freq == 7
+    assert cfg.actor_rollout_ref.actor.optim.weight_decay == pytest.approx(0.05) and cfg.trainer.critic_warmup == 2
     assert list(cfg.trainer.logger) == ["console", "wandb", "tensorboard"]
+
+
+@pytest.mark.parametrize("override,field", [("actor_rollout_ref.actor.optim.lr=5e-7", "lr"),
+                                            ("+trainer.save_freq=7", "save_freq"),
+                                            ("actor_rollout_ref.rollout.val_kwargs.top_k=5", "top_k"),
+                                            ("data.seed=3", "seed"),
+                                            ("reward.custom_reward_function.reward_kwargs.urls=http://x:1", "reward_urls")])
+def test_an_override_of_a_key_a_field_owns_is_refused_naming_the_field(override, field):
+    """Issue 35: `run.sh 2 2 -- actor_rollout_ref.actor.optim.lr=5e-7` used to win over GRPOConfig.lr,
+    skip its checks and leave ttsrl_run.json saying the preset's lr; now it is refused, naming the
+    field and its flag (the key -> field map is read off the config itself, no list kept by hand)."""
+    with pytest.raises(ValueError, match=rf"GRPOConfig\.{field} owns: give it as --{field.replace('_', '-')} VALUE"):
+        gpu(extra=[override])
+    owned = gpu().owned_keys()
+    assert owned["actor_rollout_ref.actor.optim.lr"] == "lr" and owned["trainer.total_epochs"] == "total_epochs"
+    assert "reward.num_workers" not in owned and "trainer.critic_warmup" not in owned  # consequences, constants
 
 
 @pytest.mark.parametrize("bad", [dict(algorithm="ppo2"), dict(device="tpu"), dict(loggers=("mlflow",)),
@@ -119,16 +136,16 @@ def test_cli_builds_command_with_extras(capsys):
 
     argv = ["--preset", "cpu", "--model-path", "/m", "--train-files", "/t", "--val-files", "/v",
             "--train-batch-size", "8", "--ppo-mini-batch-size", "8", "--val-before-train", "false",
-            "--loggers", "console,tensorboard", "--algorithm", "rloo", "--", "trainer.save_freq=3"]
+            "--loggers", "console,tensorboard", "--algorithm", "rloo", "--", "trainer.critic_warmup=3"]
     cfg, cmd, env, preset, dry = train_grpo.build(argv)
     assert (preset, dry) == ("cpu", False)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
     assert cfg.device == "cpu" and cfg.train_batch_size == 8 and cfg.val_before_train is False
-    assert cfg.loggers == ("console", "tensorboard") and cmd[-1] == "trainer.save_freq=3"
+    assert cfg.loggers == ("console", "tensorboard") and cmd[-1] == "trainer.critic_warmup=3"
     composed(cmd[3:])  # verl accepts the whole command line
-    train_grpo.main(argv[:-2] + ["--dry-run", "--", "trainer.save_freq=3"])
+    train_grpo.main(argv[:-2] + ["--dry-run", "--", "trainer.critic_warmup=3"])
     out = capsys.readouterr().out
-    assert "export VERL_PLATFORM=cpu" in out and "trainer.save_freq=3" in out
+    assert "export VERL_PLATFORM=cpu" in out and "trainer.critic_warmup=3" in out
 
 
 def test_plugin_registers_rollout_and_platform():

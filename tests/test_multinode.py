@@ -82,11 +82,11 @@ def test_help_names_the_multinode_settings():
 def test_markers_hold_the_run_id_so_a_stale_one_is_never_taken(tmp_path):
     """What a worker's stage 3 waits on: the head's marker of the run it joined."""
     def wait_for(text: str, timeout: str = "3") -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ttsrl.train.nodes", "await", str(tmp_path / "merged"), text,
+        return subprocess.run([sys.executable, "-m", "ttsrl.launch.nodes", "await", str(tmp_path / "merged"), text,
                                "--fail", str(tmp_path / "failed"), "--timeout", timeout], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
 
-    mark = [sys.executable, "-m", "ttsrl.train.nodes", "mark"]
+    mark = [sys.executable, "-m", "ttsrl.launch.nodes", "mark"]
     subprocess.run([*mark, str(tmp_path / "merged"), "run-1"], cwd=ROOT, check=True)  # an earlier run's
     r = wait_for("run-2")
     assert r.returncode == 1 and "does not hold this run's id run-2" in r.stderr, r.stderr
@@ -98,7 +98,7 @@ def test_markers_hold_the_run_id_so_a_stale_one_is_never_taken(tmp_path):
 
 
 def test_missing_nodes_are_named_by_rank_and_ip():
-    from ttsrl.train.nodes import Node, missing
+    from ttsrl.launch.nodes import Node, missing
 
     head = Node("a" * 56, IPS[0], 1.0, 16.0, True)
     assert missing(list(IPS), [head], 1) == [f"rank 1 ({IPS[1]}): no Ray node with this address has joined"]
@@ -111,7 +111,7 @@ def test_missing_nodes_are_named_by_rank_and_ip():
 
 
 def test_actors_not_yet_placed_are_left_out_of_the_placement():
-    from ttsrl.train.nodes import placed_nodes
+    from ttsrl.launch.nodes import placed_nodes
 
     a, b = "1f" * 28, "2e" * 28
     table = [{"ActorClassName": "WorkerDict", "Address": {"NodeID": a}},
@@ -166,7 +166,7 @@ def _build_model_and_texts(exp: Path) -> None:
 def _actors(address: str, env: dict, errors: list[str]) -> dict[str, list[str]]:
     """Actor class -> node ids from the GCS actor table (dead actors stay in it)."""
     try:  # while Ray starts or stops, the table cannot be read: nothing this time
-        r = subprocess.run([sys.executable, "-m", "ttsrl.train.nodes", "actors", address], cwd=ROOT, env=env,
+        r = subprocess.run([sys.executable, "-m", "ttsrl.launch.nodes", "actors", address], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=40)
     except subprocess.TimeoutExpired:
         errors.append("timeout")
@@ -198,14 +198,13 @@ def rehearsal(tmp_path_factory):
            "RAY_NODE_PORT": str(base + 1), "RAY_WORKER_PORTS": f"{workers}-{workers + 599}",
            "RAY_TEMP_DIR": f"/tmp/ttsrl-ray-test-{ray_port}", "SIM_REWARD_PORT": str(reward_port),
            "JOIN_TIMEOUT_S": "900"}
-    overrides = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=4",
-                 "data.max_response_length=32", f"trainer.total_training_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}"]
+    env["GRPO_EXTRA"] = (f"--train-batch-size 4 --ppo-mini-batch-size 4 --micro-batch-size-per-gpu 4 --n 4 "
+                         f"--max-response-length 32 --total-training-steps {STEPS} --save-freq {SAVE_FREQ}")
     out = {r: (exp / f"rank{r}.out").open("w") for r in (0, 1)}
     t0 = time.monotonic()
     worker = subprocess.Popen(["bash", "run.sh", "0", "3"], cwd=ROOT, env={**env, "NODE_RANK": "1"},
                               stdout=out[1], stderr=subprocess.STDOUT, start_new_session=True)
-    head = subprocess.Popen(["bash", "run.sh", "0", "3", "--", *overrides], cwd=ROOT, env={**env, "NODE_RANK": "0"},
+    head = subprocess.Popen(["bash", "run.sh", "0", "3"], cwd=ROOT, env={**env, "NODE_RANK": "0"},
                             stdout=out[0], stderr=subprocess.STDOUT, start_new_session=True)
     log = exp / "logs" / "node0" / "train_grpo.log"
     auth = {**env, "RAY_AUTH_MODE": "token"}

@@ -227,20 +227,28 @@ def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
                      "actor_rollout_ref.rollout.temperature=1.0", "algorithm.norm_adv_by_std_in_grpo=False",
                      "data.seed=7", "actor_rollout_ref.rollout.seed=7"):
         assert override in text, override
-    # a reward the server does not know stops stage 1 with the server's own message, naming the known ones
+    # a reward the server does not know stops stage 1 before any server starts, with the server's own
+    # parser's message naming the known ones (the launcher reads the command with it)
     (tmp_path / "free").mkdir()
     free = _dry_run_preset(tmp_path / "free", urlparse(dead_url()).port)[1]  # nothing answers there
     r = run_sh("1", "1", env={**free, "REWARD": "nope", "REWARD_START_TIMEOUT_S": "60"})
-    assert r.returncode == 1 and "reward server did not come up" in r.stderr, r.stdout + r.stderr
-    assert "--reward: invalid choice: 'nope'" in r.stderr and "'exp_toneless'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "token2wav_asr_server.py: error: argument --reward: invalid choice: 'nope'" \
+        in r.stderr and "'exp_toneless'" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "free" / "my exp" / "logs" / "reward_server.log").exists()
 
 
 def test_failed_training_says_so(hand_started_server, tmp_path):
     _, port = hand_started_server
+    # an option train_grpo.py does not take: refused before any stage runs, with its parser's message
     exp, env = _dry_run_preset(tmp_path, port, grpo_args="(--preset cpu --no-such-option)")
-    r = run_sh("2", "3", env=env)
-    assert r.returncode == 1
-    assert "stage 2 failed" in r.stderr and "--no-such-option" in r.stderr  # the log's end is shown
+    r = run_sh("0", "3", env=env)
+    assert r.returncode == 2 and "train_grpo.py: error: unrecognized arguments: --no-such-option" in r.stderr
+    assert "==== stage" not in r.stdout, r.stdout
+    # verl itself failing: stage 2 says so, the log's lines that say why and its end, and stage 3 never runs
+    exp, env = _dry_run_preset(tmp_path, port, grpo_args="(--preset cpu)")
+    r = run_sh("2", "3", "--", "no_such_section.key=1", env=env, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stage 2 failed" in r.stderr and "no_such_section" in r.stderr, r.stderr
     assert "==== stage 3" not in r.stdout
 
 

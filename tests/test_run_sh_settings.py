@@ -134,9 +134,14 @@ def test_reward_extra_keeps_a_quoted_value_one_argument(tmp_path):
     every preset, and adds the words to the preset's REWARD_ARGS (what stage 1 passes)."""
     gpu8 = ROOT / "presets" / "gpu8.sh"
     plain = _config(preset=gpu8)["REWARD_ARGS"]
-    # the reference-exact reward of the preset's header
-    got = _config({"REWARD_EXTRA": "--no-length-guard --reward tanh_reference"}, preset=gpu8)["REWARD_ARGS"]
-    assert got == [*plain, "--no-length-guard", "--reward", "tanh_reference"]
+    # the reference-exact reward of the preset's header: REWARD names the variant, REWARD_EXTRA the rest
+    got = _config({"REWARD_EXTRA": "--no-length-guard", "REWARD": "tanh_reference"}, preset=gpu8)
+    assert got["REWARD_ARGS"] == [*plain, "--no-length-guard"] and got["REWARD"] == "tanh_reference"
+    # the reward's identity travels one road: a --reward (--backend, --port) among the words is refused
+    for flag, name in (("--reward tanh_reference", "REWARD"), ("--backend=sim", "REWARD_BACKEND"),
+                       ("--port 9", "REWARD_PORT")):
+        r = _config({"REWARD_EXTRA": flag}, preset=gpu8, ok=False)
+        assert r.returncode == 2 and f"hold {flag.split()[0].split('=')[0]}: set {name} instead" in r.stderr, r.stderr
     got = _config({"REWARD_EXTRA": "--no-length-guard --prompt-dir '/my prompts' --x \"a \\\"b\\\"\""},
                   preset=gpu8)["REWARD_ARGS"]
     assert got == [*plain, "--no-length-guard", "--prompt-dir", "/my prompts", "--x", 'a "b"'], got

@@ -14,4 +14,5 @@ importing only from layers below it (``tests/test_layers.py`` checks this):
 3. ``reward``   - the reward service, its backends, protocol and client (stage 1)
 4. ``train``    - GRPO, DPO/KTO, merging, step choice (stages 2, 3, 5)
 5. ``eval``     - the CER sweep and its report (stage 4)
+6. ``launch``   - under run.sh: settings, reward servers, stage 2 runner, node roles
 """

@@ -109,6 +109,7 @@ class RewardClientConfig:
 
     url: str = DEFAULT_URL  # one base URL or a comma-separated list (see ``urls``)
     model: str = DEFAULT_MODEL_NAME
+    reward: str | None = None  # the reward variant asked for: an answer scored by another is refused
     max_fail_fraction: float = knobs.default(ENV_MAX_FAIL)
     fail_window: int = knobs.default(ENV_FAIL_WINDOW)  # the fraction is judged over this process's last this-many requests
     retries: int = knobs.default(ENV_RETRIES)  # waits for a usable server when none is left (each up to the backoff)
@@ -118,14 +119,15 @@ class RewardClientConfig:
     max_connections: int = knobs.default(ENV_MAX_CONN)  # concurrent requests per event loop
 
     @classmethod
-    def from_env(cls) -> "RewardClientConfig":
-        """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only)."""
+    def from_env(cls, urls: str | None = None, reward: str | None = None) -> "RewardClientConfig":
+        """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only); ``urls``
+        and ``reward`` (verl's ``reward_kwargs``, which a run sets) win over the environment."""
         g = knobs.get
         for old, new in ENV_OBSOLETE.items():
             if g(old) is not None and old not in _WARNED:
                 _WARNED.add(old)
                 log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
-        cfg = cls(url=g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME,
+        cfg = cls(url=urls or g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME, reward=reward,
                   max_fail_fraction=g(ENV_MAX_FAIL), fail_window=g(ENV_FAIL_WINDOW), retries=g(ENV_RETRIES),
                   backoff_s=g(ENV_BACKOFF), timeout_s=g(ENV_TIMEOUT), max_connections=g(ENV_MAX_CONN))
         try:
@@ -193,7 +195,7 @@ def failure_window(cfg: RewardClientConfig) -> FailureWindow:
 async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> Reply:
     """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`."""
     return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy,
-                               accept=functools.partial(parse_response, model=cfg.model))
+                               accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward))
 
 
 # ---------------------------------------------------------------------------
@@ -211,10 +213,13 @@ def _result(score: float, error_rate: float, transcript: str, failed: bool, sim:
 
 async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                         extra_info: dict | None = None, *, config: RewardClientConfig | None = None,
-                        **kwargs) -> dict:
-    """Reward of one generated response (a string of ``<|s_N|>`` tokens) for ``ground_truth``."""
+                        urls: str | None = None, expect_reward: str | None = None, **kwargs) -> dict:
+    """Reward of one generated response (a string of ``<|s_N|>`` tokens) for ``ground_truth``.
+    ``urls`` and ``expect_reward`` come from verl's ``reward.custom_reward_function.reward_kwargs``
+    (``GRPOConfig.reward_urls``/``reward``): the servers to ask, and the reward variant every
+    answer must name (an answer scored by another takes its server out of rotation)."""
     global _warned_empty
-    cfg = config or RewardClientConfig.from_env()
+    cfg = config or RewardClientConfig.from_env(urls, expect_reward)
     try:
         codes = SpeechVocab.parse_speech_text(solution_str or "")
     except ValueError as e:  # not a speech sequence at all: it says nothing

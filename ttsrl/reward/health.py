@@ -67,16 +67,25 @@ def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None,
 READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it serves
 
 #: what a run asks of a server it adopts -> the model metadata field that says it
-IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "pid": "pid"}
+IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "sim_weight": "sim_weight",
+                   "pid": "pid"}
+
+
+def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
+    """The model metadata the server at ``url`` serves (raises ``requests.RequestException`` or
+    ``ValueError`` when it gives none)."""
+    meta = requests.get(f"{url.rstrip('/')}/v2/models/{model}", timeout=5).json()
+    if not isinstance(meta, dict):
+        raise ValueError(f"model metadata is not a JSON object: {str(meta)[:100]}")
+    return meta
 
 
 def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
     """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
     reward variant, backend name, CosyVoice model folder (absolute; "" for backends without one),
-    its process id), else a sentence naming
-    what it serves and what was asked."""
+    SIM weight, its process id), else a sentence naming what it serves and what was asked."""
     try:
-        meta = requests.get(f"{url.rstrip('/')}/v2/models/{model}", timeout=5).json()
+        meta = metadata(url, model)
     except (requests.RequestException, ValueError) as e:
         return f"{url} gave no model metadata ({type(e).__name__}: {e})"
     expect = {k: os.path.abspath(v) if k == "model_dir" and v else v for k, v in expect.items()}

@@ -117,9 +117,10 @@ def _number(outs: dict, name: str, allow_nan: bool = False) -> float:
     return v
 
 
-def parse_response(body: Any, model: str | None = None) -> Reply:
+def parse_response(body: Any, model: str | None = None, reward: str | None = None) -> Reply:
     """The :class:`Reply` of an infer response; raises :class:`ResponseError` for an answer that
-    is malformed, from another model than ``model`` (when given), or impossible: a reward that is
+    is malformed, from another model than ``model`` (when given), scored by another reward
+    variant than ``reward`` (when given: the answer must name it), or impossible: a reward that is
     not a finite number within the ``reward_range`` the server advertises (a server that
     advertises none: that of SIM weight 0), an error rate that is not a finite number >= 0, a
     SIM outside [-1, 1], a transcript that is not a string."""
@@ -127,6 +128,9 @@ def parse_response(body: Any, model: str | None = None) -> Reply:
         raise ResponseError(f"the answer is not a JSON object: {str(body)[:200]}")
     if model is not None and body.get("model_name") != model:
         raise ResponseError(f"the answer is from model {body.get('model_name')!r}, not {model!r}")
+    if reward is not None and (body.get("parameters") or {}).get("reward") != reward:
+        raise ResponseError(f"the answer was scored with reward {(body.get('parameters') or {}).get('reward')!r}, "
+                            f"not the {reward!r} this run trains on")
     try:
         outs = {o["name"]: o["data"] for o in body["outputs"]}
         reward = _number(outs, "REWARDS")
@@ -158,10 +162,12 @@ def parse_response(body: Any, model: str | None = None) -> Reply:
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
                    rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None,
-                   sim_weight: float = 0.0) -> dict:
+                   sim_weight: float = 0.0, reward_name: str | None = None) -> dict:
     """The infer response. ``sim`` None: this server does not measure speaker similarity, and
     SIMS is left out unless the request names it (then NaN); a measuring server passes NaN
-    where there was nothing to measure. So a server without SIM sends strict JSON, as before."""
+    where there was nothing to measure. So a server without SIM sends strict JSON, as before.
+    ``reward_name``: the reward variant that scored it, in ``parameters.reward`` (a client that
+    asks for one variant refuses an answer scored by another)."""
     values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate,
               "SIMS": math.nan if sim is None else float(sim)}
     default = [n for n, _, _ in OUTPUT_SPECS if n != "SIMS" or sim is not None]
@@ -169,6 +175,8 @@ def build_response(model_name: str, reward: float, transcript: str, error_rate: 
                for n, d, s in OUTPUT_SPECS if n in (default if wanted is None else wanted)]
     resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs,
             "parameters": {"reward_range": list(reward_range(sim_weight))}}
+    if reward_name is not None:
+        resp["parameters"]["reward"] = reward_name
     if rid is not None:
         resp["id"] = rid
     return resp

@@ -404,7 +404,8 @@ class RewardServer:
         result: Scored = await self.batcher.submit(req.codes, req.text)
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
-                              req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight)
+                              req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight,
+                              self.cfg.reward)
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON

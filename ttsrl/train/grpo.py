@@ -18,12 +18,15 @@ its ``train_grpo.py`` option and ``--help``) and, when it maps to verl, one line
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from ttsrl.cli import option
+from ttsrl.cli import option, option_fields
+from ttsrl.reward.backends import BACKENDS
+from ttsrl.reward.rewards import REWARDS
 from ttsrl.train import cluster
 from ttsrl.train.algorithms import ALGORITHMS, DAPO_OVERLONG_SHARE, SAMPLINGS, own_policy_loss
 
@@ -60,6 +63,33 @@ PRESETS: dict[str, dict] = {
 }
 
 
+#: keys a field sets only as a consequence (worker counts follow nnodes, Ray's logical GPUs the ranks):
+#: an override of one of them is the user's own choice, not a shadowed field
+CONSEQUENCES = frozenset({"reward.num_workers", "actor_rollout_ref.rollout.agent.num_workers",
+                          "ray_kwargs.ray_init.num_gpus"})
+
+
+def _keyed(overrides: list[str]) -> dict[str, str]:
+    """Hydra overrides as key -> value (``+``/``~`` prefixes dropped)."""
+    return dict((o.split("=", 1) + [""])[:2] for o in (x.lstrip("+~") for x in overrides))
+
+
+def _another(value, choices=None):
+    """A value other than ``value`` of its type (for :meth:`GRPOConfig.owned_keys`)."""
+    if choices:
+        other = [c for c in choices if c != value and (c,) != value]
+        return (other[0],) if isinstance(value, tuple) else other[0]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 + 1
+    if value is None:
+        return 1
+    return f"{value}_other" if isinstance(value, str) else value
+
+
 def _hydra_value(v) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
@@ -88,6 +118,17 @@ class GRPOConfig:
     # speech tokens are not special tokens, so naive's decode keeps them
     reward_manager: str = option("naive", help="verl reward manager (naive: one call per response, batched by "
                                                "the server)")
+    # the reward this run trains on (run.sh's REWARD, REWARD_BACKEND, REWARD_URLS): reaches the reward
+    # function through verl's reward.custom_reward_function.reward_kwargs, and the run record
+    reward: Optional[str] = option(None, choices=tuple(REWARDS),
+                                   help="the reward variant this run trains on (REWARDS in ttsrl/reward/rewards.py): "
+                                        "every server must serve it, checked before verl starts, and the reward "
+                                        "function refuses an answer scored by another; none: what the servers serve")
+    reward_backend: Optional[str] = option(None, choices=BACKENDS,
+                                           help="the speech backend the reward servers must serve; none: any")
+    reward_urls: Optional[str] = option(None, help="the reward servers, comma-separated (one road: verl's reward_kwargs "
+                                                   "to the reward function); none: $TTSRL_REWARD_URL, else "
+                                                   "http://127.0.0.1:8000")
     algorithm: str = option("grpo", choices=tuple(ALGORITHMS),
                             help="advantage/loss variant, with its source's values (ALGORITHMS in "
                                  "ttsrl/train/algorithms.py, each with its source)")
@@ -180,6 +221,43 @@ class GRPOConfig:
                              f"ray_address={self.ray_address!r}) resolves it in each worker's own working "
                              "directory: use an absolute path on a filesystem every node mounts")
 
+        shadowed = self.shadowed_overrides()
+        if shadowed:
+            raise ValueError("; ".join(shadowed))
+
+    def owned_keys(self) -> dict[str, str]:
+        """verl key -> the field that sets it: each option field changed alone (no checks run), the
+        keys whose rendered value follows it (or that appear when an unset field is set)."""
+        base = _keyed(self.to_overrides({}, raw=False))
+        out: dict[str, str] = {}
+        for f in option_fields(type(self)):
+            other = copy.copy(self)
+            setattr(other, f.name, _another(getattr(self, f.name), f.metadata.get("choices")))
+            try:
+                changed = _keyed(other.to_overrides({}, raw=False))
+            except (ValueError, KeyError, TypeError):  # a value this field cannot take alone
+                continue
+            for key, value in changed.items():
+                if key not in out and key not in CONSEQUENCES and (base.get(key, value if getattr(self, f.name) is not None else None) != value):
+                    out[key] = f.name
+        return out
+
+    def shadowed_overrides(self) -> list[str]:
+        """A sentence per raw override (``extra``) that sets a key a field owns: it would win over
+        the field, skip its checks and leave the run record saying otherwise."""
+        if not self.extra:
+            return []
+        owned = self.owned_keys()
+        out = []
+        for item in self.extra:
+            key = item.split("=", 1)[0].lstrip("+~")
+            if key in owned:
+                flag = "--" + owned[key].replace("_", "-")
+                out.append(f"the override {item!r} sets {key}, which GRPOConfig.{owned[key]} owns: give it as "
+                           f"{flag} VALUE (run.sh: GRPO_EXTRA=\"{flag} VALUE\"), so its checks and ttsrl_run.json "
+                           "see it")
+        return out
+
     @property
     def multi_node(self) -> bool:
         """Several nodes, or attached to a running cluster (``ttsrl.train.cluster``)."""
@@ -244,6 +322,8 @@ class GRPOConfig:
             *sampling,
             f"reward.custom_reward_function.path={v(self.reward_file)}",
             f"reward.custom_reward_function.name={v(self.reward_function)}",
+            *(f"+reward.custom_reward_function.reward_kwargs.{key}={v(value)}"
+              for key, value in (("urls", self.reward_urls), ("expect_reward", self.reward)) if value is not None),
             f"reward.reward_manager.name={self.reward_manager}",
             "algorithm.use_kl_in_reward=False",
             f"algorithm.rollout_correction.bypass_mode={v(self.bypass_old_log_prob)}",
@@ -325,14 +405,15 @@ class GRPOConfig:
             out += [f"actor_rollout_ref.rollout.agent.num_workers={n}", f"reward.num_workers={n}"]
         return out + cluster.env_var_overrides(self.forwarded_env(environ))
 
-    def to_overrides(self, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    def to_overrides(self, environ: Optional[Mapping[str, str]] = None, raw: bool = True) -> list[str]:
         """The ``verl.trainer.main_ppo`` overrides; ``environ`` (default ``os.environ``) is the
-        environment the run starts from, read by a multi-node run only (forwarded variables)."""
+        environment the run starts from, read by a multi-node run only (forwarded variables);
+        ``raw``: the raw overrides (``extra``) last."""
         environ = os.environ if environ is None else environ
         out = self.recipe_overrides()
         if self.device == "cpu":
             out += self.cpu_overrides()
-        return out + self.cluster_overrides(environ) + list(self.extra)
+        return out + self.cluster_overrides(environ) + (list(self.extra) if raw else [])
 
     def forwarded_env(self, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
         """What a multi-node run forwards to every worker (``ttsrl.train.cluster.forwarded_env``

@@ -1,10 +1,10 @@
 """The nodes of a multi-node run (run.sh's roles): who joined Ray, where actors run, markers.
 
-    python -m ttsrl.train.nodes probe HOST:PORT             exit 0 when a Ray GCS answers there
-    python -m ttsrl.train.nodes wait HOST:PORT --ips IP,IP --gpus N [--timeout S] [--pid PID]
-    python -m ttsrl.train.nodes actors HOST:PORT            JSON: actor class -> node ids it ran on
-    python -m ttsrl.train.nodes mark FILE TEXT              FILE holds TEXT (atomic write)
-    python -m ttsrl.train.nodes await FILE TEXT [--fail FILE2] [--timeout S]
+    python -m ttsrl.launch.nodes probe HOST:PORT             exit 0 when a Ray GCS answers there
+    python -m ttsrl.launch.nodes wait HOST:PORT --ips IP,IP --gpus N [--timeout S] [--pid PID]
+    python -m ttsrl.launch.nodes actors HOST:PORT            JSON: actor class -> node ids it ran on
+    python -m ttsrl.launch.nodes mark FILE TEXT              FILE holds TEXT (atomic write)
+    python -m ttsrl.launch.nodes await FILE TEXT [--fail FILE2] [--timeout S]
 
 ``wait`` polls the cluster's node table until, for every IP of ``--ips`` (one entry per node:
 run.sh's NODE_IPS, head first; an IP listed twice needs two nodes with that IP), an alive Ray

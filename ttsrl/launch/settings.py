@@ -1,0 +1,436 @@
+"""run.sh's settings: the preset's values (the environment wins), run.sh's defaults, the
+values derived from ``EXP_DIR`` and from the node list, checked in one pass.
+
+``run.sh`` sources the preset (``set -a``: every value it sets reaches this module through the
+environment; argument lists are bash arrays, which cannot be exported, so run.sh hands them over
+in a NUL-separated stream, :func:`read_arrays`) and evaluates what :func:`shell` prints: one
+``export NAME=VALUE`` per setting and ``NAME=(...)`` per list, quoted for bash. ``--config``
+prints the same settings one a line, GRPO's resolved fields included (``GRPO.lr=...``: what
+``train_grpo.py`` will train with, read from its own parser). Nothing here imports more than the
+standard library (stage -2 has not made the venv yet) except the GRPO lines of ``--config``.
+
+The contract (``bash run.sh --help`` prints :data:`HELP`):
+
+* every value a preset sets is written ``: "${VAR:=value}"``, so the environment wins; run.sh's
+  own defaults (:func:`resolve`) yield the same way;
+* a preset sets ``REQUIRED`` and the arrays ``REQUIRED_ARRAYS``; every missing one is named in
+  one message, and every list given as a string;
+* ``REWARD_EXTRA``, ``GRPO_EXTRA``, ``EVAL_EXTRA``: words added to ``REWARD_ARGS``, ``GRPO_ARGS``
+  and ``EVAL_ARGS`` (a bash array in a preset, or a string in the environment split as the shell
+  splits words: ``GRPO_EXTRA="--lr 5e-7"`` sets any ``GRPOConfig`` field of ``train_grpo.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = (-2, -1, 0, 1, 2, 3, 4, 5)
+TRAINERS = ("grpo", "dpo", "kto")
+REQUIRED = ("DEVICE", "EXP_DIR", "COSYVOICE2_DIR", "TRAIN_FILE", "TEST_FILE", "MAX_PROMPT_LENGTH",
+            "REWARD_BACKEND", "EVAL_NPROC")
+REQUIRED_ARRAYS = ("REWARD_ARGS", "GRPO_ARGS", "EVAL_ARGS")
+#: every argument list run.sh reads, with the default of the optional ones
+LISTS = {"REWARD_ARGS": None, "GRPO_ARGS": None, "EVAL_ARGS": None,
+         "MINE_ARGS": ["--k", "4", "--min-margin", "0.1"],
+         "PREF_ARGS": ["--lr", "1e-5", "--batch-size", "8", "--epochs", "1"],
+         "PREF_LAUNCH": [],  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
+         "CHECK_INPUTS_ARGS": None,  # presets with user-provided files (gpu8): checked up front
+         "RAY_START_ARGS": []}
+#: words a user adds to a list: NAME_EXTRA -> the list it extends
+EXTRAS = {"REWARD_EXTRA": "REWARD_ARGS", "GRPO_EXTRA": "GRPO_ARGS", "EVAL_EXTRA": "EVAL_ARGS"}
+
+USAGE = ("usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...] | --config   "
+         f"(stages {' '.join(map(str, STAGES))}; bash run.sh --help)")
+
+HELP = f"""\
+ttsrl: GRPO post-training of CosyVoice2's speech-token LLM, stage by stage.
+
+  bash run.sh                      all stages (-2 .. 5) of the embedded CPU preset
+  bash run.sh START STOP           a contiguous range of stages, e.g. `bash run.sh 1 3`
+  bash run.sh 2 2 -- KEY=VALUE...  extra Hydra overrides for verl's main_ppo (stage 2); a key a
+                                   GRPOConfig field owns is refused: set the field (GRPO_EXTRA)
+  bash run.sh --config             print every setting a run would use, GRPO's resolved fields
+                                   included (GRPO.lr=...), and run nothing
+  PRESET=presets/gpu8.sh bash run.sh -1 5     the 8-GPU recipe
+  TRAINER=dpo bash run.sh          offline DPO (or TRAINER=kto) instead of GRPO: stage 2 mines
+                                   pairs and trains on TRL; outputs under EXP_DIR/dpo/
+
+Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL -> Parquet
+         1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
+         5 export the step chosen on the dev set (or EXPORT_STEP) to llm.pt
+  Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training by
+  stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE: no dev set,
+  and stage 5 needs EXPORT_STEP. ALLOW_LEAK=1: keep test texts that are training texts too.
+
+Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedded.sh) sets what
+  differs between runs, each value as a default, `: "${{VAR:=value}}"`; a setting given in the
+  environment wins, and so it does over run.sh's defaults: `EXP_DIR=/data/run1 DEV_SIZE=100 bash
+  run.sh`. A preset must set {' '.join(REQUIRED)}
+  and the arrays {' '.join(REQUIRED_ARRAYS)}.
+  Argument lists are bash arrays (a path with a space stays one argument); the environment
+  cannot carry an array, so a list changes in a preset of your own, or grows by words:
+  REWARD_EXTRA, GRPO_EXTRA, EVAL_EXTRA="--flag 'a value'" are added to REWARD_ARGS, GRPO_ARGS,
+  EVAL_ARGS, split as the shell splits words. GRPO_EXTRA sets any field of train_grpo.py
+  (`train_grpo.py --help`), e.g. GRPO_EXTRA="--lr 5e-7 --total-training-steps 200".
+  Derived from EXP_DIR when unset: HF_MODEL_DIR DATA_DIR CKPT_DIR MERGED_DIR EVAL_DIR EXPORT_PATH
+  TENSORBOARD_DIR (TRAINER=dpo|kto: MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH
+  EXP_DIR/llm-$TRAINER.pt; PAIRS_FILE, USER_PAIRS). Defaults: LOGGERS=console REWARD_PORT=8000
+  REWARD_START_TIMEOUT_S=300 BUILD_BASE_MODEL=0 DEV_SIZE=0.
+  Named variants: REWARD (REWARDS in ttsrl/reward/rewards.py; default tanh), ALGORITHM (stage 2's
+  estimator and loss, ttsrl/train/algorithms.py; default grpo), SAMPLING (stage 2's rollout
+  sampling, reference or mairhub; empty: the preset's), SEED (stage 2's prompt order and rollout
+  seed; empty: verl's defaults). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
+
+The reward: stages 1, 2 (and DPO mining) use the reward servers of REWARD_URLS (default this
+  machine's, http://127.0.0.1:REWARD_PORT); stage 1 starts the local one when the list holds it.
+  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND and
+  model folder; else the stage stops naming both (REWARD_ANY_SERVER=1: use it anyway, said so).
+  Training refuses a server that answers with another reward; stage 2 records the reward, the
+  servers and their metadata in CKPT_DIR/ttsrl_run.json; stage 4 scores with the same REWARD.
+  REWARD_MIN_READY=N waits for N servers instead of all; REWARD_START_TIMEOUT_S how long.
+
+Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
+  NODE_IPS=10.0.0.1,10.0.0.2 NODE_RANK=R EXP_DIR=/shared/run1 bash run.sh -2 5
+  NODE_IPS     node IPs (or host names), comma-separated, head first (default: slurm's
+               `scontrol show hostnames $SLURM_JOB_NODELIST`; empty: one node)
+  NODE_RANK    this node's index in NODE_IPS (default: $SLURM_NODEID, else 0). EXP_DIR (and every
+               folder under it) must be an absolute path every node mounts at the same place.
+  The head (rank 0) runs stages -1 and 0; stage 2 starts a Ray head (unless RAY_ADDRESS answers:
+  that cluster is used), waits until every node joined with GPUS_PER_NODE GPUs (naming the
+  missing ones after JOIN_TIMEOUT_S=600 s), trains, stops its Ray; stage 3 merges and marks
+  EXP_DIR/nodes/merged; stage 5 exports. A worker's stage 2 joins the head's Ray and returns when
+  it stops; its stage 3 waits for the head's marker of the run it joined (HEAD_WAIT_S, 0: no
+  limit); stage 4 scores its share of the checkpoints on every node. Every node serves rewards at
+  http://NODE_IP:REWARD_PORT when REWARD_URLS lists it. Logs: EXP_DIR/logs/nodeR/.
+  Ray settings: RAY_PORT (6379, the head's GCS), RAY_NODE_PORT (RAY_PORT+1: each node's 10 fixed
+  ports from there), RAY_WORKER_PORTS (10002-19999), RAY_TEMP_DIR (Ray's default), RAY_NUM_CPUS
+  (16 logical CPUs a node on DEVICE=cpu, with GPUS_PER_NODE=1 logical GPU), RAY_START_ARGS (a
+  preset's array of more `ray start` arguments), RAY_START_ATTEMPTS (3). Ranks on one host (the
+  same or loopback IPs) split these ports. Ray's token authentication is on (RAY_AUTH_MODE=token):
+  every node needs the head's ~/.ray/auth_token.
+  A rehearsal on one machine: presets/multinode_sim.sh (its top says how).
+"""
+
+
+class SettingsError(Exception):
+    """Settings a run cannot start with: one line each; ``usage``: also print the usage line."""
+
+    def __init__(self, lines: list[str], usage: bool = False):
+        super().__init__("\n".join(lines))
+        self.lines, self.usage = lines, usage
+
+
+@dataclass
+class Resolved:
+    """A run's settings: ``values`` (one string each, in the order they were resolved) and
+    ``lists`` (argument lists), the stage range and stage 2's Hydra overrides."""
+
+    start: int
+    stop: int
+    show_config: bool = False
+    values: dict[str, str] = field(default_factory=dict)
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> str:
+        return self.values[name]
+
+    @property
+    def multi_node(self) -> bool:
+        return int(self.values["NNODES"]) > 1
+
+
+# ---------------------------------------------------------------------------- reading run.sh's input
+
+
+def read_arrays(data: bytes) -> dict[str, list[str]]:
+    """The arrays run.sh hands over: ``NAME\\0COUNT\\0ITEM\\0...`` per array."""
+    parts = data.split(b"\0")
+    out, i = {}, 0
+    while i + 1 < len(parts) and parts[i]:
+        name, count = parts[i].decode(), int(parts[i + 1])
+        out[name] = [p.decode("utf-8", "surrogateescape") for p in parts[i + 2:i + 2 + count]]
+        i += 2 + count
+    return out
+
+
+def parse_argv(argv: list[str]) -> tuple[int, int, list[str], bool]:
+    """``[--config] [START [STOP]] [-- OVERRIDE...]`` -> (start, stop, overrides, config)."""
+    show = bool(argv) and argv[0] == "--config"
+    if show:
+        if len(argv) > 1:
+            raise SettingsError([f"run.sh: --config takes no other argument (got: {' '.join(argv[1:])})"], usage=True)
+        argv = []
+    cut = argv.index("--") if "--" in argv else len(argv)
+    positional, overrides = argv[:cut], argv[cut + 1:]
+    if len(positional) > 2:
+        raise SettingsError([f"run.sh: unexpected argument '{positional[2]}' (Hydra overrides for stage 2 go after "
+                             "'--')"], usage=True)
+    names = [str(s) for s in STAGES]
+    start, stop = (positional + [names[0], names[-1]][len(positional):])[:2] if positional else (names[0], names[-1])
+    if len(positional) == 1:
+        stop = names[-1]
+    for s in (start, stop):
+        if s not in names:
+            raise SettingsError([f"run.sh: stage '{s}' is not one of: {' '.join(names)}"], usage=True)
+    if int(start) > int(stop):
+        raise SettingsError([f"run.sh: START ({start}) is after STOP ({stop})"], usage=True)
+    if overrides and not int(start) <= 2 <= int(stop):
+        raise SettingsError([f"run.sh: overrides after '--' are for stage 2, which is not in {start}..{stop}"],
+                            usage=True)
+    return int(start), int(stop), overrides, show
+
+
+def words(text: str, what: str) -> list[str]:
+    """``text`` split as the shell splits words (nothing in it runs)."""
+    try:
+        out = shlex.split(text)
+    except ValueError as e:
+        raise SettingsError([f"{what} ({text}): not words as the shell splits them (ValueError: {e}); quote a "
+                             "value with a space, e.g. --flag 'a value'"]) from None
+    if any("\n" in w for w in out):
+        raise SettingsError([f"{what} ({text}): a word with a line break"])
+    return out
+
+
+# ---------------------------------------------------------------------------- resolution
+
+
+def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[str]) -> Resolved:
+    """The run's settings from the environment (the preset's values exported into it) and the
+    preset's arrays; raises :class:`SettingsError` with every problem found."""
+    start, stop, overrides, show = parse_argv(argv)
+    r = Resolved(start, stop, show)
+    v = r.values
+    preset = env.get("PRESET", "presets/embedded.sh")
+
+    def get(name: str, default: str = "") -> str:
+        value = env.get(name, "")
+        v[name] = value if value != "" else default
+        return v[name]
+
+    get("PRESET", "presets/embedded.sh")
+    get("PRESET_NAME", Path(preset).name.removesuffix(".sh"))
+    trainer = get("TRAINER", "grpo")
+    # the preset's required settings and lists, all problems in one message
+    missing = [n for n in REQUIRED if not env.get(n)] + [n for n in REQUIRED_ARRAYS if n not in arrays and n not in env]
+    problems = []
+    if missing:
+        problems.append(f"{preset}: it does not set {' '.join(missing)} (every preset sets {' '.join(REQUIRED)} "
+                        f"and the arrays {' '.join(REQUIRED_ARRAYS)}; a value may also come from the environment)")
+    for name in LISTS:
+        if name not in arrays and env.get(name):
+            problems.append(f'{preset}: {name} must be a bash array, e.g. {name}=(--flag "a value")')
+    if problems:
+        raise SettingsError(problems)
+    for name, default in LISTS.items():
+        if name in arrays:
+            r.lists[name] = list(arrays[name])
+        elif default is not None:
+            r.lists[name] = list(default)
+    extras = {extra: list(arrays[extra]) if extra in arrays else words(env.get(extra, ""), extra)
+              for extra in EXTRAS}
+    for extra, target in EXTRAS.items():
+        if extra != "GRPO_EXTRA":  # GRPO_EXTRA goes after the run's own arguments (grpo_args), so it wins
+            r.lists[target] += extras[extra]
+    r.lists["EXTRA_OVERRIDES"] = overrides
+    # one road for the reward's identity: REWARD, REWARD_BACKEND, REWARD_PORT, never also a flag
+    owned = {"--reward": "REWARD", "--backend": "REWARD_BACKEND", "--port": "REWARD_PORT"}
+    for word in r.lists["REWARD_ARGS"]:
+        flag = word.split("=", 1)[0]
+        if flag in owned:
+            raise SettingsError([f"REWARD_ARGS/REWARD_EXTRA hold {flag}: set {owned[flag]} instead (run.sh passes it "
+                                 "to the server, records it and checks that an adopted server serves it)"])
+
+    for name in REQUIRED:
+        get(name)
+    exp = v["EXP_DIR"]
+    for name, default in (("REWARD", "tanh"), ("ALGORITHM", "grpo"), ("SAMPLING", ""), ("SEED", ""),
+                          ("LOGGERS", "console"), ("BUILD_BASE_MODEL", "0"),
+                          ("HF_MODEL_DIR", f"{exp}/hf_model"), ("DATA_DIR", f"{exp}/data"),
+                          ("CKPT_DIR", f"{exp}/checkpoints"), ("REWARD_PORT", "8000"),
+                          ("REWARD_START_TIMEOUT_S", "300"), ("REWARD_ANY_SERVER", "0"), ("DEV_FILE", ""),
+                          ("DEV_SIZE", "0"), ("USER_PAIRS", ""), ("ALLOW_LEAK", "0"), ("EXPORT_STEP", "")):
+        get(name, default)
+    exp_abs = exp if exp.startswith("/") else str(ROOT / exp)
+    get("TENSORBOARD_DIR", f"{exp_abs}/tensorboard")
+    if trainer == "grpo":
+        get("MERGED_DIR", f"{exp}/merged"), get("EVAL_DIR", f"{exp}/eval"), get("EXPORT_PATH", f"{exp}/llm-new.pt")
+    elif trainer in ("dpo", "kto"):
+        get("MERGED_DIR", f"{exp}/{trainer}/merged"), get("EVAL_DIR", f"{exp}/{trainer}/eval")
+        get("EXPORT_PATH", f"{exp}/llm-{trainer}.pt")
+        # USER_PAIRS: your own pairs, converted into a file of their own (never over mined pairs)
+        get("PAIRS_FILE", f"{exp}/pairs/{'user-pairs' if v['USER_PAIRS'] else 'pairs'}.parquet")
+        user = v["USER_PAIRS"]
+        if user and start <= 2 <= stop and not (os.path.isfile(user) and os.access(user, os.R_OK)):
+            raise SettingsError([f"USER_PAIRS={user}: no such readable file (expected a JSONL of pairs, one "
+                                 '{"text", "chosen", "rejected"} a line)'])
+    else:
+        raise SettingsError([f"TRAINER must be grpo, dpo or kto (got {trainer}): grpo trains online with verl, dpo "
+                             "and kto offline with TRL on mined pairs"])
+    # the dev set: stage 5 chooses the step on it (never on a test set)
+    v["SPLIT_DIR"] = f"{v['DATA_DIR']}/split"
+    if not re.fullmatch(r"\d+", v["DEV_SIZE"]):
+        raise SettingsError([f"DEV_SIZE={v['DEV_SIZE']}: expected a count of training texts (0: none held out)"])
+    if v["DEV_FILE"]:
+        v["DEV_SET"], v["TRAIN_TEXTS"] = v["DEV_FILE"], v["TRAIN_FILE"]
+    elif int(v["DEV_SIZE"]) > 0:  # stage 0 holds DEV_SIZE training texts out (ttsrl/data/devsplit.py)
+        v["DEV_SET"], v["TRAIN_TEXTS"] = f"{v['SPLIT_DIR']}/dev.jsonl", f"{v['SPLIT_DIR']}/train.jsonl"
+    else:
+        v["DEV_SET"], v["TRAIN_TEXTS"] = "", v["TRAIN_FILE"]
+    resolve_nodes(r, env)
+    resolve_reward(r, env)
+    resolve_paths(r)
+    r.lists["GRPO_ARGS"] = grpo_args(r) + extras["GRPO_EXTRA"]
+    return r
+
+
+def _ipv4(name: str) -> str | None:
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        return None
+
+
+def slurm_nodes(env: Mapping[str, str]) -> str:
+    nodelist = env.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return ""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return ",".join(out.stdout.split())
+
+
+def resolve_nodes(r: Resolved, env: Mapping[str, str]) -> None:
+    """NODE_IPS (host names resolved), NNODES, HEAD_IP, NODE_IP, GPUS_PER_NODE and Ray's settings,
+    with their checks."""
+    v, problems = r.values, []
+    v["NODE_IPS"] = env["NODE_IPS"] if "NODE_IPS" in env else slurm_nodes(env)
+    ips = []
+    for name in (x.strip() for x in v["NODE_IPS"].split(",")):
+        if not name:
+            continue
+        ip = name if re.fullmatch(r"[0-9.]+", name) else _ipv4(name)
+        if ip is None:
+            problems.append(f"NODE_IPS: cannot resolve host name '{name}' to an IPv4 address")
+            continue
+        ips.append(ip)
+    v["NODE_IPS_RESOLVED"] = ",".join(ips)  # the IPs, host names resolved: what ttsrl.launch.roles reads
+    nnodes = max(1, len(ips))
+    rank = env.get("NODE_RANK") or env.get("SLURM_NODEID") or "0"
+    v["NODE_RANK"], v["NNODES"] = rank, str(nnodes)
+    if not rank.isdigit() or int(rank) >= nnodes:
+        problems.append(f"NODE_RANK={rank}: expected 0..{nnodes - 1} (NODE_IPS={v['NODE_IPS']} lists {nnodes} nodes, "
+                        "head first)" if ips else
+                        f"NODE_RANK={rank}: expected 0 (NODE_IPS is empty: one node; set NODE_IPS=HEAD_IP,IP2,... for "
+                        "several)")
+    v["HEAD_IP"] = ips[0] if ips else "127.0.0.1"
+    v["NODE_IP"] = ips[int(rank)] if ips and not problems else v["HEAD_IP"]
+    get = lambda name, default: v.__setitem__(name, env.get(name) or default)  # noqa: E731
+    get("RAY_PORT", "6379")
+    get("RAY_NODE_PORT", str(int(v["RAY_PORT"]) + 1) if v["RAY_PORT"].isdigit() else "")
+    for name, default in (("RAY_WORKER_PORTS", "10002-19999"), ("RAY_TEMP_DIR", ""), ("RAY_NUM_CPUS", "16"),
+                          ("JOIN_TIMEOUT_S", "600"), ("HEAD_WAIT_S", "0"), ("RAY_START_ATTEMPTS", "3"),
+                          ("SHARE_WAIT_S", "7200")):
+        get(name, default)
+    if not env.get("GPUS_PER_NODE"):
+        v["GPUS_PER_NODE"] = "1" if v["DEVICE"] == "cpu" else str(_count_gpus())  # cpu: one logical GPU, one rank
+    else:
+        v["GPUS_PER_NODE"] = env["GPUS_PER_NODE"]
+    if nnodes > 1:
+        for name in ("EXP_DIR", "HF_MODEL_DIR", "DATA_DIR", "CKPT_DIR", "MERGED_DIR", "EVAL_DIR"):
+            if not v[name].startswith("/"):
+                problems.append(f"{name}={v[name]}: a multi-node run needs an absolute path on a filesystem every "
+                                "node mounts (the same path on each)")
+                if name == "EXP_DIR":  # its folders: said once
+                    break
+        if v["TRAINER"] != "grpo":
+            problems.append(f"TRAINER={v['TRAINER']} runs on one node; NODE_IPS lists {nnodes} (multi-node is GRPO's)")
+        if not re.fullmatch(r"\d+-\d+", v["RAY_WORKER_PORTS"]):
+            problems.append(f"RAY_WORKER_PORTS={v['RAY_WORKER_PORTS']}: expected LOW-HIGH")
+        if not re.fullmatch(r"[1-9][0-9]*", v["GPUS_PER_NODE"]):
+            problems.append(f"GPUS_PER_NODE={v['GPUS_PER_NODE']}: expected a count >= 1 (DEVICE={v['DEVICE']})")
+    if problems:
+        raise SettingsError([f"run.sh: {p}" for p in problems])
+
+
+def _count_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU") for line in out.splitlines())
+
+
+def resolve_reward(r: Resolved, env: Mapping[str, str]) -> None:
+    """REWARD_URL (this machine's server), REWARD_URLS (every server the clients use) and the
+    reward server's arguments (``--host`` on several nodes)."""
+    v = r.values
+    port = v["REWARD_PORT"]
+    v["REWARD_URL"] = f"http://{v['NODE_IP']}:{port}" if r.multi_node else f"http://127.0.0.1:{port}"
+    if r.multi_node:  # other nodes reach it at this node's address
+        r.lists["REWARD_ARGS"] += ["--host", v["NODE_IP"]]
+    v["REWARD_URLS"] = env.get("REWARD_URLS") or v["REWARD_URL"]
+    v["REWARD_MIN_READY"] = env.get("REWARD_MIN_READY", "")
+    v["TTSRL_REWARD_URL"] = v["REWARD_URLS"]  # the reward client's default list (mining, reward_tts.py by hand)
+
+
+def resolve_paths(r: Resolved) -> None:
+    """Logs, pid, lock and marker paths (each node its own on several nodes)."""
+    v = r.values
+    v["NODES_DIR"] = f"{v['EXP_DIR']}/nodes"
+    if r.multi_node:
+        rank = v["NODE_RANK"]
+        v["LOG_DIR"] = f"{v['EXP_DIR']}/logs/node{rank}"
+        v["SERVER_PID_FILE"] = f"{v['NODES_DIR']}/reward_server.{rank}.pid"
+        v["LOCK_FILE"] = f"{v['NODES_DIR']}/run.{rank}.lock"
+        v["RAY_AUTH_MODE"] = "token"  # as `ray start --head` sets it up; the driver and the launcher need it too
+    else:
+        v["LOG_DIR"] = f"{v['EXP_DIR']}/logs"
+        v["SERVER_PID_FILE"] = f"{v['EXP_DIR']}/reward_server.pid"
+        v["LOCK_FILE"] = f"{v['EXP_DIR']}/run.lock"
+
+
+def grpo_args(r: Resolved) -> list[str]:
+    """``train_grpo.py``'s arguments: the preset's GRPO_ARGS, the named variants, the run's paths,
+    the reward it asks for (GRPO_EXTRA's words follow, so they win)."""
+    v = r.values
+    out = list(r.lists["GRPO_ARGS"])
+    out += ["--algorithm", v["ALGORITHM"]]
+    out += ["--sampling", v["SAMPLING"]] if v["SAMPLING"] else []
+    out += ["--seed", v["SEED"]] if v["SEED"] else []
+    out += ["--model-path", v["HF_MODEL_DIR"], "--train-files", f"{v['DATA_DIR']}/train.parquet",
+            "--val-files", f"{v['DATA_DIR']}/test.parquet", "--checkpoint-dir", v["CKPT_DIR"],
+            "--max-prompt-length", v["MAX_PROMPT_LENGTH"],
+            "--reward", v["REWARD"], "--reward-backend", v["REWARD_BACKEND"], "--reward-urls", v["REWARD_URLS"]]
+    if r.multi_node:
+        out += ["--nnodes", v["NNODES"], "--n-gpus-per-node", v["GPUS_PER_NODE"]]
+    return out
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def shell(r: Resolved) -> str:
+    """Bash that sets every setting (exported) and list, for run.sh to evaluate."""
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in r.values.items()]
+    lines += [f"{name}=({' '.join(shlex.quote(w) for w in words_)})" for name, words_ in r.lists.items()]
+    lines += [f"START={r.start}", f"STOP={r.stop}"]
+    return "\n".join(lines) + "\n"
+
+
+def config_lines(r: Resolved, grpo: Mapping[str, object] | None = None) -> list[str]:
+    """``--config``: every setting, one a line as the shell reads it back, then GRPO's fields."""
+    out = [f"{name}={shlex.quote(value)}" for name, value in r.values.items()]
+    out += [f"{name}=({' '.join(shlex.quote(w) for w in ws)})" for name, ws in r.lists.items()]
+    out += [f"GRPO.{name}={shlex.quote(str(value))}" for name, value in (grpo or {}).items()]
+    return out
