@@ -241,6 +241,7 @@ def _tree(d):
                   for p in d.rglob("*"))
 
 
+@pytest.mark.slow  # CLI round trips: ~4-5 s per case
 @pytest.mark.parametrize("where", ["same", "blank_en", "parent"])
 def test_save_path_overlapping_input_is_refused(tiny_cosyvoice2, tmp_path, where):
     d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "parent" / "cv")
@@ -252,6 +253,7 @@ def test_save_path_overlapping_input_is_refused(tiny_cosyvoice2, tmp_path, where
     assert _tree(tmp_path) == before  # llm.pt and CosyVoice-BlankEN/ still there, nothing added
 
 
+@pytest.mark.slow  # CLI round trips: ~30 s
 def test_save_path_foreign_folder_or_file_needs_force(tiny_cosyvoice2, tmp_path):
     d, _ = tiny_cosyvoice2
     foreign = tmp_path / "mine"
@@ -280,6 +282,7 @@ def test_save_path_foreign_folder_or_file_needs_force(tiny_cosyvoice2, tmp_path)
     assert not [p.name for p in tmp_path.iterdir() if ".old-" in p.name or ".tmp-" in p.name]
 
 
+@pytest.mark.slow  # CLI round trip: ~7 s
 def test_blank_en_config_not_json(tiny_cosyvoice2, tmp_path):
     d = _copy_checkpoint(tiny_cosyvoice2[0], tmp_path / "cv")
     (d / convert.BLANK_EN / "config.json").write_text('{"hidden_size": 64,')
@@ -296,6 +299,7 @@ def _export(hf, out):
                            "--output-path", str(out)], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # CLI round trips: ~22 s
 def test_export_messages_name_the_file(tiny_cosyvoice2, tiny_hf, tmp_path):
     hf = _copy_checkpoint(tiny_hf, tmp_path / "hf")
     # --output-path that is a folder

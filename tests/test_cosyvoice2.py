@@ -51,6 +51,7 @@ def codes(n, start=0):
     return [(start + 37 * i) % 6561 for i in range(n)]
 
 
+@pytest.mark.slow  # CosyVoice2 token2wav: ~6 s (+6 s model load)
 def test_waveforms_from_tokens(t2w):
     a, b = t2w.synthesize([codes(12), codes(25, 5)], [None, t2w.prompts[1]])
     assert t2w.sample_rate == RATE and t2w.token_rate == 25.0
@@ -105,6 +106,7 @@ def test_model_folder_and_prompt_checks(folders, tmp_path):
         check_prompt_wav(long)
 
 
+@pytest.mark.slow  # CosyVoice2 frontend + token2wav: ~7 s
 def test_evaluator_zero_shot_path(folders, t2w, tmp_path):
     from ttsrl.data.testsets import Utterance
     from ttsrl.eval.evaluate import score
@@ -163,6 +165,7 @@ def test_two_replicas_behind_the_http_server(folders):
         assert sum(done) == len(texts) and all(d > 0 for d in done), done  # both replicas worked
 
 
+@pytest.mark.slow  # CLI round trips on CosyVoice's runtime: ~20 s
 def test_prompt_token_tool_writes_what_stage4_reads(folders, tmp_path):
     import json
     import subprocess

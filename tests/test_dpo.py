@@ -227,6 +227,7 @@ def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_p
     assert none == [] and rep2.texts_with_pairs == 0
 
 
+@pytest.mark.slow  # two mine_pairs.py round trips: ~17 s
 def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
     good = {"id": "a", "text": "你好", "chosen": [1, 2, 3], "rejected": [4, 5]}
     f = tmp_path / "u.jsonl"
@@ -266,6 +267,7 @@ def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
 
 @pytest.mark.parametrize("loss_type,extra", [("sigmoid", ["--sft-weight", "0.5"]),
                                              ("kto", ["--trainer", "kto"])])
+@pytest.mark.slow  # TRL training runs + a stage-4 sweep: 14-26 s each
 def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm, loss_type, extra):
     pairs, _ = _rows(lm, 4)
     path = write_pairs(pairs, tmp_path / "pairs.parquet")
@@ -342,6 +344,7 @@ def _gpu8_array(name: str) -> list[str]:
     return r.stdout.splitlines()
 
 
+@pytest.mark.slow  # two mine_pairs.py round trips: ~16 s
 def test_gpu8_mining_engine_and_vllm_pass_the_argument_check(tmp_path):
     """gpu8 once mined with --engine vllm, which then refused sampling only after the engine
     had loaded (a crash minutes into stage 2). vLLM now samples by CosyVoice2's rule
@@ -358,6 +361,7 @@ def test_gpu8_mining_engine_and_vllm_pass_the_argument_check(tmp_path):
         assert "no-model" in r.stdout + r.stderr  # it went on to load the (missing) model
 
 
+@pytest.mark.slow  # a TRL training run: ~11 s
 def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
     """gpu8's PREF_ARGS once loaded the policy in bf16, so FSDP kept bf16 master weights and
     Adam's ~1e-6 steps rounded away (bf16 resolves ~4e-3 relative). With the preset's own

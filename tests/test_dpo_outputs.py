@@ -50,6 +50,7 @@ def an_earlier_run(tiny_hf, out, **info):
     return step
 
 
+@pytest.mark.slow  # a train_dpo.py round trip: ~8 s
 def test_a_rerun_with_other_settings_refuses_and_says_what_differs(tiny_hf, pairs_file, tmp_path):
     out = tmp_path / "merged"
     old = an_earlier_run(tiny_hf, out)
@@ -60,6 +61,7 @@ def test_a_rerun_with_other_settings_refuses_and_says_what_differs(tiny_hf, pair
     assert (old / MARKER).read_bytes() == before and not (out / "step_1").exists()
 
 
+@pytest.mark.slow  # two TRL training runs: ~21 s
 def test_force_replaces_the_old_run_and_a_same_settings_rerun_rewrites_every_step(tiny_hf, pairs_file, tmp_path):
     out = tmp_path / "merged"
     an_earlier_run(tiny_hf, out)
@@ -87,6 +89,7 @@ def test_force_replaces_the_old_run_and_a_same_settings_rerun_rewrites_every_ste
     assert check_merged(out / "step_1") is None and check_merged(out / "step_2") is None
 
 
+@pytest.mark.slow  # two train_dpo.py round trips: ~18 s
 def test_a_foreign_step_folder_is_never_deleted(tiny_hf, pairs_file, tmp_path):
     out = tmp_path / "merged"
     foreign = out / "step_2"
@@ -114,6 +117,7 @@ def user_pairs(path, rows=None):
     return path
 
 
+@pytest.mark.slow  # five mine_pairs.py round trips: ~18 s
 def test_mine_pairs_never_writes_over_its_input_or_an_existing_file(lm, tmp_path):
     src = user_pairs(tmp_path / "mine.jsonl")
     before = src.read_bytes()

@@ -67,9 +67,11 @@ def start_and_kill_the_shell(tmp_path: Path, lifeline: bool) -> list[int]:
                 pass
 
 
+@pytest.mark.slow  # torchrun with two ranks: ~10 s
 def test_torchrun_and_its_ranks_die_with_the_shell(tmp_path):
     assert start_and_kill_the_shell(tmp_path, lifeline=True) == []
 
 
+@pytest.mark.slow  # torchrun with two ranks: ~10 s
 def test_without_the_lifeline_they_survive_the_shell(tmp_path):
     assert len(start_and_kill_the_shell(tmp_path, lifeline=False)) == 3

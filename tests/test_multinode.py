@@ -46,6 +46,7 @@ def _values(out: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- settings (fast)
+@pytest.mark.slow  # run.sh --config round trips: ~10 s
 def test_multinode_settings_and_their_checks(tmp_path):
     r = _config({"EXP_DIR": str(tmp_path / "e"), "NODE_RANK": "1"})
     assert r.returncode == 0, r.stderr

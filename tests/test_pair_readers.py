@@ -115,6 +115,7 @@ def mine(lm, *args):
     return subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
 
 
+@pytest.mark.slow  # mine_pairs.py round trips: ~8 s
 def test_mine_pairs_options_are_checked(lm, tmp_path):
     texts = write_lines(tmp_path / "texts.jsonl", [{"text": "你好"}, {"text": "再见"}])
     users = write_lines(tmp_path / "u.jsonl", [GOOD])
@@ -129,6 +130,7 @@ def test_mine_pairs_options_are_checked(lm, tmp_path):
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # a mine_pairs.py round trip: ~8 s
 def test_mining_reports_the_reward_servers_real_error(lm, tmp_path):
     texts = write_lines(tmp_path / "texts.jsonl", [{"text": "你好"}])
     r = subprocess.run([sys.executable, str(ROOT / "mine_pairs.py"), "--model", str(lm.model.config._name_or_path),
@@ -142,6 +144,7 @@ def test_mining_reports_the_reward_servers_real_error(lm, tmp_path):
     assert "http://127.0.0.1:9: ClientConnectorError talking to http://127.0.0.1:9" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow  # train_dpo.py round trips: ~18 s
 def test_train_dpo_names_a_bad_pairs_file(lm, tiny_hf, tmp_path):
     """Finding 8: a non-Parquet or truncated --pairs, out-of-vocabulary prompt_ids: a message, rc 2."""
     sv = lm.vocab

@@ -375,6 +375,7 @@ def test_test_texts_found_in_train_are_a_leak_refused_unless_allowed(tmp_path):
 # size and atomicity
 
 
+@pytest.mark.slow  # a large input: ~7 s
 def test_huge_input_is_streamed_in_chunks(tmp_path):
     n, chunk = 200_000, 10_000
     train = tmp_path / "train.jsonl"

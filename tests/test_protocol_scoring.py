@@ -152,6 +152,7 @@ def _options(script: str) -> set[str]:
     return {w.rstrip(",") for w in out.split() if w.startswith("--")}
 
 
+@pytest.mark.slow  # every CLI's --help in a subprocess: ~7 s
 def test_backend_options_are_shared_by_every_cli():
     import argparse
 

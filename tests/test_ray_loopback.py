@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import dead_url
 
 from ttsrl.train.grpo import GRPOConfig
@@ -42,6 +43,7 @@ print("RESULT " + json.dumps({"node_ip": node_ip, "listening": listening}))
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
+@pytest.mark.slow  # a Ray cluster: ~10 s
 def test_cpu_preset_ray_listens_on_loopback_only():
     env = GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v").env()
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
@@ -75,6 +77,7 @@ print("RESULT " + json.dumps({"sum": t.tolist(), "listening": listening}))
 """
 
 
+@pytest.mark.slow  # a torch.distributed process: ~5 s
 def test_one_process_group_listens_on_no_interface():
     """verl's FSDP workers form a torch.distributed group of one on the CPU preset; the env://
     rendezvous would start a TCPStore on every interface (seen as '*:PORT ray::WorkerDict')."""
@@ -116,6 +119,7 @@ print("RESULT " + json.dumps({"sum": t.tolist(), "shard": shard.tolist(), "full"
 """
 
 
+@pytest.mark.slow  # two torch.distributed processes: ~12 s
 def test_two_process_group_listens_on_loopback_only():
     """FSDP world size 2 on one host (issue 24): verl's master address is the node's 127.0.0.1,
     but torch's env:// rendezvous serves rank 0's TCPStore on every interface ('::'). The

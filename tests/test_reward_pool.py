@@ -69,6 +69,7 @@ def two_servers():
             stop_process(p)
 
 
+@pytest.mark.slow  # three server processes: ~12 s
 def test_pool_fails_over_then_readmits_a_restarted_server(two_servers, caplog):
     (proc_a, url_a), (_, url_b) = two_servers
     dead = dead_url()

@@ -185,6 +185,7 @@ def test_install_stamp_covers_the_torch_pin_and_the_installer(tmp_path):
     assert "-r requirements-torch-cpu.txt" in installer and not re.search(r"torch==\d", installer)
 
 
+@pytest.mark.slow  # install.sh behind a 6 s lock
 def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(tmp_path):
     """Every node of a multi-node run runs stage -2; on a shared checkout they would install
     into one venv at once. install.sh holds a lock per venv: the second waits, then finds the
@@ -211,6 +212,7 @@ def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(t
     assert holder_done
 
 
+@pytest.mark.slow  # two servers + run.sh stage 1: ~8 s
 def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
     """REWARD_URLS names every reward server the clients use; when this machine's REWARD_URL is
     not among them stage 1 starts nothing and waits until all answer (two real sim servers)."""

@@ -174,6 +174,7 @@ def test_idle_partial_connections_do_not_block_valid_requests(tmp_path):
     assert log.stat().st_size < 20_000, log.read_text()[:2000]
 
 
+@pytest.mark.slow  # waits out the server's read timeouts: ~6 s
 def test_header_and_body_read_timeouts(tmp_path):
     proc, url, log = start(tmp_path, "--log-level", "WARNING", "--idle-timeout-s", "0.5", "--body-timeout-s", "1")
     host, port = url.removeprefix("http://").split(":")

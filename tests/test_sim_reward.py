@@ -152,6 +152,7 @@ def test_client_hands_sim_to_verl(t2w):
     assert plain["sim"] == 0.0 and plain["sim_measured"] == 0.0 and plain["score"] == got["score"]
 
 
+@pytest.mark.slow  # a server CLI round trip: ~6 s
 def test_a_backend_without_a_speaker_model_refuses_sim_at_start(tmp_path):
     """The sim backend has no speaker model: --sim-weight > 0 (and --want-sim) stop the server
     at start with a message saying why; a bad weight is a usage error."""

@@ -55,6 +55,7 @@ def test_forced_score_prefers_the_right_text(pipeline):
     assert right > wrong
 
 
+@pytest.mark.slow  # Whisper through the server: ~5 s
 def test_reward_server_with_whisper(pipeline):
     import requests
 
@@ -72,6 +73,7 @@ def test_reward_server_with_whisper(pipeline):
         assert 0.3 < outs["REWARDS"] <= 1.0 and outs["TRANSCRIPTS"]
 
 
+@pytest.mark.slow  # Whisper through the server: ~28 s
 def test_corpus_cer_through_the_server(pipeline):
     """espeak-ng speech of held-out corpus sentences -> reward server -> Whisper-base: the CER
     it gives is printed (espeak's robotic Mandarin: about 0.6-0.8 per the offline-speech notes);
@@ -122,6 +124,7 @@ def test_corpus_cer_through_the_server(pipeline):
 BATCH_TOLERANCE = {"float32": 1e-5, "int8": 5e-3}
 
 
+@pytest.mark.slow  # Whisper decoding: 32-48 s per dtype on 2 cores
 @pytest.mark.parametrize("compute_type", sorted(BATCH_TOLERANCE))
 def test_a_batch_decodes_as_each_utterance_alone(pipeline, compute_type):
     """The server hands Whisper a whole batch (one encoder pass, one greedy ``generate``, one
