@@ -71,6 +71,7 @@ def test_shell_scripts_parse_and_pass_shellcheck():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # run.sh stage runs: ~11 s
 def test_only_the_requested_stage_runs(tiny_cosyvoice2, tmp_path):
     exp = tmp_path / "exp"
     preset = tmp_path / "preset.sh"
@@ -106,6 +107,7 @@ def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 
 
+@pytest.mark.slow  # a server + run.sh stages 1 and 2: ~13 s
 def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_path):
     proc, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
@@ -197,6 +199,7 @@ def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_pa
     assert r.returncode == 1 and "backend 'sim' (this run asks for 'whisper')" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # run.sh stage 0: ~8 s
 def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
     """Issue 39 item 4: two run.sh on one EXP_DIR used to run side by side (both started a server,
     both merged, scored and exported). The first holds EXP_DIR/run.lock; a second is refused."""
@@ -216,6 +219,7 @@ def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
     assert "stages 0..0" in (exp / "run.lock").read_text()
 
 
+@pytest.mark.slow  # run.sh stages 1 and 2: ~5 s
 def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
     """ALGORITHM, SAMPLING and SEED reach train_grpo.py (its verl command), REWARD the server's --reward."""
     _, port = hand_started_server
@@ -252,6 +256,7 @@ def test_failed_training_says_so(hand_started_server, tmp_path):
     assert "==== stage 3" not in r.stdout
 
 
+@pytest.mark.slow  # run.sh stage -2 runs scripts/install.sh (a fresh venv: minutes)
 def test_install_stage_output_goes_to_its_log(tmp_path):
     """Stage -2's pip output (tens of KB on a fresh machine) goes to EXP_DIR/logs/install.log;
     the console gets the installer's own verdict lines only."""
@@ -435,6 +440,7 @@ def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
     assert "==== stage" not in r.stdout and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # run.sh stage runs: ~17 s
 def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed(tiny_hf, tmp_path):
     """Issue 22, findings 3 and 8: USER_PAIRS is converted into its own file; a bad one
     ends with a 'stage 2 failed' line. (PREF_ARGS with an unknown option stops the
@@ -461,6 +467,7 @@ def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed
     assert "stage 2 failed: reading USER_PAIRS" in r.stderr
 
 
+@pytest.mark.slow  # run.sh stage 0 twice: ~14 s
 def test_stage0_refuses_a_train_test_leak_unless_allow_leak(tiny_hf, tmp_path):
     """Issue 39 item 8 through run.sh: test texts that are training texts too stop stage 0 (with
     the way out named); ALLOW_LEAK=1 keeps them."""
