@@ -21,7 +21,7 @@ import pytest
 from helpers import dead_url, start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh", "scripts/nodes.sh",
+SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh",
                  "scripts/gpu_check.sh", "scripts/phases.sh", "scripts/compare_algorithms.sh", "scripts/rehearsal.sh",
                  "presets/embedded.sh", "presets/gpu8.sh", "presets/multinode_sim.sh"]
 
