@@ -29,30 +29,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ttsrl.train.merge import DTYPES, MergeConfig, MergeError, merge_all
+from ttsrl.cli import add_fields, given
+from ttsrl.train.merge import MergeConfig, MergeError, merge_all
+
+
+def parser() -> argparse.ArgumentParser:
+    """One option per field of MergeConfig."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_fields(p, MergeConfig)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt-dir", required=True, type=Path, help="stage-2 checkpoint folder (trainer.default_local_dir)")
-    p.add_argument("--out-dir", required=True, type=Path, help="where step_N folders are written")
-    p.add_argument("--base-model", type=Path, default=None,
-                   help="the converted HF model trained from: source of the modeling file and side files "
-                        "(default: the modeling file shipped in ttsrl)")
-    p.add_argument("--steps", type=int, nargs="*", default=None, help="merge only these steps (default: all)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                   help="weights dtype: auto = the checkpoint's own (fp32 master weights, exact; default), "
-                        "fp32, or bf16 (what verl's merger writes: half the size, loses small updates)")
-    p.add_argument("--use-checkpoint-code", action="store_true",
-                   help="build the model with the modeling_*.py found in the checkpoint folder instead of the "
-                        "project's own (runs that code: only for checkpoints you trust)")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        results = merge_all(MergeConfig(ckpt_dir=args.ckpt_dir, out_dir=args.out_dir,
-                                        base_model=args.base_model, steps=args.steps, dtype=args.dtype,
-                                        use_checkpoint_code=args.use_checkpoint_code))
+        results = merge_all(MergeConfig(**given(args, MergeConfig)))
     except MergeError as e:
         print(f"merge_checkpoints: error: {e}", file=sys.stderr)
         return 1

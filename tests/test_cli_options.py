@@ -4,6 +4,7 @@ with ``ttsrl.cli.option`` and their choices come from the registries (``REWARDS`
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from pathlib import Path
@@ -15,19 +16,23 @@ sys.path.insert(0, str(ROOT))
 
 import huggingface_to_pretrained  # noqa: E402
 import infer_dataset  # noqa: E402
+import merge_checkpoints  # noqa: E402
 import mine_pairs  # noqa: E402
 import token2wav_asr_server  # noqa: E402
 import train_dpo  # noqa: E402
 import train_grpo  # noqa: E402
+from ttsrl.cli import add_fields, given  # noqa: E402
 from ttsrl.model.cosyvoice_lm import SAMPLING_RULES  # noqa: E402
 from ttsrl.reward.backends import ASRS, BACKENDS  # noqa: E402
 from ttsrl.reward.rewards import REWARDS  # noqa: E402
 from ttsrl.train.algorithms import ALGORITHMS  # noqa: E402
+from ttsrl.train.merge import MergeConfig, MergeWorker  # noqa: E402
 
 #: every CLI's parser, built as the CLI builds it
 PARSERS = {"token2wav_asr_server.py": token2wav_asr_server.parser, "infer_dataset.py": infer_dataset.parser,
            "mine_pairs.py": mine_pairs.parser, "huggingface_to_pretrained.py": huggingface_to_pretrained.parser,
-           "train_dpo.py": train_dpo.parser, "train_grpo.py": train_grpo._parser}
+           "train_dpo.py": train_dpo.parser, "train_grpo.py": train_grpo._parser,
+           "merge_checkpoints.py": merge_checkpoints.parser}
 
 #: option -> the registry its choices must be
 REGISTRIES = {"--reward": lambda: tuple(REWARDS), "--backend": lambda: BACKENDS, "--reward-backend": lambda: BACKENDS,
@@ -38,12 +43,12 @@ CONVERTED = ("token2wav_asr_server.py", "ttsrl/reward/server.py", "ttsrl/reward/
              "ttsrl/reward/backends/__init__.py", "infer_dataset.py", "ttsrl/eval/evaluate.py",
              "ttsrl/model/generate.py", "mine_pairs.py", "ttsrl/train/pairs.py", "huggingface_to_pretrained.py",
              "train_dpo.py", "ttsrl/model/cosyvoice_lm.py", "ttsrl/reward/health.py", "reward_tts.py",
-             "pretrained_to_huggingface.py")
+             "pretrained_to_huggingface.py", "merge_checkpoints.py", "ttsrl/train/merge.py", "ttsrl/data/devsplit.py")
 
 #: CLIs that still hand-write argparse options (to convert; none may be added). ttsrl/cli.py is the
 #: mechanism itself; ttsrl/launch/ is being written (issue 35, item 4).
-NOT_YET = {"build_base_model.py", "merge_checkpoints.py", "prepare_data.py", "train_grpo.py", "ttsrl/console.py",
-           "ttsrl/data/devsplit.py", "ttsrl/eval/compare.py", "ttsrl/train/merge.py", "ttsrl/train/nodes.py"}
+NOT_YET = {"build_base_model.py", "prepare_data.py", "train_grpo.py", "ttsrl/console.py", "ttsrl/eval/compare.py",
+           "ttsrl/train/nodes.py"}
 
 
 def hand_written_options(path: Path) -> list[int]:
@@ -114,6 +119,16 @@ def test_flags_kept_their_names_and_meanings(tmp_path):
     for bad in ([], ["--texts", "t.jsonl", "--user-pairs", "u.jsonl"]):  # exactly one source
         with pytest.raises(SystemExit):
             mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", *bad])
+    merge = MergeConfig(**given(merge_checkpoints.parser().parse_args(
+        ["--ckpt-dir", "c", "--out-dir", "o", "--steps", "2", "4", "--dtype", "fp32", "--use-checkpoint-code"]),
+        MergeConfig))
+    assert (merge.ckpt_dir, merge.steps, merge.dtype, merge.use_checkpoint_code, merge.base_model) == \
+        (Path("c"), [2, 4], "fp32", True, None)
+    worker = argparse.ArgumentParser()  # the command merge_all gives its worker
+    add_fields(worker, MergeWorker)
+    w = given(worker.parse_args(["--local-dir", "a", "--target-dir", "t", "--config-dir", "c", "--dtype", "auto",
+                                 "--trust-remote-code"]), MergeWorker)
+    assert MergeWorker(**w) == MergeWorker("a", "t", "c", "auto", True)
     with pytest.raises(SystemExit) as e:
         huggingface_to_pretrained.main(["--output-path", str(tmp_path / "llm.pt"), "--from-sweep", "s.json"])
     assert e.value.code == 2  # --from-sweep needs --merged-dir and --start-model

@@ -20,7 +20,8 @@ that names its FILE:LINE), ``flag`` (the option's name when not ``--field-name``
 ``--no-length-guard``, sets it false), ``parse`` (a function from the typed text to the
 value, for any other type; ValueError is a usage error), ``append=True`` (a repeatable
 option: the field is the list of its values, each parsed, not split at commas; with
-``positional=True`` the values are the positional arguments, one or more), ``aliases``
+``positional=True`` the values are the positional arguments, one or more), ``nargs``
+(with ``parse``: several values after one flag, argparse's ``nargs``), ``aliases``
 (short flags, e.g. ``("-i",)``) and ``group`` (the title of the ``--help`` section it is
 listed in). Types:
 ``str``, ``int``, ``float``, ``bool`` (``--flag`` alone is true; or a value: true/false,
@@ -159,6 +160,8 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
         if "parse" in f.metadata or f.metadata.get("append"):
             kw["type"] = _parser_of(f.metadata.get("parse", str))
             kw.setdefault("metavar", "VALUE")
+            if "nargs" in f.metadata:  # e.g. "*": --steps 1 2 3 (a list of parsed values)
+                kw["nargs"] = f.metadata["nargs"]
             if choices:
                 kw["choices"] = tuple(choices)
             if f.metadata.get("positional"):  # NAME [NAME ...]: argparse names it by its dest

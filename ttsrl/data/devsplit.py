@@ -18,9 +18,11 @@ import argparse
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ttsrl.atomic import atomic_write_text
+from ttsrl.cli import add_fields, given, option
 from ttsrl.jsonl import iter_objects
 
 TRAIN_FILE = "train.jsonl"
@@ -68,12 +70,18 @@ def split_dev(train: str | Path, size: int, out_dir: str | Path) -> tuple[int, i
     return len(rest), len(dev)
 
 
+@dataclass
+class DevSplit:
+    """``python -m ttsrl.data.devsplit``'s settings; each field is also its option."""
+    train: str = option(help="training texts (JSONL with 'text')")
+    size: int = option(help="rows to hold out as the dev set")
+    out_dir: str = option(help="where train.jsonl and dev.jsonl go")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", required=True, help="training texts (JSONL with 'text')")
-    p.add_argument("--size", type=int, required=True, help="rows to hold out as the dev set")
-    p.add_argument("--out-dir", required=True, help="where train.jsonl and dev.jsonl go")
-    a = p.parse_args(argv)
+    add_fields(p, DevSplit)
+    a = DevSplit(**given(p.parse_args(argv), DevSplit))
     try:
         n_train, n_dev = split_dev(a.train, a.size, a.out_dir)
     except (OSError, ValueError) as e:

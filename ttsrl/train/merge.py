@@ -48,11 +48,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from ttsrl.atomic import sha256_file
+from ttsrl.cli import add_fields, given, option
 from ttsrl.model.checkpoint import MODELING_FILE, TOKENIZER_FILES, check_merged, read_marker, step_path, writing_step
 from ttsrl.train.verl_ckpt import HF_SUBDIR, saved_steps, shard_files
 
@@ -65,14 +66,22 @@ class MergeError(RuntimeError):
 
 @dataclass
 class MergeConfig:
-    ckpt_dir: Path
-    out_dir: Path
-    base_model: Optional[Path] = None  # the converted model: source of modeling and side files
-    steps: Optional[list[int]] = None  # None: every saved step
-    python: str = sys.executable
-    extra_env: dict[str, str] = field(default_factory=dict)
-    dtype: str = "auto"  # a key of DTYPES; auto = the checkpoint's own (fp32 master weights)
-    use_checkpoint_code: bool = False  # run the checkpoint folder's own modeling_*.py
+    """Stage 3's settings; each field is also an option of ``merge_checkpoints.py``."""
+    ckpt_dir: Path = option(parse=Path, metavar="DIR", help="stage-2 checkpoint folder (trainer.default_local_dir)")
+    out_dir: Path = option(parse=Path, metavar="DIR", help="where step_N folders are written")
+    base_model: Optional[Path] = option(None, parse=Path, metavar="DIR",
+                                        help="the converted HF model trained from: source of the modeling file and "
+                                             "side files (none: the modeling file shipped in ttsrl)")
+    steps: Optional[list[int]] = option(None, parse=int, nargs="*", metavar="N",
+                                        help="merge only these steps (none: every saved step)")
+    python: str = option(sys.executable, cli=False, help="the Python that runs verl's merger")
+    extra_env: dict[str, str] = option({}, cli=False, help="environment of the merger's process")
+    dtype: str = option("auto", choices=DTYPES,
+                        help="weights dtype: auto = the checkpoint's own (fp32 master weights, exact), fp32, or bf16 "
+                             "(what verl's merger writes: half the size, loses small updates)")
+    use_checkpoint_code: bool = option(False, help="build the model with the modeling_*.py found in the checkpoint "
+                                                   "folder instead of the project's own (runs that code: only for "
+                                                   "checkpoints you trust)")
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -273,15 +282,21 @@ def make_merger(local_dir: str, target_dir: str, config_dir: str, dtype: Optiona
     return KeepPrecisionFSDPMerger(config)
 
 
+@dataclass
+class MergeWorker:
+    """One step's merge (``python -m ttsrl.train.merge worker``, run by :func:`merge_all`)."""
+    local_dir: str = option(help="CKPT/global_step_N/actor")
+    target_dir: str = option(help="where the merged HF checkpoint goes")
+    config_dir: str = option(help="config + tokenizer files (+ modeling file)")
+    dtype: str = option("auto", choices=DTYPES, help="weights dtype (a key of DTYPES)")
+    trust_remote_code: bool = option(False, help="let transformers run the config folder's modeling file")
+
+
 def _worker(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m ttsrl.train.merge worker",
                                 description="merge one FSDP actor checkpoint (used by merge_checkpoints.py)")
-    p.add_argument("--local-dir", required=True, help="CKPT/global_step_N/actor")
-    p.add_argument("--target-dir", required=True)
-    p.add_argument("--config-dir", required=True, help="config + tokenizer files (+ modeling file)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="auto")
-    p.add_argument("--trust-remote-code", action="store_true")
-    a = p.parse_args(argv)
+    add_fields(p, MergeWorker)
+    a = MergeWorker(**given(p.parse_args(argv), MergeWorker))
     Path(a.target_dir).mkdir(parents=True, exist_ok=True)
     merger = make_merger(a.local_dir, a.target_dir, a.config_dir, DTYPES[a.dtype], a.trust_remote_code)
     merger.merge_and_save()
