@@ -9,9 +9,9 @@
 set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
-ROOT=$PWD PY=$PWD/.venv/bin/python HOST_PY=$PWD/.venv/bin/python
-[[ -x $PY ]] || HOST_PY=python3  # before stage -2 made the venv
-launch() { "$HOST_PY" -m ttsrl.launch "${RAY_ARGS[@]}" "$@"; }
+ROOT=$PWD PY=$PWD/.venv/bin/python
+host_py() { if [[ -x $PY ]]; then echo "$PY"; else echo python3; fi; }  # python3 before stage -2 made the venv
+launch() { "$(host_py)" -m ttsrl.launch "${RAY_ARGS[@]}" "$@"; }
 RAY_ARGS=()
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then launch help; exit 0; fi
 
@@ -82,7 +82,7 @@ on_exit() {
 trap 'on_exit $?' EXIT
 # presets with user-provided files (gpu8) check them all up front, with one message
 if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
-  "$HOST_PY" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
+  "$(host_py)" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
 if stage -2; then
