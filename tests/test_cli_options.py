@@ -22,6 +22,7 @@ import token2wav_asr_server  # noqa: E402
 import train_dpo  # noqa: E402
 import train_grpo  # noqa: E402
 from ttsrl.cli import add_fields, given  # noqa: E402
+from ttsrl.eval.compare import CompareRuns  # noqa: E402
 from ttsrl.model.cosyvoice_lm import SAMPLING_RULES  # noqa: E402
 from ttsrl.reward.backends import ASRS, BACKENDS  # noqa: E402
 from ttsrl.reward.rewards import REWARDS  # noqa: E402
@@ -32,7 +33,13 @@ from ttsrl.train.merge import MergeConfig, MergeWorker  # noqa: E402
 PARSERS = {"token2wav_asr_server.py": token2wav_asr_server.parser, "infer_dataset.py": infer_dataset.parser,
            "mine_pairs.py": mine_pairs.parser, "huggingface_to_pretrained.py": huggingface_to_pretrained.parser,
            "train_dpo.py": train_dpo.parser, "train_grpo.py": train_grpo._parser,
-           "merge_checkpoints.py": merge_checkpoints.parser}
+           "merge_checkpoints.py": merge_checkpoints.parser, "ttsrl/eval/compare.py": lambda: fields_parser(CompareRuns)}
+
+def fields_parser(cls) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_fields(p, cls)
+    return p
+
 
 #: option -> the registry its choices must be
 REGISTRIES = {"--reward": lambda: tuple(REWARDS), "--backend": lambda: BACKENDS, "--reward-backend": lambda: BACKENDS,
@@ -43,12 +50,12 @@ CONVERTED = ("token2wav_asr_server.py", "ttsrl/reward/server.py", "ttsrl/reward/
              "ttsrl/reward/backends/__init__.py", "infer_dataset.py", "ttsrl/eval/evaluate.py",
              "ttsrl/model/generate.py", "mine_pairs.py", "ttsrl/train/pairs.py", "huggingface_to_pretrained.py",
              "train_dpo.py", "ttsrl/model/cosyvoice_lm.py", "ttsrl/reward/health.py", "reward_tts.py",
-             "pretrained_to_huggingface.py", "merge_checkpoints.py", "ttsrl/train/merge.py", "ttsrl/data/devsplit.py")
+             "pretrained_to_huggingface.py", "merge_checkpoints.py", "ttsrl/train/merge.py", "ttsrl/data/devsplit.py",
+             "ttsrl/eval/compare.py", "ttsrl/console.py")
 
 #: CLIs that still hand-write argparse options (to convert; none may be added). ttsrl/cli.py is the
 #: mechanism itself; ttsrl/launch/ is being written (issue 35, item 4).
-NOT_YET = {"build_base_model.py", "prepare_data.py", "train_grpo.py", "ttsrl/console.py", "ttsrl/eval/compare.py",
-           "ttsrl/train/nodes.py"}
+NOT_YET = {"build_base_model.py", "prepare_data.py", "train_grpo.py", "ttsrl/train/nodes.py"}
 
 
 def hand_written_options(path: Path) -> list[int]:

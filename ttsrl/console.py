@@ -24,7 +24,10 @@ import signal
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import IO, Optional
+
+from ttsrl.cli import add_fields, given, option
 
 STEP_RE = re.compile(r"^step:(\d+) - (.*)$")
 TOTAL_RES = (re.compile(r"trainer\.total_training_steps=(\d+)"),
@@ -197,14 +200,21 @@ def run(stream: IO[bytes], log: IO[bytes], out: IO[str], total_steps: Optional[i
     return console
 
 
+@dataclass
+class ConsoleArgs:
+    """``python -m ttsrl.console``'s settings; each field is also its option."""
+    log: Optional[str] = option(None, help="file that receives every line (appended); required unless --why")
+    why: Optional[str] = option(None, metavar="LOG", help="print the lines of LOG's last run that say why it failed "
+                                                          "(errno, exception, OOM), then exit (run.sh, when stage 2 "
+                                                          "fails)")
+    total_steps: Optional[int] = option(None, help="for the ETA; otherwise read from the verl command or verl's "
+                                                   "progress bar")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log", help="file that receives every line (appended)")
-    p.add_argument("--why", metavar="LOG", help="print the lines of LOG's last run that say why it failed "
-                   "(errno, exception, OOM), then exit (run.sh, when stage 2 fails)")
-    p.add_argument("--total-steps", type=int, default=None,
-                   help="for the ETA; otherwise read from the verl command or verl's progress bar")
-    args = p.parse_args(argv)
+    add_fields(p, ConsoleArgs)
+    args = ConsoleArgs(**given(p.parse_args(argv), ConsoleArgs))
     if args.why:
         found = causes(last_run(open(args.why, encoding="utf-8", errors="replace").read()))
         for line in found:

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ttsrl.atomic import atomic_write_text
+from ttsrl.cli import add_fields, given, option
 from ttsrl.console import LENGTH_KEY, STEP_TIME_KEY, parse_metrics
 from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, mean_present, pair_dir, read_jsonl
 from ttsrl.stats import UttTable, paired
+from ttsrl.train.algorithms import ALGORITHMS
 from ttsrl.train.steps import choose_step
 
 RUN_RE = re.compile(r"^(?P<algorithm>[a-z][a-z0-9_]*)-seed(?P<seed>\d+)$")
@@ -232,21 +234,27 @@ def format_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class CompareRuns:
+    """``python -m ttsrl.eval.compare``'s settings; each field is also its argument."""
+    folder: Path = option(positional=True, parse=Path, metavar="folder",
+                          help="COMPARE_DIR of scripts/compare_algorithms.sh")
+    budget_s: Optional[float] = option(None, help="training seconds each algorithm is judged at, its steps costing "
+                                                  "its mean s/step (none: the fastest algorithm's time for all its "
+                                                  "steps + --tolerance)")
+    tolerance: float = option(TOLERANCE, help="share of the fastest algorithm's time added to the default budget, "
+                                              "so that algorithms as fast within timing noise count as equally fast")
+    reference: str = option("grpo", choices=ALGORITHMS, help="the algorithm the others are compared with")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m ttsrl.eval.compare",
         description="Compare GRPO variants at an equal training-time budget from the run folders "
                     "scripts/compare_algorithms.sh leaves (ALGORITHM-seedS/); writes compare.md and "
                     "compare.json into the folder and prints the table.")
-    ap.add_argument("folder", type=Path, help="COMPARE_DIR of scripts/compare_algorithms.sh")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="training seconds each algorithm is judged at, its steps costing its mean s/step "
-                         "(default: the fastest algorithm's time for all its steps + --tolerance)")
-    ap.add_argument("--tolerance", type=float, default=TOLERANCE,
-                    help="share of the fastest algorithm's time added to the default budget, so that "
-                         "algorithms as fast within timing noise count as equally fast (0.10)")
-    ap.add_argument("--reference", default="grpo", help="the algorithm the others are compared with (grpo)")
-    args = ap.parse_args(argv)
+    add_fields(ap, CompareRuns)
+    args = CompareRuns(**given(ap.parse_args(argv), CompareRuns))
     skipped: list[str] = []
     try:
         result = compare(read_runs(args.folder, skipped), args.budget_s, args.reference, args.tolerance)
