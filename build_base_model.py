@@ -10,31 +10,28 @@ least every 30 s; on a terminal a progress bar.
 """
 
 import argparse
-import dataclasses
 import sys
+from dataclasses import dataclass
 
+from ttsrl.cli import add_fields, given, option, parse_into
 from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
 
 
+@dataclass
+class BuildPaths:
+    """What to build from and where; the training settings are PretrainConfig's."""
+    corpus: str = option(help="training JSONL with a 'text' field")
+    out: str = option(help="output folder (llm.pt + CosyVoice-BlankEN/)")
+    heldout: str | None = option(None, help="held-out JSONL: report the base model's CER on it (greedy and sampled)")
+
+
 def main(argv=None) -> int:
-    d = PretrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", required=True, help="training JSONL with a 'text' field")
-    p.add_argument("--out", required=True, help="output folder (llm.pt + CosyVoice-BlankEN/)")
-    p.add_argument("--heldout", help="held-out JSONL: report the base model's CER on it (greedy and sampled)")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimiser steps (default %(default)s)")
-    p.add_argument("--tone-noise", type=float, default=d.tone_noise,
-                   help="share of training syllables given a wrong tone (default %(default)s)")
-    p.add_argument("--initial-noise", type=float, default=d.initial_noise)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--threads", type=int, default=d.threads,
-                   help="torch CPU threads (default 0: the cores free at the start, from the load average);"
-                        " it sets the speed only (1 and 2 threads build the same weights)")
-    a = p.parse_args(argv)
-    if a.threads < 0:
-        p.error(f"--threads must be >= 0 (0: the cores free now), got {a.threads}")
-    cfg = dataclasses.replace(d, steps=a.steps, tone_noise=a.tone_noise, initial_noise=a.initial_noise, seed=a.seed,
-                              threads=a.threads)
+    add_fields(p, BuildPaths)
+    add_fields(p, PretrainConfig)
+    args = p.parse_args(argv)
+    a = BuildPaths(**given(args, BuildPaths))
+    cfg = parse_into(p, PretrainConfig, args)
     try:
         build_base_model(a.corpus, a.out, cfg, heldout=a.heldout)
     except (FileNotFoundError, ValueError) as e:

@@ -23,12 +23,13 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ttsrl.atomic import atomic_torch_save, atomic_write_text
+from ttsrl.cli import option
 from ttsrl.console import ProgressLines
 from ttsrl.cpus import usable_cores
 from ttsrl.embedded import codec
@@ -44,21 +45,29 @@ INFO_FILE = "build_info.json"
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    model: TinyConfig = field(default_factory=lambda: TinyConfig(hidden_size=128, intermediate_size=256,
-                                                                 num_hidden_layers=4, num_attention_heads=4,
-                                                                 num_key_value_heads=2, tokenizer_vocab=4096))
-    steps: int = 2000
-    batch_size: int = 32
-    span_prob: float = 0.3  # share of examples that are a random span of a sentence
-    random_prob: float = 0.5  # share that are random strings of corpus characters ("reading drills")
-    min_span: int = 2
-    max_random: int = 12
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    tone_noise: float = 0.4  # share of syllables whose tone is replaced by a random other tone
-    initial_noise: float = 0.0  # share of syllables whose initial is replaced by a random one
-    seed: int = 1234
-    threads: int = 0  # torch CPU threads; 0: the cores free at the start (free_threads)
+    """The base model's build; the fields with options are also ``build_base_model.py``'s."""
+    model: TinyConfig = option(default_factory=lambda: TinyConfig(hidden_size=128, intermediate_size=256,
+                                                                  num_hidden_layers=4, num_attention_heads=4,
+                                                                  num_key_value_heads=2, tokenizer_vocab=4096),
+                               cli=False, help="the tiny model's shape")
+    steps: int = option(2000, help="optimiser steps")
+    batch_size: int = option(32, cli=False, help="examples per step")
+    span_prob: float = option(0.3, cli=False, help="share of examples that are a random span of a sentence")
+    random_prob: float = option(0.5, cli=False, help="share that are random strings of corpus characters "
+                                                     "(reading drills)")
+    min_span: int = option(2, cli=False, help="shortest span")
+    max_random: int = option(12, cli=False, help="longest random string")
+    lr: float = option(3e-3, cli=False, help="learning rate")
+    weight_decay: float = option(0.01, cli=False, help="weight decay")
+    tone_noise: float = option(0.4, help="share of training syllables given a wrong tone")
+    initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
+    seed: int = option(1234, help="seed of the data and the initial weights")
+    threads: int = option(0, help="torch CPU threads (0: the cores free at the start, from the load average); it "
+                                  "sets the speed only (1 and 2 threads build the same weights)")
+
+    def __post_init__(self):
+        if self.threads < 0:
+            raise ValueError(f"--threads must be >= 0 (0: the cores free now), got {self.threads}")
 
 
 def busy_cores(interval: float = 1.0, stat: str = "/proc/stat") -> float | None:
