@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ttsrl.data.prepare import DEFAULT_ABILITY, DEFAULT_DATA_SOURCE, DataError, PrepareConfig, prepare
+from ttsrl.cli import add_fields, parse_into
+from ttsrl.data.prepare import DataError, PrepareConfig, prepare
 
 DESCRIPTION = """\
 Convert two text corpora (train and held-out test) into the Parquet files verl's
@@ -72,48 +72,13 @@ Example:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_data.py", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train_file", "--train-file", required=True, type=Path, metavar="FILE",
-                   help="training rows (JSON or JSONL with a \"text\" field)")
-    p.add_argument("--test_file", "--test-file", required=True, type=Path, metavar="FILE",
-                   help="held-out rows for validation, never trained on")
-    p.add_argument("--local_dir", "--local-dir", required=True, type=Path, metavar="DIR",
-                   help="output folder (created if missing) for train.parquet and test.parquet")
-    p.add_argument("--tokenizer", type=Path, metavar="HF_DIR", default=None,
-                   help="Hugging Face folder whose tokenizer has the chat template (the "
-                        "converted hf_model/); prompt lengths are then exact, else estimated")
-    p.add_argument("--max_prompt_length", "--max-prompt-length", type=int, default=1024,
-                   metavar="N", help="prompt budget in tokens, as verl's data.max_prompt_length "
-                                     "(default: %(default)s)")
-    p.add_argument("--skip-invalid", "--skip_invalid", action="store_true",
-                   help="skip invalid rows (and list them) instead of failing")
-    p.add_argument("--allow-leak", action="store_true",
-                   help="keep test texts that also occur in the train file (by default such a leak is an "
-                        "error listing each one, and nothing is written)")
-    p.add_argument("--drop-duplicates", "--drop_duplicates", action="store_true",
-                   help="drop repeated texts within a split (keeps the first); default: keep, warn")
-    p.add_argument("--data-source", "--data_source", default=DEFAULT_DATA_SOURCE, metavar="NAME",
-                   help="value of the data_source column; verl passes it to the reward "
-                        "function (default: %(default)s)")
-    p.add_argument("--ability", default=DEFAULT_ABILITY,
-                   help="value of the ability column (default: %(default)s)")
-    p.add_argument("--chunk-size", "--chunk_size", type=int, default=10_000, metavar="ROWS",
-                   help="rows held in memory and written per Parquet row group "
-                        "(default: %(default)s)")
-    p.add_argument("--max-listed", type=int, default=20, metavar="N",
-                   help="line numbers listed per kind of problem (default: %(default)s)")
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar and no summary (warnings and errors still go to stderr)")
+    add_fields(p, PrepareConfig)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = PrepareConfig(
-        train_file=args.train_file, test_file=args.test_file, local_dir=args.local_dir,
-        tokenizer=args.tokenizer, max_prompt_length=args.max_prompt_length,
-        skip_invalid=args.skip_invalid, drop_duplicates=args.drop_duplicates, allow_leak=args.allow_leak,
-        data_source=args.data_source, ability=args.ability, chunk_size=args.chunk_size,
-        max_listed=args.max_listed, progress=not args.quiet)
+    p = build_parser()
+    cfg = parse_into(p, PrepareConfig, p.parse_args(argv))
     try:
         report = prepare(cfg)
     except DataError as e:
@@ -121,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in report.warnings():
         print(f"prepare_data.py: warning: {warning}", file=sys.stderr)
-    if not args.quiet:
+    if cfg.progress:  # not --quiet
         print(report.summary())
     return 0
 

@@ -18,10 +18,12 @@ import huggingface_to_pretrained  # noqa: E402
 import infer_dataset  # noqa: E402
 import merge_checkpoints  # noqa: E402
 import mine_pairs  # noqa: E402
+import prepare_data  # noqa: E402
 import token2wav_asr_server  # noqa: E402
 import train_dpo  # noqa: E402
 import train_grpo  # noqa: E402
 from ttsrl.cli import add_fields, given  # noqa: E402
+from ttsrl.data.prepare import PrepareConfig  # noqa: E402
 from ttsrl.eval.compare import CompareRuns  # noqa: E402
 from ttsrl.model.cosyvoice_lm import SAMPLING_RULES  # noqa: E402
 from ttsrl.reward.backends import ASRS, BACKENDS  # noqa: E402
@@ -51,11 +53,12 @@ CONVERTED = ("token2wav_asr_server.py", "ttsrl/reward/server.py", "ttsrl/reward/
              "ttsrl/model/generate.py", "mine_pairs.py", "ttsrl/train/pairs.py", "huggingface_to_pretrained.py",
              "train_dpo.py", "ttsrl/model/cosyvoice_lm.py", "ttsrl/reward/health.py", "reward_tts.py",
              "pretrained_to_huggingface.py", "merge_checkpoints.py", "ttsrl/train/merge.py", "ttsrl/data/devsplit.py",
-             "ttsrl/eval/compare.py", "ttsrl/console.py", "build_base_model.py", "ttsrl/embedded/pretrain.py")
+             "ttsrl/eval/compare.py", "ttsrl/console.py", "build_base_model.py", "ttsrl/embedded/pretrain.py",
+             "prepare_data.py", "ttsrl/data/prepare.py")
 
 #: CLIs that still hand-write argparse options (to convert; none may be added). ttsrl/cli.py is the
 #: mechanism itself; ttsrl/launch/ is being written (issue 35, item 4).
-NOT_YET = {"prepare_data.py", "train_grpo.py", "ttsrl/train/nodes.py"}
+NOT_YET = {"train_grpo.py", "ttsrl/train/nodes.py"}
 
 
 def hand_written_options(path: Path) -> list[int]:
@@ -136,6 +139,11 @@ def test_flags_kept_their_names_and_meanings(tmp_path):
     w = given(worker.parse_args(["--local-dir", "a", "--target-dir", "t", "--config-dir", "c", "--dtype", "auto",
                                  "--trust-remote-code"]), MergeWorker)
     assert MergeWorker(**w) == MergeWorker("a", "t", "c", "auto", True)
+    p = prepare_data.build_parser()
+    prep = given(p.parse_args(["--train_file", "a", "--test-file", "b", "--local_dir", "c", "-q", "--skip-invalid",
+                               "--max-prompt-length", "64", "--data_source", "x"]), PrepareConfig)
+    assert PrepareConfig(**prep) == PrepareConfig(Path("a"), Path("b"), Path("c"), max_prompt_length=64,
+                                                  skip_invalid=True, data_source="x", progress=False)
     with pytest.raises(SystemExit) as e:
         huggingface_to_pretrained.main(["--output-path", str(tmp_path / "llm.pt"), "--from-sweep", "s.json"])
     assert e.value.code == 2  # --from-sweep needs --merged-dir and --start-model

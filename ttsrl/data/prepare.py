@@ -74,18 +74,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path, remove_stale_temps
+from ttsrl.cli import option
 from ttsrl.data.rowchecks import OUTPUT_COLUMNS, extract_text, make_prompt_length
 from ttsrl.data.scan import ProblemList, SplitScan, scan_split
 from ttsrl.jsonl import DataError, RecordReader
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_DATA_SOURCE = "ttsrl"
 DEFAULT_ABILITY = "tts"
@@ -96,20 +94,34 @@ __all__ = ["OUTPUT_COLUMNS", "DataError", "PrepareConfig", "PrepareReport", "out
 
 @dataclass(frozen=True)
 class PrepareConfig:
-    train_file: Path
-    test_file: Path
-    local_dir: Path
-    # HF tokenizer folder, or a loaded tokenizer; None: estimate prompt lengths
-    tokenizer: Union[str, Path, "PreTrainedTokenizerBase", None] = None
-    max_prompt_length: int = 1024
-    skip_invalid: bool = False
-    drop_duplicates: bool = False
-    allow_leak: bool = False  # keep test texts that also occur in train (else: DataError, nothing written)
-    data_source: str = DEFAULT_DATA_SOURCE
-    ability: str = DEFAULT_ABILITY
-    chunk_size: int = 10_000  # rows per Parquet row group / in memory at once
-    max_listed: int = 20  # line numbers listed per kind of problem
-    progress: bool = True  # tqdm bars on stderr (only shown on a terminal)
+    """Stage 0's settings; each field (but ``tokenizer`` given as an object) is also an option of
+    ``prepare_data.py`` (the snake_case flags first, as verl's own data scripts spell them)."""
+    train_file: Path = option(flag="--train_file", aliases=("--train-file",), parse=Path, metavar="FILE",
+                              help="training rows (JSON or JSONL with a \"text\" field)")
+    test_file: Path = option(flag="--test_file", aliases=("--test-file",), parse=Path, metavar="FILE",
+                             help="held-out rows for validation, never trained on")
+    local_dir: Path = option(flag="--local_dir", aliases=("--local-dir",), parse=Path, metavar="DIR",
+                             help="output folder (created if missing) for train.parquet and test.parquet")
+    # HF tokenizer folder, or a loaded tokenizer (PreTrainedTokenizerBase); None: estimate prompt lengths
+    tokenizer: Union[str, Path, Any, None] = option(
+        None, parse=Path, metavar="HF_DIR", help="Hugging Face folder whose tokenizer has the chat template (the "
+                                                 "converted hf_model/); prompt lengths are then exact, else estimated")
+    max_prompt_length: int = option(1024, flag="--max_prompt_length", aliases=("--max-prompt-length",), metavar="N",
+                                    help="prompt budget in tokens, as verl's data.max_prompt_length")
+    skip_invalid: bool = option(False, flag="--skip-invalid", aliases=("--skip_invalid",),
+                                help="skip invalid rows (and list them) instead of failing")
+    drop_duplicates: bool = option(False, flag="--drop-duplicates", aliases=("--drop_duplicates",),
+                                   help="drop repeated texts within a split (keeps the first); default: keep, warn")
+    allow_leak: bool = option(False, help="keep test texts that also occur in the train file (by default such a "
+                                          "leak is an error listing each one, and nothing is written)")
+    data_source: str = option(DEFAULT_DATA_SOURCE, flag="--data-source", aliases=("--data_source",), metavar="NAME",
+                              help="value of the data_source column; verl passes it to the reward function")
+    ability: str = option(DEFAULT_ABILITY, help="value of the ability column")
+    chunk_size: int = option(10_000, flag="--chunk-size", aliases=("--chunk_size",), metavar="ROWS",
+                             help="rows held in memory and written per Parquet row group")
+    max_listed: int = option(20, metavar="N", help="line numbers listed per kind of problem")
+    progress: bool = option(True, flag="--quiet", aliases=("-q",), negated=True,  # tqdm bars on stderr (a terminal)
+                            help="no progress bar and no summary (warnings and errors still go to stderr)")
 
 
 # ---------------------------------------------------------------------------
