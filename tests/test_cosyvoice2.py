@@ -81,6 +81,7 @@ def test_prompts_are_extracted_with_cosyvoice_frontend(t2w):
         assert emb.shape == (1, 192)
 
 
+@pytest.mark.slow  # CosyVoice2 decoding: ~10 s
 def test_zero_shot_prompt_wav_is_the_speaker(t2w, folders, tmp_path):
     wav = write_tone_wav(tmp_path / "utt_prompt.wav", 0.8, 16000, 300.0)
     p = t2w.prompt_from_wav(str(wav))
@@ -198,6 +199,7 @@ def test_prompt_token_tool_writes_what_stage4_reads(folders, tmp_path):
     assert r.returncode != 0 and "8000 Hz" in r.stderr and not (tmp_path / "x.jsonl").exists()
 
 
+@pytest.mark.slow  # CosyVoice2 speaker model: ~6 s
 def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, folders, tmp_path):
     """SIM = cosine of the embeddings CosyVoice's frontend gives the prompt speaker.
 
@@ -234,6 +236,7 @@ def test_speaker_similarity_is_the_cosine_of_cosyvoice_campplus_embeddings(t2w, 
                                   [p, p]) == [None, None]
 
 
+@pytest.mark.slow  # CosyVoice2 decoding: ~8 s
 def test_pipeline_measures_sim_only_when_asked(folders, t2w):
     from ttsrl.reward.backends import SpeechPipeline
     from ttsrl.reward.backends.sim import SimASR

@@ -110,6 +110,7 @@ def test_speech_tokenizer_opens_once_on_the_replicas_own_device(folders, monkeyp
     assert frontend_module.onnxruntime is onnxruntime  # the module's own onnxruntime is back
 
 
+@pytest.mark.slow  # waits out a health check: ~12 s
 def test_start_timeout_is_a_setting(tmp_path):
     """run.sh waited a fixed 300 s for the server; REWARD_START_TIMEOUT_S sets it (300 by
     default, 900 in the gpu8 preset, the environment wins), and the wait ends at once when the

@@ -138,6 +138,7 @@ def test_a_relative_path_is_refused_on_several_nodes(field):
     GRPOConfig.cpu_preset(**{**paths, field: "hdfs://nn/data/rel"}, nnodes=2)  # not a local path
 
 
+@pytest.mark.slow  # several train_grpo.build compositions of verl's config: ~6 s
 def test_ray_address_comes_from_the_environment_and_the_flag_wins():
     argv = ["--preset", "cpu", *ABS]
     run = train_grpo.build(argv, environ={"RAY_ADDRESS": "10.0.0.5:6379"})

@@ -328,6 +328,7 @@ def test_kl_loss_settings_reach_verl_and_every_kl_type_is_verls():
         assert torch.isfinite(kl_penalty(logp, ref, kind)).all(), kind
 
 
+@pytest.mark.slow  # three train_grpo.main launches, each composing verl's config: ~8 s
 def test_a_launch_records_settings_knobs_and_overrides(tmp_path, monkeypatch):
     """train_grpo.py writes <checkpoint_dir>/ttsrl_run.json before it becomes verl (exec stopped here)."""
     import json

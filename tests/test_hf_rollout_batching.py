@@ -5,6 +5,8 @@ ends it; the cap ends it at once. Driven by a real asyncio loop and real sleeps.
 import asyncio
 import time
 
+import pytest
+
 from ttsrl.verl_plugin.hf_rollout import settle
 
 
@@ -61,6 +63,7 @@ def _samples(model_dir, seed, replica_rank=0):
     return [ids for ids, _ in server._generate_batch([[1, 2, 3], [4, 5, 6, 7]], sampling)]
 
 
+@pytest.mark.slow  # four sampled rollouts on the tiny model: ~5 s
 def test_rollout_sampling_follows_the_seed_as_verl_seeds_vllm(tiny_hf):
     """rollout.seed (train_grpo --seed, run.sh SEED) seeds the hf rollout's sampling, plus the replica
     rank as verl seeds its vLLM servers: the same seed samples the same tokens, another seed or

@@ -62,6 +62,7 @@ def _server(model_dir):
     return HFRolloutServer(rollout, model, replica_rank=0)
 
 
+@pytest.mark.slow  # a server round trip: ~5 s
 def test_server_top_k_one_is_greedy_and_greedy_is_transformers_greedy(tiny_hf):
     """The checkpoint's generation_config.json asks for sampling (do_sample, top-k 25, top-p 0.8, as
     CosyVoice2's does): greedy requests must still decode greedily, sampled ones by our draw."""

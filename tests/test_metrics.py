@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 from helpers import start_reward_server, stop_process
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,6 +34,7 @@ def scrape(url: str, accept: str | None = None) -> tuple[dict[tuple[str, tuple],
     return samples, r.headers["Content-Type"]
 
 
+@pytest.mark.slow  # a server CLI under load: ~9 s
 def test_metrics_count_exactly_what_was_sent():
     proc, url = start_reward_server("--backend", "sim", "--max-batch", "8", "--max-delay-ms", "30",
                                     "--max-tokens", "500", "--log-level", "WARNING")

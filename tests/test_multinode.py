@@ -80,6 +80,7 @@ def test_help_names_the_multinode_settings():
         assert name in r.stdout, name
 
 
+@pytest.mark.slow  # CLI round trips: ~7 s
 def test_markers_hold_the_run_id_so_a_stale_one_is_never_taken(tmp_path):
     """What a worker's stage 3 waits on: the head's marker of the run it joined."""
     def wait_for(text: str, timeout: str = "3") -> subprocess.CompletedProcess:

@@ -473,6 +473,7 @@ def test_cli_help_explains_options():
         assert opt in res.stdout, opt
 
 
+@pytest.mark.slow  # CLI round trips: ~6 s
 def test_cli_reports_errors_and_skips(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text('{"text": "第一句。"}\n{"text": 1}\n{"text": "第一句"}\n', encoding="utf-8")

@@ -117,6 +117,7 @@ def test_failure_window_counts_the_last_requests():
     assert [w.record(False) for _ in range(3)] == [1, 1, 0]  # the second one leaves last
 
 
+@pytest.mark.slow  # waits out Retry-After: ~5 s
 def test_server_retry_after_is_honoured():
     """A tiny queue that answers 503: the client retries and every reward arrives."""
     from ttsrl.reward.backends import SpeechPipeline

@@ -241,6 +241,7 @@ def test_named_variants_reach_stage_1_and_2(hand_started_server, tmp_path):
     assert not (tmp_path / "free" / "my exp" / "logs" / "reward_server.log").exists()
 
 
+@pytest.mark.slow  # run.sh stages 2..3: ~14 s
 def test_failed_training_says_so(hand_started_server, tmp_path):
     _, port = hand_started_server
     # an option train_grpo.py does not take: refused before any stage runs, with its parser's message

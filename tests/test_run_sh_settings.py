@@ -129,6 +129,7 @@ def test_preset_lists_must_be_arrays(tmp_path):
         assert "==== stage" not in r.stdout
 
 
+@pytest.mark.slow  # run.sh --config round trips: ~8 s
 def test_reward_extra_keeps_a_quoted_value_one_argument(tmp_path):
     """gpu8 split REWARD_EXTRA unquoted; run.sh now splits it as the shell splits words, for
     every preset, and adds the words to the preset's REWARD_ARGS (what stage 1 passes)."""

@@ -51,6 +51,7 @@ def test_a_backend_without_a_model_folder_publishes_an_empty_one():
         stop(proc)
 
 
+@pytest.mark.slow  # a CosyVoice2 server start: ~12 s
 def test_cosyvoice2_publishes_its_absolute_model_folder(tmp_path):
     for mod in ("cosyvoice.cli.model", "hyperpyyaml", "onnx", "whisper", "matcha.utils.audio"):
         pytest.importorskip(mod, reason="CosyVoice's runtime is not installed (bash scripts/install.sh installs it)")
