@@ -13,6 +13,7 @@ import pytest
 from helpers import (
     fsdp_full_state,  # noqa: F401
     grpo_rows,  # noqa: F401
+    make_grpo_workspace,
     parse_steps,  # noqa: F401
     start_reward_server,
     stop_process,
@@ -69,3 +70,12 @@ def sim_server_url():
     proc, url = start_reward_server("--backend", "sim", "--log-level", "WARNING")
     yield url
     stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def grpo_workspace(tmp_path_factory):
+    """One ``make_grpo_workspace`` folder (the briefly pretrained tiny model, train/test Parquet) for
+    the real GRPO runs of a session (test_grpo_cpu.py, test_grpo_algorithms.py, test_gdpo.py): the
+    same deterministic build each of them made for itself. Each run writes its own checkpoint
+    folder in it; the model and the Parquet files are only read."""
+    return make_grpo_workspace(tmp_path_factory.mktemp("grpo"))

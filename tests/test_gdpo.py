@@ -90,17 +90,18 @@ def test_gdpo_without_our_keys_is_refused_by_verl():
 
 
 @pytest.mark.slow  # a real verl/Ray run: minutes
-def test_gdpo_trains_on_the_cpu_path(tmp_path, sim_server_url):
+def test_gdpo_trains_on_the_cpu_path(grpo_workspace, sim_server_url):
     """Two GRPO steps with ``--algorithm gdpo`` through train_grpo.py (verl's legacy trainer, our
     plugin, the hf rollout), rewarded by reward_tts.py and the sim server (no speaker model: the
     ``sim`` component is 0.0 throughout, so only ``score`` moves the advantages)."""
     import os
     import subprocess
 
-    from helpers import grpo_command, make_grpo_workspace, parse_steps
+    from helpers import grpo_command, parse_steps
 
-    ws = make_grpo_workspace(tmp_path)
-    cmd = grpo_command(ws, "--algorithm", "gdpo", "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
+    ws = grpo_workspace  # conftest: the session's one GRPO workspace; this run's checkpoints in ckpt-gdpo
+    cmd = grpo_command(ws, "--algorithm", "gdpo", "--checkpoint-dir", str(ws / "ckpt-gdpo"), "--train-batch-size", "4",
+                       "--ppo-mini-batch-size", "4",
                        "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
                        "--total-training-steps", "2", "--save-freq", "-1", "--test-freq", "-1", "--lr", "1e-5")
     env = {**os.environ, "TTSRL_REWARD_URL": sim_server_url}

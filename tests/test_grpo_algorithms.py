@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import grpo_command, make_grpo_workspace, parse_steps
+from helpers import grpo_command, parse_steps
 from omegaconf import OmegaConf
 from test_algorithm_config import DEFINING
 
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow  # real verl/Ray runs: minutes
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return make_grpo_workspace(tmp_path_factory.mktemp("algorithms"))
+def workspace(grpo_workspace):
+    return grpo_workspace  # conftest: one build for every GRPO run of the session; ckpt-ALGORITHM is this file's
 
 
 def train(ws: Path, algorithm: str, url: str, *options: str, verl: tuple[str, ...] = ()) -> tuple[str, dict]:
@@ -47,7 +47,15 @@ def train(ws: Path, algorithm: str, url: str, *options: str, verl: tuple[str, ..
 
 # grpo (the default) trains in test_grpo_cpu.py and every end-to-end test; gdpo needs a server that
 # measures SIM: its own 2-step run is in test_gdpo.py. CI's time goes to the others.
-@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"grpo", "gdpo"}))
+# grpo_no_std is extended (bash scripts/test.sh -m extended): it is grpo with one flag
+# (algorithm.norm_adv_by_std_in_grpo=False, checked in test_algorithm_config.py), trained through
+# the same verl code path as grpo's run in test_grpo_cpu.py; its own run is a Ray start-up and two
+# steps the test command need not pay for.
+EXTENDED = {"grpo_no_std"}
+
+
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.extended) if a in EXTENDED else a
+                                       for a in sorted(set(ALGORITHMS) - {"grpo", "gdpo"})])
 def test_algorithm_trains(workspace, sim_server_url, algorithm):
     dapo = algorithm == "dapo"
     options = ("--reward-file", str(ROOT / "tests" / "fixtures" / "flat_reward.py")) if dapo else ()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from helpers import fsdp_full_state, grpo_command, make_grpo_workspace, merge_command, parse_steps
+from helpers import fsdp_full_state, grpo_command, merge_command, parse_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, SAVE_FREQ = 3, 2
@@ -31,8 +31,8 @@ LR = 1e-5
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sim_server_url):
-    ws = make_grpo_workspace(tmp_path_factory.mktemp("grpo"))
+def run(grpo_workspace, sim_server_url):
+    ws = grpo_workspace  # conftest: shared with test_grpo_algorithms.py and test_gdpo.py (their own ckpt folders)
     cmd = grpo_command(ws, "--train-batch-size", "4", "--ppo-mini-batch-size", "4",
                        "--micro-batch-size-per-gpu", "4", "--max-prompt-length", "64", "--max-response-length", "32",
                        "--total-training-steps", str(STEPS), "--save-freq", str(SAVE_FREQ), "--test-freq", str(STEPS),
