@@ -24,6 +24,7 @@ HEAVY = [
     ("an install (scripts/install.sh)", re.compile(r"(^|[/\s\"'])install\.sh\b")),
     ("pip", re.compile(r"^pip$|\bpip install\b")),
     ("a Ray cluster", re.compile(r"\bray\.init\(|\bray start\b")),
+    ("a verl training run (python -m verl.trainer.main_ppo)", re.compile(r"^verl\.trainer\.main_ppo$")),
 ]
 INSTALL_STAGE = "run.sh's stage -2 (the install)"
 
@@ -243,8 +244,13 @@ def test_torchrun(tmp_path):
 def test_install():
     run_sh("-2", "-2")
 
+def test_verl():
+    subprocess.run(["python", "-m", "verl.trainer.main_ppo", "trainer.total_training_steps=2"])
+
 def test_docstring_only():
     """train_dpo.py and install.sh named in prose."""
+    log = ["[train_grpo] python -m verl.trainer.main_ppo x=1"]  # a log line read back, not run
+    assert "train_dpo.py" not in log, "train_grpo.py in a message"
 
 @pytest.mark.slow
 def test_marked(tmp_path):
@@ -252,7 +258,7 @@ def test_marked(tmp_path):
 ''')
     found = Scan(tmp_path).unmarked_heavy()
     assert sorted(found) == [f"test_x.py::test_{n}" for n in ("fixture", "helper", "install", "script", "shared_helper",
-                                                              "torchrun")]
+                                                              "torchrun", "verl")]
     assert found["test_x.py::test_fixture"] == "a training CLI (train_*.py: verl/Ray GRPO, TRL DPO/KTO) (via trained)"
     assert found["test_x.py::test_shared_helper"].endswith("(via grpo_command)")
     assert found["test_x.py::test_install"] == INSTALL_STAGE

@@ -28,6 +28,7 @@ from helpers import grpo_rows, parse_steps  # tests/helpers.py (tests/ is on sys
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
+pytestmark = pytest.mark.slow  # a real verl GRPO run with the vLLM rollout (python -m verl.trainer.main_ppo): minutes
 
 
 def gpu_preset_for_cpu(ws: Path):
