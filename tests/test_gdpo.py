@@ -16,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_grpo_config import composed, gpu  # noqa: E402
+from test_grpo import composed, gpu  # noqa: E402
 
 from ttsrl.reward.client import _result  # noqa: E402
 from ttsrl.train.grpo import GRPOConfig  # noqa: E402

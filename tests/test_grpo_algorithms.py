@@ -3,7 +3,7 @@
 rollout, the tiny model of conftest.py, the real reward client against the ``sim`` server), one
 run per algorithm, each as small as test_grpo_cpu.py's run. Checked on each: the steps ran, and
 the config verl itself resolved (Hydra's record of the run) holds the keys that define the
-algorithm (``DEFINING``, test_algorithm_config.py). DAPO's run shows group filtering at work: its reward file (fixtures/flat_reward.py)
+algorithm (``DEFINING``, test_algorithms.py). DAPO's run shows group filtering at work: its reward file (fixtures/flat_reward.py)
 gives every sample of the first training text the same score, and verl's v1 ReplayBuffer reports
 that group evicted (``training/filter_groups/evicted_samples``, then refills the batch).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import grpo_command, parse_steps
 from omegaconf import OmegaConf
-from test_algorithm_config import DEFINING
+from test_algorithms import DEFINING
 
 from ttsrl.train.algorithms import ALGORITHMS
 
@@ -48,7 +48,7 @@ def train(ws: Path, algorithm: str, url: str, *options: str, verl: tuple[str, ..
 # grpo (the default) trains in test_grpo_cpu.py and every end-to-end test; gdpo needs a server that
 # measures SIM: its own 2-step run is in test_gdpo.py. CI's time goes to the others.
 # grpo_no_std is extended (bash scripts/test.sh -m extended): it is grpo with one flag
-# (algorithm.norm_adv_by_std_in_grpo=False, checked in test_algorithm_config.py), trained through
+# (algorithm.norm_adv_by_std_in_grpo=False, checked in test_algorithms.py), trained through
 # the same verl code path as grpo's run in test_grpo_cpu.py; its own run is a Ray start-up and two
 # steps the test command need not pay for.
 EXTENDED = {"grpo_no_std"}

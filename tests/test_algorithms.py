@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
-from test_grpo_config import REQUIRED_ARGV, composed, gpu
+from test_grpo import REQUIRED_ARGV, composed, gpu
 
 from ttsrl.train.grpo import ALGORITHMS, GRPOConfig
 

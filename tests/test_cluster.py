@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from test_grpo_config import ROOT, composed
+from test_grpo import ROOT, composed
 
 import train_grpo
 from ttsrl.train import cluster
@@ -177,7 +177,7 @@ def test_secret_names_are_recognised():
 
 def test_dry_run_shows_the_attach_and_the_launch_records_the_names(tmp_path, monkeypatch, capsys):
     """--dry-run prints the forwarded overrides and one line naming them; a launch (exec stopped
-    here, as in test_grpo_config) records the names, never a secret."""
+    here, as in test_grpo) records the names, never a secret."""
     for k, v in ENVIRON.items():
         if k not in ("PATH", "HOME"):
             monkeypatch.setenv(k, v)
