@@ -55,8 +55,8 @@ def folder_bytes(d: Path) -> int:
 def cmd_build(a) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from conftest import grpo_rows
     from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm, write_tone_wav
+    from helpers import grpo_rows
 
     w = Path(a.workdir)
     model = w / "CosyVoice2-0.5B"
@@ -265,7 +265,7 @@ def cmd_grpo(a) -> None:
 
 
 def _grpo(a, w: Path, cfg) -> None:
-    from conftest import parse_steps
+    from helpers import parse_steps
 
     env = {**os.environ, **cfg.env(), "TTSRL_REWARD_URL": a.url, "TTSRL_PLUGIN_LOADED_LOG": "1"}
     if a.device == "cpu":
@@ -312,7 +312,7 @@ def cmd_merged(a) -> None:
     """Stage 3's fp32 merge is the FSDP master weights bit for bit (read independently of
     merge_checkpoints.py), and the 2 steps moved them away from the start model."""
     import torch
-    from conftest import fsdp_full_state
+    from helpers import fsdp_full_state
 
     from ttsrl.model.checkpoint import read_hf_tensors
     from ttsrl.train.merge import update_survival

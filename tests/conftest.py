@@ -8,16 +8,8 @@ trained on a few sentences. Key names, index math and the speech vocabulary
 
 import pytest
 
-# fsdp_full_state, grpo_rows, parse_steps: re-exported for scripts/rehearsal.py (`from conftest import`);
-# the tests import every helper from helpers.py
-from helpers import (
-    fsdp_full_state,  # noqa: F401
-    grpo_rows,  # noqa: F401
-    make_grpo_workspace,
-    parse_steps,  # noqa: F401
-    start_reward_server,
-    stop_process,
-)
+# fixtures only; the tests (and scripts/rehearsal.py) import every plain helper from helpers.py
+from helpers import make_grpo_workspace, start_reward_server, stop_process
 
 SENTENCES = [
     "今天天气很好，我们去公园散步吧。", "我用iPhone拍照，Hello world!", "二零二四年三月五日，百分之五十。",
