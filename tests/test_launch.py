@@ -39,6 +39,7 @@ def config(env: dict | None = None) -> dict[str, str]:
 
 
 def test_settings_derive_from_exp_dir_and_the_stage_range():
+    assert [settings.parse_argv(a)[:2] for a in ([], ["1"], ["2", "2"])] == [(-2, 5), (1, 5), (2, 2)]
     r = resolve(argv=["1", "3", "--", "x.y=1"])
     assert (r.start, r.stop, r.lists["EXTRA_OVERRIDES"]) == (1, 3, ["x.y=1"])
     assert r["HF_MODEL_DIR"] == "exp/e/hf_model" and r["LOG_DIR"] == "exp/e/logs" and r["NNODES"] == "1"

@@ -174,9 +174,8 @@ def parse_argv(argv: list[str]) -> tuple[int, int, list[str], bool]:
         raise SettingsError([f"run.sh: unexpected argument '{positional[2]}' (Hydra overrides for stage 2 go after "
                              "'--')"], usage=True)
     names = [str(s) for s in STAGES]
-    start, stop = (positional + [names[0], names[-1]][len(positional):])[:2] if positional else (names[0], names[-1])
-    if len(positional) == 1:
-        stop = names[-1]
+    start = positional[0] if positional else names[0]  # default: every stage
+    stop = positional[1] if len(positional) > 1 else names[-1]
     for s in (start, stop):
         if s not in names:
             raise SettingsError([f"run.sh: stage '{s}' is not one of: {' '.join(names)}"], usage=True)
