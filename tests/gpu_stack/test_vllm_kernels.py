@@ -2,7 +2,7 @@
 answers faked, so each branch runs on any x86 machine: the AVX2 library loads for real
 everywhere (every AVX-512 CPU also has AVX2); asked for an AVX-512 library, a CPU without
 AVX-512 dies of SIGILL in vLLM's import and the probe says so in one line, while an
-AVX-512 CPU loads it. Each case runs in its own child process (a loaded library cannot be
+AVX-512 CPU loads it (the BF16 build too, where the CPU lacks only AVX-512 BF16). Each case runs in its own child process (a loaded library cannot be
 unloaded, and a SIGILL must not take pytest with it)."""
 
 import os
@@ -42,10 +42,21 @@ def test_avx2_branch_loads_the_avx2_library_for_real(tmp_path):
 @pytest.mark.parametrize("bf16,library,flag", [(False, "_C_AVX512", "avx512f"), (True, "_C", "avx512_bf16")])
 def test_avx512_branches_load_or_fail_in_one_line(tmp_path, bf16, library, flag):
     result = _probe_with(tmp_path, avx512=True, bf16=bf16)
-    if vk.cpu_flags()[flag] and (flag == "avx512f" or vk.cpu_flags()["avx512f"]):
+    flags = vk.cpu_flags()
+    if flags[flag] and (flag == "avx512f" or flags["avx512f"]):
         assert result.ok and result.kernels == [library], result.line
+    elif flags["avx512f"]:
+        # an AVX-512 CPU without AVX-512 BF16 (measured 2026-12-03 on an Intel Xeon: avx512f, vnni, no
+        # avx512_bf16): the BF16 build loads, 60 ops registered, since what runs at load time needs
+        # AVX-512F only and its BF16 instructions sit in kernels that never run here. Either outcome
+        # is the probe's to report in one line: loaded, or vLLM's import died and it says why
+        assert "\n" not in result.line, result.line
+        if result.ok:
+            assert result.kernels == [library] and "BF16 build" in result.line, result.line
+        else:
+            assert result.unsupported and "SIGILL" in result.line, result.line
     else:
-        # this CPU lacks the instructions: vLLM's import dies, the probe survives and says why
+        # no AVX-512 at all: vLLM's import dies, the probe survives and says why
         assert not result.ok and result.unsupported, result.line
         assert "SIGILL" in result.line and "\n" not in result.line
 

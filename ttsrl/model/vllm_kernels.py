@@ -4,8 +4,9 @@
 BF16), ``_C_AVX512`` and ``_C_AVX2``. vLLM's own CPU platform picks one from the CPU
 (``CpuPlatform.import_kernels`` reads ``torch.cpu._is_avx512_supported()`` and
 ``_is_avx512_bf16_supported()``). Importing ``vllm._C`` by hand, as our installer once
-did, runs AVX-512 BF16 code at load time and kills the process with SIGILL on an
-AVX2-only CPU. So every check here goes through vLLM's selection and reports which
+did, runs AVX-512 code at load time and kills the process with SIGILL on an
+AVX2-only CPU (on an AVX-512 CPU without BF16 it loads: its BF16 instructions are in kernels,
+measured on an Intel Xeon 2026-12-03; vLLM itself picks ``_C_AVX512`` there). So every check here goes through vLLM's selection and reports which
 library the process really mapped (``/proc/self/maps``), never a guess of our own.
 
 ``python -m ttsrl.model.vllm_kernels`` prints one line (used by ``scripts/install.sh
