@@ -92,6 +92,10 @@ def test_a_reward_registered_later_is_a_choice_of_every_cli(monkeypatch):
     assert token2wav_asr_server.parse_args(["--reward", "my_reward"]).reward == "my_reward"
     argv = ["--start-model", "m", "--out-dir", "o", "--test-set", "t=x.jsonl", "--reward", "my_reward"]
     assert infer_dataset.parse_args(argv).reward == "my_reward"
+    import train_grpo  # stage 2 takes it too: GRPOConfig.reward's choices are REWARDS itself
+
+    grpo = ["--model-path", "/m", "--train-files", "/t", "--val-files", "/v", "--reward", "my_reward"]
+    assert train_grpo.build(grpo).config.reward == "my_reward"
 
 
 @pytest.mark.parametrize("path", CONVERTED)

@@ -120,7 +120,7 @@ class GRPOConfig:
                                                "the server)")
     # the reward this run trains on (run.sh's REWARD, REWARD_BACKEND, REWARD_URLS): reaches the reward
     # function through verl's reward.custom_reward_function.reward_kwargs, and the run record
-    reward: Optional[str] = option(None, choices=tuple(REWARDS),
+    reward: Optional[str] = option(None, choices=REWARDS,
                                    help="the reward variant this run trains on (REWARDS in ttsrl/reward/rewards.py): "
                                         "every server must serve it, checked before verl starts, and the reward "
                                         "function refuses an answer scored by another; none: what the servers serve")
