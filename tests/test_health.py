@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from helpers import stop_process
 
 from ttsrl.reward.health import launch_server
 
@@ -30,15 +31,6 @@ def served(*args: str):
     return proc, url, requests.get(f"{url}/v2/models/{MODEL}", timeout=10).json()
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_a_backend_without_a_model_folder_publishes_an_empty_one():
     proc, url, meta = served("--backend", "sim", "--reward", "toneless")
     try:
@@ -48,7 +40,7 @@ def test_a_backend_without_a_model_folder_publishes_an_empty_one():
         assert wrong.returncode == 3
         assert "model_dir ''" in wrong.stderr and "/models/CosyVoice2-0.5B" in wrong.stderr
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 @pytest.mark.slow  # a CosyVoice2 server start: ~12 s
@@ -72,4 +64,4 @@ def test_cosyvoice2_publishes_its_absolute_model_folder(tmp_path):
         config = requests.get(f"{url}/v2/models/{MODEL}/config", timeout=10).json()
         assert config["parameters"]["model_dir"]["string_value"] == meta["model_dir"]
     finally:
-        stop(proc)
+        stop_process(proc)
