@@ -68,7 +68,7 @@ READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it s
 
 #: what a run asks of a server it adopts -> the model metadata field that says it
 IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "sim_weight": "sim_weight",
-                   "pid": "pid"}
+                   "length_guard": "length_guard", "pid": "pid"}
 
 
 def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
@@ -83,7 +83,7 @@ def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
 def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
     """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
     reward variant, backend name, CosyVoice model folder (absolute; "" for backends without one),
-    SIM weight, its process id), else a sentence naming what it serves and what was asked."""
+    SIM weight, length guard, its process id), else a sentence naming what it serves and what was asked."""
     try:
         meta = metadata(url, model)
     except (requests.RequestException, ValueError) as e:
