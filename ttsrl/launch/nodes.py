@@ -64,6 +64,17 @@ def answers(address: str, timeout: float = 3.0) -> bool:
         return False
 
 
+def gcs_problem(address: str) -> str | None:
+    """None when a Ray GCS answers at ``address``, else why not (one line)."""
+    if not answers(address):
+        return f"no Ray cluster answers at {address}"
+    try:
+        alive_nodes(address)
+    except Exception as e:
+        return f"{address} answers, but not as a Ray GCS: {type(e).__name__}: {e}"
+    return None
+
+
 def alive_nodes(address: str, timeout: float = 10.0) -> list[Node]:
     """The alive nodes of the Ray cluster whose GCS is at ``address``."""
     from ray._raylet import GcsClient
@@ -235,15 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(actor_nodes(args.address), indent=1))
         return 0
     if args.cmd == "probe":
-        if not answers(args.address):
-            print(f"no Ray cluster answers at {args.address}", file=sys.stderr)
-            return 1
-        try:
-            alive_nodes(args.address)
-        except Exception as e:
-            print(f"{args.address} answers, but not as a Ray GCS: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        return 0
+        problem = gcs_problem(args.address)
+        if problem:
+            print(problem, file=sys.stderr)
+        return 1 if problem else 0
     ips = [x.strip() for x in args.ips.split(",") if x.strip()]
     if not ips:
         p.error("--ips: expected at least one IP")

@@ -31,8 +31,6 @@ from typing import Mapping
 
 from ttsrl.launch import nodes
 
-EXIT_HEAD_GONE = nodes.EXIT_HEAD_GONE
-
 
 @dataclass
 class Cluster:
@@ -171,13 +169,7 @@ class RayNode:
 
 def ray_address_answers(address: str) -> bool:
     """A Ray GCS answers at ``address`` (RAY_ADDRESS: that cluster is used)."""
-    if not address or not nodes.answers(address):
-        return False
-    try:
-        nodes.alive_nodes(address)
-    except Exception:
-        return False
-    return True
+    return bool(address) and nodes.gcs_problem(address) is None
 
 
 def new_run_id() -> str:
