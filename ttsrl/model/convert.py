@@ -1,11 +1,15 @@
-"""Exact conversion between CosyVoice2's ``llm.pt`` and a Hugging Face checkpoint.
+"""Exact conversion between a CosyVoice ``llm.pt`` (CosyVoice2 or CosyVoice3) and a Hugging
+Face checkpoint. The family is read off the file's keys (``cosyvoice_lm.family_of_state``),
+recorded in the checkpoint (config ``speech_family``, the converter's marker) and read back from
+the tokenizer's entries (``vocab.vocab_of``).
 
-``llm.pt`` -> HF (:func:`cosyvoice_to_hf`):
+``llm.pt`` -> HF (:func:`cosyvoice_to_hf`), N = the family's outputs (6564 / 6761):
 
     embed_tokens rows [0, offset)          <- llm.model.model.embed_tokens (text rows)
-    embed_tokens rows offset + 0..6563     <- speech_embedding
-    embed_tokens rows sos_id, task_id      <- llm_embedding rows 0, 1
-    lm_head.weight/.bias rows offset+0..6563 <- llm_decoder.weight/.bias (others 0, masked)
+    embed_tokens rows offset + 0..N-1      <- speech_embedding (CosyVoice3: sos/task_id among them)
+    embed_tokens rows sos_id, task_id      <- llm_embedding rows 0, 1 (CosyVoice2 only)
+    lm_head.weight[/.bias] rows offset+0..N-1 <- llm_decoder.weight[/.bias] (others 0, masked;
+                                              CosyVoice3's head has no bias)
     model.layers.*, model.norm.weight      <- llm.model.model.*
 
 Inner-embedding rows at and beyond ``offset`` are unused by CosyVoice2 (no text id
@@ -41,7 +45,7 @@ from ttsrl.model.checkpoint import (
     read_hf_tensors,
     read_json_file,
 )
-from ttsrl.model.cosyvoice_lm import Qwen2LM, load_llm_state_dict
+from ttsrl.model.cosyvoice_lm import LM_CLASSES, Qwen2LM, family_of_state, load_llm_state_dict
 
 ARCH = "CosyVoice2Qwen2ForCausalLM"
 BLANK_EN = "CosyVoice-BlankEN"
@@ -106,20 +110,21 @@ def check_output_path(source: Path, out: Path, force: bool = False) -> None:
                          "replaced as a whole. Choose a new or empty folder, or pass --force to replace it.")
 
 
-def expected_llm_shapes(inner_config) -> dict[str, torch.Size]:
-    """Key -> shape of a ``Qwen2LM`` for this inner config (built on the meta device)."""
+def expected_llm_shapes(inner_config, fam: V.Family = V.COSYVOICE2) -> dict[str, torch.Size]:
+    """Key -> shape of the family's LM (``Qwen2LM``/``CosyVoice3LM``) for this inner config
+    (built on the meta device)."""
     with torch.device("meta"):
-        model = Qwen2LM(inner_config)
+        model = LM_CLASSES[fam.name](inner_config)
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def check_llm_state(state: dict, inner_config, source: str) -> None:
-    expected = expected_llm_shapes(inner_config)
+def check_llm_state(state: dict, inner_config, source: str, fam: V.Family = V.COSYVOICE2) -> None:
+    expected = expected_llm_shapes(inner_config, fam)
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing:
         raise ValueError(f"{source}: missing tensor {missing[0]!r} (and {len(missing) - 1} more); "
-                         "is this CosyVoice2's llm.pt for this CosyVoice-BlankEN config?")
+                         f"is this {fam.release}'s llm.pt for this CosyVoice-BlankEN config?")
     if extra:
         raise ValueError(f"{source}: unexpected tensor {extra[0]!r} (and {len(extra) - 1} more)")
     for k, shape in expected.items():
@@ -141,6 +146,8 @@ def hf_config_dict(inner_config, sv: V.SpeechVocab, pad_id: int, dtype: torch.dt
         pad_token_id=pad_id,
         dtype=str(dtype).removeprefix("torch."),
         cosyvoice2_inner_vocab_size=inner_config.vocab_size,
+        speech_family=sv.family.name,
+        speech_head_bias=sv.family.head_bias,
     )
     if stock:
         cfg["architectures"] = ["Qwen2ForCausalLM"]
@@ -167,8 +174,9 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
     embed = torch.zeros(sv.padded_vocab_size, hidden, dtype=dtype)
     embed[:lo] = state[INNER + "embed_tokens.weight"][:lo]
     embed[lo:hi] = state["speech_embedding.weight"]
-    embed[sv.sos_id] = state["llm_embedding.weight"][V.SOS_ROW]
-    embed[sv.task_id] = state["llm_embedding.weight"][V.TASK_ID_ROW]
+    if sv.family.input_embedding == "llm_embedding":
+        embed[sv.sos_id] = state["llm_embedding.weight"][V.SOS_ROW]
+        embed[sv.task_id] = state["llm_embedding.weight"][V.TASK_ID_ROW]
     yield "model.embed_tokens.weight", embed
     del embed
 
@@ -180,7 +188,7 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
     head[lo:hi] = state["llm_decoder.weight"]
     yield "lm_head.weight", head
     del head
-    if not stock:
+    if not stock and sv.family.head_bias:
         bias = torch.zeros(sv.padded_vocab_size, dtype=dtype)
         bias[lo:hi] = state["llm_decoder.bias"]
         yield "lm_head.bias", bias
@@ -188,10 +196,12 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
 
 def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: torch.dtype = torch.float32,
                     stock: bool = False, shard_bytes: int = SHARD_BYTES,
-                    log: Callable[[str], None] = print, force: bool = False) -> V.SpeechVocab:
+                    log: Callable[[str], None] = print, force: bool = False,
+                    family: str | None = None) -> V.SpeechVocab:
     """Convert ``DIR/llm.pt`` + ``DIR/CosyVoice-BlankEN`` into an HF checkpoint at
     ``save_path`` (written atomically; see :func:`check_output_path` for what it
-    refuses to replace). Returns the speech vocabulary."""
+    refuses to replace). The family is read off llm.pt (``family``: refuse any other).
+    Returns the speech vocabulary."""
     from safetensors.torch import save_file
 
     cosyvoice_dir = Path(cosyvoice_dir)
@@ -199,9 +209,12 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
     inner_config, tokenizer = load_blank_en(cosyvoice_dir)
     llm_pt = cosyvoice_dir / "llm.pt"
     state = load_llm_state_dict(llm_pt)
-    check_llm_state(state, inner_config, str(llm_pt))
-    sv = V.extend_tokenizer(tokenizer)
-    log(f"speech vocabulary: <|s_0|>={sv.speech_offset}, eos={sv.eos_id}, sos={sv.sos_id}, "
+    fam = family_of_state(state)
+    if family is not None and V.family(family) is not fam:
+        raise ValueError(f"{llm_pt} is a {fam.name} llm.pt ({fam.upstream_class}), not {V.family(family).name}")
+    check_llm_state(state, inner_config, str(llm_pt), fam)
+    sv = V.extend_tokenizer(tokenizer, fam)
+    log(f"{fam.name} speech vocabulary: <|s_0|>={sv.speech_offset}, eos={sv.eos_id}, sos={sv.sos_id}, "
         f"task_id={sv.task_id}, tokenizer {sv.tokenizer_size}, embedding {sv.padded_vocab_size}")
 
     with atomic_dir(save_path) as out:
@@ -218,7 +231,7 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
         if not stock:
             shutil.copy2(MODELING_FILE, out / MODELING_FILE.name)
         (out / CONVERTED_MARKER).write_text(json.dumps(
-            {"tool": "pretrained_to_huggingface.py", "source": str(cosyvoice_dir.resolve()),
+            {"tool": "pretrained_to_huggingface.py", "family": fam.name, "source": str(cosyvoice_dir.resolve()),
              "dtype": str(dtype).removeprefix("torch."), "stock_qwen2": stock}, indent=2))
     return sv
 
@@ -230,14 +243,14 @@ def inner_config_of(hf_config: dict):
 
     cfg = {k: v for k, v in hf_config.items()
            if k not in ("architectures", "auto_map", "speech_output_range", "cosyvoice2_inner_vocab_size",
-                        "bos_token_id", "eos_token_id", "pad_token_id")}
+                        "speech_family", "speech_head_bias", "bos_token_id", "eos_token_id", "pad_token_id")}
     cfg.update(vocab_size=hf_config.get("cosyvoice2_inner_vocab_size", hf_config["vocab_size"]),
                tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"])
     return Qwen2Config(**cfg)
 
 
 def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, torch.Tensor]:
-    """Rebuild CosyVoice2's ``llm.pt`` state dict (fp32) from an HF checkpoint."""
+    """Rebuild the family's ``llm.pt`` state dict (fp32) from an HF checkpoint."""
     from transformers import AutoTokenizer
 
     hf_dir = Path(hf_dir)
@@ -245,6 +258,10 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
         raise FileNotFoundError(f"{hf_dir}/config.json not found: is {hf_dir} a Hugging Face checkpoint folder?")
     hf_config = read_json_file(hf_dir / "config.json", "the model's Hugging Face config")
     sv = V.vocab_of(AutoTokenizer.from_pretrained(hf_dir))
+    fam = sv.family
+    if hf_config.get("speech_family", fam.name) != fam.name:
+        raise ValueError(f"{hf_dir}: config.json says speech_family {hf_config['speech_family']!r} but the tokenizer "
+                         f"holds {fam.name}'s vocabulary")
     inner = inner_config_of(hf_config)
     t = read_hf_tensors(hf_dir)
     f32 = torch.float32
@@ -261,7 +278,10 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
     embed = need("model.embed_tokens.weight", (P, H))
     head = need("lm_head.weight", (P, H))
     bias = t.pop("lm_head.bias", None)
-    if bias is None:
+    if not fam.head_bias:
+        if bias is not None:
+            raise ValueError(f"{hf_dir}: has an lm_head.bias, but {fam.name}'s llm_decoder has none")
+    elif bias is None:
         log("warning: checkpoint has no lm_head.bias (stock Qwen2 layout): llm_decoder.bias is written as zeros")
         bias = torch.zeros(P)
     elif tuple(bias.shape) != (P,):
@@ -281,10 +301,9 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
         tail = torch.zeros(n_tail, H)
 
     inner_embed = torch.cat([embed[:lo], tail])
-    state = {
-        "llm_embedding.weight": torch.stack([embed[sv.sos_id], embed[sv.task_id]]).clone(),
-        INNER + "embed_tokens.weight": inner_embed,
-    }
+    state = {INNER + "embed_tokens.weight": inner_embed}
+    if fam.input_embedding == "llm_embedding":
+        state["llm_embedding.weight"] = torch.stack([embed[sv.sos_id], embed[sv.task_id]]).clone()
     for k in list(t):
         if k.startswith("model."):
             state[INNER + k[len("model."):]] = t.pop(k).to(f32)
@@ -292,11 +311,12 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, log: Callable[[str], None] = print
         raise ValueError(f"{hf_dir}: unexpected tensor {sorted(t)[0]!r}")
     state["llm.model.lm_head.weight"] = inner_embed  # tied in Qwen2LM's inner model
     state["llm_decoder.weight"] = head[lo:hi].clone()
-    state["llm_decoder.bias"] = bias[lo:hi].to(f32).clone()
+    if fam.head_bias:
+        state["llm_decoder.bias"] = bias[lo:hi].to(f32).clone()
     state["speech_embedding.weight"] = embed[lo:hi].clone()
     del embed, head
-    check_llm_state(state, inner, str(hf_dir))
-    expected_order = list(expected_llm_shapes(inner))
+    check_llm_state(state, inner, str(hf_dir), fam)
+    expected_order = list(expected_llm_shapes(inner, fam))
     return {k: state[k] for k in expected_order}
 
 
@@ -313,7 +333,7 @@ def hf_to_cosyvoice(hf_dir: str | Path, output_path: str | Path, log: Callable[[
 @torch.no_grad()
 def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: int = 12,
                     speech_len: int = 48, seed: int = 0) -> dict[str, float]:
-    """Compare CosyVoice2's head with what a stock Qwen2 load of the converted
+    """Compare the family's head with what a stock Qwen2 load of the converted
     checkpoint computes (no bias; non-speech rows at logit 0 instead of masked) on a
     random probe batch. Returns mean KL(ours || stock) per position (nats), the same
     with only the bias removed, and the probability mass stock puts on tokens that
@@ -322,15 +342,16 @@ def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: 
     kls, kls_bias, leaks = [], [], []
     for _ in range(n_seqs):
         text = torch.randint(0, text_vocab, (text_len,), generator=g).tolist()
-        speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (speech_len,), generator=g).tolist()
+        fam = model.family
+        speech = torch.randint(0, fam.speech_token_size, (speech_len,), generator=g).tolist()
         hidden, _ = model.llm(model.build_inputs(text, speech))
         h = hidden[0].float()
         ours = model.llm_decoder(h).log_softmax(-1)
         no_bias = h @ model.llm_decoder.weight.float().T
-        n_other = V.SpeechVocab(text_vocab).padded_vocab_size - V.NUM_OUTPUTS
-        # stock: the 6564 rows without bias + n_other rows with logit exactly 0
+        n_other = V.SpeechVocab(text_vocab, fam).padded_vocab_size - fam.num_outputs
+        # stock: the speech/stop rows without bias + n_other rows with logit exactly 0
         full = torch.cat([no_bias, torch.zeros(h.shape[0], n_other)], dim=-1).log_softmax(-1)
-        stock = full[:, : V.NUM_OUTPUTS]
+        stock = full[:, : fam.num_outputs]
         kls.append((ours.exp() * (ours - stock)).sum(-1))
         kls_bias.append((ours.exp() * (ours - no_bias.log_softmax(-1))).sum(-1))
         leaks.append(1 - stock.exp().sum(-1))
@@ -391,9 +412,9 @@ def checkpoint_greedy(hf, sv: V.SpeechVocab, text_ids: Sequence[int], steps: int
     ids, out = [sv.sos_id, *text_ids, sv.task_id], []
     for _ in range(steps):
         idx = int(hf.model(torch.tensor([ids])).logits[0, -1, lo:hi].argmax())
-        if idx == V.EOS_INDEX:
+        if idx == sv.eos_index:
             break
-        if idx > V.EOS_INDEX:
+        if idx >= sv.speech_token_size:
             return out, False
         out.append(idx)
         ids = ids + sv.codes_to_ids([idx])
@@ -419,11 +440,14 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
     hf = load_speech_lm(hf_dir, dtype=torch.float32)
     sv = V.vocab_of(hf.tokenizer)
     inner = inner_config_of(json.loads((Path(hf_dir) / "config.json").read_text()))
+    if reference == "cosyvoice" and sv.family is not V.COSYVOICE2:
+        raise ValueError(f"reference 'cosyvoice' runs the installed CosyVoice code's Qwen2LM, which predates "
+                         f"{sv.family.upstream_class}; use reference 'ttsrl' for {sv.family.name}")
     if reference == "cosyvoice":
         ref = cosyvoice_own_lm(inner)
         logits_of = functools.partial(cosyvoice_own_logits, ref)
     elif reference == "ttsrl":
-        ref = Qwen2LM(inner)
+        ref = LM_CLASSES[sv.family.name](inner)
         logits_of = ref.forward_logits
     else:
         raise ValueError(f"reference {reference!r}: expected 'ttsrl' or 'cosyvoice'")
@@ -435,7 +459,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
     texts = []
     for _ in range(n_seqs):
         text = torch.randint(0, sv.text_vocab_size, (10,), generator=g).tolist()
-        speech = torch.randint(0, V.SPEECH_TOKEN_SIZE, (30,), generator=g).tolist()
+        speech = torch.randint(0, sv.speech_token_size, (30,), generator=g).tolist()
         a = logits_of(text, speech)
         ids = [sv.sos_id] + text + [sv.task_id] + sv.codes_to_ids(speech)
         b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]

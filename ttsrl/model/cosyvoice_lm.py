@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ttsrl.cli import add_fields, given, option
-from ttsrl.model.vocab import EOS_INDEX, NUM_OUTPUTS, SOS_ROW, SPEECH_TOKEN_SIZE, STOP_INDICES, TASK_ID_ROW
+from ttsrl.model.vocab import COSYVOICE2, COSYVOICE3, SOS_ROW, TASK_ID_ROW, Family
 
 IGNORE_ID = -1
 
@@ -68,9 +68,36 @@ class Qwen2Encoder(nn.Module):
 #       blocked in the redraw, and before the minimum length any stop index (6561..6563)
 #       is rejected and the whole draw repeated, at most max_trials times, then
 #       SamplingError.
+#   "cosyvoice3-2026": CosyVoice3LM at ace7c47 samples with the same ras_sampling and the same
+#       sampling_ids, whose min-length write hits row 6561, which for CosyVoice3 is sos, not its
+#       eos (6562): upstream's HF loop can stop before the minimum length on any of the 199 other
+#       stop rows, while its vLLM path (SamplingParams min_tokens, stop_token_ids = all 200)
+#       cannot. This rule takes the consistent reading: before the minimum length every stop
+#       row (6561..6760) is -inf (Family.min_len_held), one draw.
+# A rule belongs to one family (its stop rows); a generator refuses a rule of another family.
 RULE_2026 = "cosyvoice2-2026"
 RULE_2024 = "cosyvoice2-2024"
-SAMPLING_RULES = (RULE_2026, RULE_2024)
+RULE_COSYVOICE3 = "cosyvoice3-2026"
+_RULES: dict[str, tuple[Family, str]] = {RULE_2026: (COSYVOICE2, "2026"), RULE_2024: (COSYVOICE2, "2024"),
+                                         RULE_COSYVOICE3: (COSYVOICE3, "2026")}
+SAMPLING_RULES = tuple(_RULES)
+DEFAULT_RULE = {f.name: r for r, (f, kind) in reversed(_RULES.items()) if kind == "2026"}
+
+
+def rule_family(rule: str) -> Family:
+    """The family whose stop rows the rule holds back."""
+    return _RULES[rule][0]
+
+
+def _is_2026(rule: str) -> bool:
+    return _RULES[rule][1] == "2026"
+
+
+def check_rule_family(rule: str, fam: Family) -> None:
+    """Refuse sampling a model of family ``fam`` with another family's rule."""
+    if rule_family(rule) is not fam:
+        raise ValueError(f"sampling rule {rule} is {rule_family(rule).name}'s, but the model is {fam.name}: use "
+                         f"--sampling-rule {DEFAULT_RULE[fam.name]} (rules: {', '.join(SAMPLING_RULES)})")
 
 
 @dataclass(frozen=True)
@@ -91,7 +118,8 @@ class SamplingConfig:
     rule: str = option(RULE_2026, flag="--sampling-rule", choices=SAMPLING_RULES,
                        help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
                             "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
-                            "cosyvoice2-2024 = the earlier rule (for comparison with older numbers)")
+                            "cosyvoice2-2024 = the earlier rule (for comparison with older numbers), "
+                            "cosyvoice3-2026 = CosyVoice3's (every stop row -inf before the minimum length)")
 
     def __post_init__(self):
         if self.rule not in SAMPLING_RULES:
@@ -144,7 +172,7 @@ def ras_sampling(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig
     its ``weighted_scores``); pass a tensor you own. Rule ``cosyvoice2-2024`` does not."""
     top = nucleus_sampling(logp, cfg.top_p, cfg.top_k, generator)
     if _repeated(top, decoded, cfg):
-        if cfg.rule == RULE_2026:
+        if _is_2026(cfg.rule):
             logp[top] = -float("inf")
         top = random_sampling(logp, generator)
     return top
@@ -175,22 +203,24 @@ def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg
         if not allow_stop:
             scores[list(held_before_min_len(cfg.rule))] = -float("inf")
         return int(scores.argmax())
-    if cfg.rule == RULE_2026:
+    if _is_2026(cfg.rule):
         scores = logp.detach().float().clone()  # this step's scores; written in place below
         if not allow_stop:
-            scores[EOS_INDEX] = -float("inf")
+            scores[list(rule_family(cfg.rule).min_len_held)] = -float("inf")
         return ras_sampling(scores, decoded, cfg, generator)
     for _ in range(cfg.max_trials):
         top = ras_sampling(logp, decoded, cfg, generator)
-        if allow_stop or top < SPEECH_TOKEN_SIZE:
+        if allow_stop or top < rule_family(cfg.rule).speech_token_size:
             return top
     raise SamplingError(f"sampled only stop tokens in {cfg.max_trials} trials before the minimum length")
 
 
 def held_before_min_len(rule: str) -> tuple[int, ...]:
     """Output indices that argmax decoding may not pick before the minimum length: the
-    eos row (6561) under cosyvoice2-2026, every stop index under cosyvoice2-2024."""
-    return (EOS_INDEX,) if rule == RULE_2026 else STOP_INDICES
+    eos row (6561) under cosyvoice2-2026, every stop index under cosyvoice2-2024 and
+    cosyvoice3-2026 (the family's ``min_len_held`` under a 2026 rule)."""
+    fam = rule_family(rule)
+    return fam.min_len_held if _is_2026(rule) else fam.stop_indices
 
 
 # ---- one step of the rule as a distribution ------------------------------------------
@@ -225,7 +255,7 @@ def repeated_mask(decoded: Sequence[Sequence[int]], cfg: SamplingConfig,
         window = list(seq[-cfg.win_size:])
         rows += [b] * len(window)
         cols += window
-    counts = torch.zeros((len(decoded), NUM_OUTPUTS), dtype=torch.float64, device=device)
+    counts = torch.zeros((len(decoded), rule_family(cfg.rule).num_outputs), dtype=torch.float64, device=device)
     index = (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device))
     counts.index_put_(index, torch.ones(len(rows), dtype=torch.float64, device=device), accumulate=True)
     return counts >= cfg.win_size * cfg.tau_r
@@ -258,16 +288,16 @@ def _ras_2024(p: torch.Tensor, q: torch.Tensor, repeated: torch.Tensor) -> torch
     return torch.where(repeated, 0.0, q) + torch.where(repeated, q, 0.0).sum(dim=-1, keepdim=True) * p
 
 
-def _reject_stops(d: torch.Tensor, max_trials: int) -> torch.Tensor:
+def _reject_stops(d: torch.Tensor, max_trials: int, n_speech: int) -> torch.Tensor:
     """Rule 2024 before the minimum length: ``d`` redrawn while a stop index comes out,
     at most ``max_trials`` draws: D(x) (1 − S^M) / (1 − S) on the speech tokens."""
     out = torch.zeros_like(d)
     if max_trials <= 0:
         return out
-    speech = d[..., :SPEECH_TOKEN_SIZE]
+    speech = d[..., :n_speech]
     go = speech.sum(dim=-1, keepdim=True)  # 1 − S, summed from the speech rows
     drawn = -torch.expm1(max_trials * torch.log1p(-go))  # 1 − S^M
-    out[..., :SPEECH_TOKEN_SIZE] = speech * torch.where(go > 0, drawn / go, 0.0)
+    out[..., :n_speech] = speech * torch.where(go > 0, drawn / go, 0.0)
     return out
 
 
@@ -278,14 +308,17 @@ def rule_distributions(logp: torch.Tensor, repeated: torch.Tensor, allow_stop: t
     Returns (B, 6564) float64; a row sums to 1 minus the probability that pick_token
     raises (see the formulas above). Sampling only; greedy is :func:`held_before_min_len`."""
     scores = logp.detach().float().clone()
-    if cfg.rule == RULE_2026:
-        scores[~allow_stop, EOS_INDEX] = -float("inf")
+    fam = rule_family(cfg.rule)
+    if _is_2026(cfg.rule):
+        held = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+        held[list(fam.min_len_held)] = True
+        scores.masked_fill_(~allow_stop[:, None] & held, -float("inf"))
     q = _nucleus_distribution(scores.softmax(dim=-1), cfg.top_p, cfg.top_k)  # float32 as nucleus_sampling
     p = scores.double().softmax(dim=-1)
-    if cfg.rule == RULE_2026:
+    if _is_2026(cfg.rule):
         return _ras_2026(p, q, repeated)
     d = _ras_2024(p, q, repeated)
-    return torch.where(allow_stop[:, None], d, _reject_stops(d, cfg.max_trials))
+    return torch.where(allow_stop[:, None], d, _reject_stops(d, cfg.max_trials, fam.speech_token_size))
 
 
 def rule_distribution(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool,
@@ -297,17 +330,23 @@ def rule_distribution(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bo
 
 
 class Qwen2LM(nn.Module):
+    """CosyVoice2's LM (``family`` = COSYVOICE2); :class:`CosyVoice3LM` is CosyVoice3's."""
+
+    family: Family = COSYVOICE2
+
     def __init__(self, qwen2_config):
         super().__init__()
+        fam = self.family
         h = qwen2_config.hidden_size
         self.llm_input_size = h
         self.llm_output_size = h
-        self.speech_token_size = SPEECH_TOKEN_SIZE
-        self.llm_embedding = nn.Embedding(2, h)
+        self.speech_token_size = fam.speech_token_size
+        if fam.input_embedding == "llm_embedding":
+            self.llm_embedding = nn.Embedding(2, h)
         self.llm = Qwen2Encoder(qwen2_config)
-        self.llm_decoder = nn.Linear(h, NUM_OUTPUTS)
-        self.speech_embedding = nn.Embedding(NUM_OUTPUTS, h)
-        self.stop_token_ids = list(STOP_INDICES)
+        self.llm_decoder = nn.Linear(h, fam.num_outputs, bias=fam.head_bias)
+        self.speech_embedding = nn.Embedding(fam.num_outputs, h)
+        self.stop_token_ids = list(fam.stop_indices)
 
     # ---- construction ----------------------------------------------------------
     @classmethod
@@ -326,38 +365,49 @@ class Qwen2LM(nn.Module):
     def embed_tokens(self) -> nn.Embedding:
         return self.llm.model.model.embed_tokens
 
+    def input_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sos, task_id) embeddings, each (1, H): ``llm_embedding`` rows 0 and 1 (CosyVoice2)
+        or the sos and task_id rows of ``speech_embedding`` (CosyVoice3)."""
+        fam = self.family
+        if fam.input_embedding == "llm_embedding":
+            w, rows = self.llm_embedding.weight, (SOS_ROW, TASK_ID_ROW)
+        else:
+            w, rows = self.speech_embedding.weight, (fam.sos_index, fam.task_id_index)
+        return w[rows[0]: rows[0] + 1], w[rows[1]: rows[1] + 1]
+
     # ---- teacher-forced forward -----------------------------------------------
     def build_inputs(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
         """Embeddings of ``[sos] + text + [task_id] + speech`` for one utterance: (1, T, H)."""
-        dev = self.llm_embedding.weight.device
+        dev = self.speech_embedding.weight.device
         text = self.embed_tokens(torch.tensor(list(text_ids), dtype=torch.long, device=dev))
         sp = self.speech_embedding(torch.tensor(list(speech), dtype=torch.long, device=dev))
-        sos = self.llm_embedding.weight[SOS_ROW : SOS_ROW + 1]
-        task = self.llm_embedding.weight[TASK_ID_ROW : TASK_ID_ROW + 1]
+        sos, task = self.input_vectors()
         return torch.cat([sos, text, task, sp], dim=0).unsqueeze(0)
 
     def forward_logits(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
-        """Logits over the 6564 outputs at every position: (T, 6564), T = len(text)+2+len(speech)."""
+        """Logits over the family's outputs at every position: (T, num_outputs), T = len(text)+2+len(speech)."""
         hidden, _ = self.llm(self.build_inputs(text_ids, speech))
         return self.llm_decoder(hidden[0])
 
     def loss(self, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
-        """CosyVoice2's training loss for one utterance: cross-entropy on the speech
+        """The family's training loss for one utterance: cross-entropy on the speech
         part, targets ``speech + [eos]``, IGNORE for sos/text."""
         logits = self.forward_logits(text_ids, speech)
         n_text = len(text_ids) + 1  # sos + text; the task_id position predicts speech[0]
-        target = torch.tensor([IGNORE_ID] * n_text + list(speech) + [STOP_INDICES[0]], device=logits.device)
+        target = torch.tensor([IGNORE_ID] * n_text + list(speech) + [self.family.eos_index], device=logits.device)
         return nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_ID)
 
     # ---- inference -------------------------------------------------------------
     @torch.inference_mode()
     def inference(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
-                  prompt_speech: Sequence[int] = (), sampling: SamplingConfig = SamplingConfig(),
+                  prompt_speech: Sequence[int] = (), sampling: SamplingConfig | None = None,
                   generator: torch.Generator | None = None, greedy: bool = False) -> Iterator[int]:
-        """Yield speech codes as CosyVoice2 does: prompt text is prepended to the text,
+        """Yield speech codes as CosyVoice does: prompt text is prepended to the text,
         prompt speech follows task_id; before ``min_len`` the stop rows are held back
-        by ``sampling.rule`` (see :func:`pick_token`); a drawn stop token ends
-        generation; at most ``max_len`` codes. Lengths count the target text only."""
+        by ``sampling.rule`` (see :func:`pick_token`; default the family's rule); a drawn
+        stop token ends generation; at most ``max_len`` codes. Lengths count the target text only."""
+        sampling = sampling or SamplingConfig(rule=DEFAULT_RULE[self.family.name])
+        check_rule_family(sampling.rule, self.family)
         n_text = len(text_ids)
         lm_input = self.build_inputs(list(prompt_text_ids) + list(text_ids), prompt_speech)
         min_len = int(n_text * sampling.min_token_text_ratio)
@@ -375,11 +425,41 @@ class Qwen2LM(nn.Module):
             lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
 
 
+class CosyVoice3LM(Qwen2LM):
+    """CosyVoice3's LM (upstream ``CosyVoice3LM``, ace7c47): no ``llm_embedding`` (sos and
+    task_id are rows 6561 and 6563 of ``speech_embedding``), a 6761-row head without bias,
+    every index >= 6561 a stop. State-dict keys are upstream's:
+
+        llm.model.model.*                    inner Qwen2 (text embeddings, blocks, norm)
+        llm.model.lm_head.weight  (V, H)     tied to embed_tokens, unused
+        llm_decoder.weight        (6761, H)  speech-token head (no bias)
+        speech_embedding.weight   (6761, H)
+    """
+
+    family = COSYVOICE3
+
+
+LM_CLASSES = {cls.family.name: cls for cls in (Qwen2LM, CosyVoice3LM)}
+
+
+def family_of_state(state: dict) -> Family:
+    """The family an ``llm.pt`` state dict belongs to, from its keys and head size."""
+    if "llm_embedding.weight" in state:
+        return COSYVOICE2
+    rows = state.get("speech_embedding.weight")
+    for cls in LM_CLASSES.values():
+        if cls.family.input_embedding == "speech_embedding" and rows is not None and rows.shape[0] == cls.family.num_outputs:
+            return cls.family
+    shape = None if rows is None else tuple(rows.shape)
+    raise ValueError(f"llm.pt is neither CosyVoice2's (has llm_embedding) nor CosyVoice3's (no llm_embedding, "
+                     f"speech_embedding with {COSYVOICE3.num_outputs} rows); speech_embedding is {shape}")
+
+
 def load_llm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read ``llm.pt`` memory-mapped, with a clear error for a file that is not one."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (expected CosyVoice2's llm.pt)")
+        raise FileNotFoundError(f"{path}: no such file (expected a CosyVoice2 or CosyVoice3 llm.pt)")
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as e:  # corrupt zip, truncated file, pickle with code...

@@ -1,4 +1,4 @@
-"""Batched speech-token generation for converted CosyVoice2 checkpoints.
+"""Batched speech-token generation for converted CosyVoice checkpoints (every family).
 
 Two engines produce the same thing, a list of speech codes (0..6560) per request:
 
@@ -45,7 +45,7 @@ import torch
 
 from ttsrl.cli import option
 from ttsrl.model import vocab as V
-from ttsrl.model.cosyvoice_lm import SamplingConfig, SamplingError, pick_token
+from ttsrl.model.cosyvoice_lm import SamplingConfig, SamplingError, check_rule_family, pick_token
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,17 @@ class Request:
 def make_requests(tokenizer, utts: Sequence) -> list[Request]:
     """One :class:`Request` per utterance (anything with ``id``, ``text``, ``prompt_text`` and
     ``prompt_speech``, e.g. ``ttsrl.data.testsets.Utterance``): the texts tokenised without
-    special tokens; the prompt text only travels with prompt speech (zero-shot)."""
+    special tokens; the prompt text only travels with prompt speech (zero-shot). The family's
+    system prefix (CosyVoice3: "You are a helpful assistant.<|endofprompt|>") opens the prompt
+    text, tokenised with it as CosyVoice3's frontend does; it is not counted in the length
+    limits (they count the target text only)."""
+    prefix = V.family_of_tokenizer(tokenizer).system_prefix
+
     def enc(t: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(t, add_special_tokens=False)) if t else ()
 
-    return [Request(u.id, enc(u.text), enc(u.prompt_text) if u.prompt_speech else (), u.prompt_speech or ())
-            for u in utts]
+    return [Request(u.id, enc(u.text), enc(prefix + (u.prompt_text if u.prompt_speech else "")),
+                    u.prompt_speech or ()) for u in utts]
 
 
 @dataclass
@@ -123,6 +128,7 @@ class HFGenerator:
         """One :class:`Generated` per request, in order. Requests are batched by
         input length (order does not matter: rows never see each other). A batch that
         raises is retried item by item; an item that still raises is a failure."""
+        check_rule_family(cfg.sampling.rule, self.vocab.family)
         order = sorted(range(len(requests)), key=lambda i: len(build_input_ids(self.vocab, requests[i])))
         out: list[Generated | None] = [None] * len(requests)
         bs = max(1, cfg.batch_size)
@@ -183,7 +189,7 @@ class HFGenerator:
                 except SamplingError as e:
                     g.error, done[i] = str(e), True
                     continue
-                if k >= V.SPEECH_TOKEN_SIZE:  # a stop token: ends the item, never emitted
+                if k >= self.vocab.speech_token_size:  # a stop token: ends the item, never emitted
                     g.stopped, done[i] = True, True
                     continue
                 g.codes.append(k)
@@ -256,6 +262,7 @@ class VLLMGenerator:
                  progress: Callable[[int], None] | None = None) -> list[Generated]:
         from ttsrl.model.vllm_sampling import rule_sampling_params
 
+        check_rule_family(cfg.sampling.rule, self.vocab.family)
         out: list[Generated] = [Generated() for _ in requests]
         prompts, params, where = [], [], []
         for i, r in enumerate(requests):

@@ -1,12 +1,17 @@
-"""Qwen2 with CosyVoice2's speech head: an lm_head WITH bias, and a fixed mask.
+"""Qwen2 with a CosyVoice speech head: an lm_head with CosyVoice2's bias (none for CosyVoice3), and a fixed mask.
 
 This file is self-contained on purpose: the converter copies it into every
 Hugging Face checkpoint it writes (``auto_map`` points at it), so the checkpoint
 loads with ``trust_remote_code=True`` anywhere, verl's FSDP actor included, while
 ``model_type`` stays ``qwen2`` (verl's Qwen paths still apply).
 
+The class serves every family (its name is CosyVoice2's, kept so that existing checkpoints
+load); the config says which head: ``speech_head_bias`` (absent: true, CosyVoice2) and
+``speech_output_range``.
+
 Differences from stock ``Qwen2ForCausalLM``:
-- ``lm_head`` has a bias (CosyVoice2's ``llm_decoder`` has one; stock Qwen2 drops it);
+- ``lm_head`` has a bias when ``config.speech_head_bias`` (CosyVoice2's ``llm_decoder`` has
+  one; stock Qwen2 drops it; CosyVoice3's has none);
 - logits outside ``config.speech_output_range`` (text ids, sos, task_id, padding) are
   replaced by ``MASKED_LOGIT``: the model can only ever emit speech and stop tokens.
   The mask is fixed, not a trainable bias, so optimiser weight decay cannot erode it.
@@ -28,8 +33,8 @@ MASKED_LOGIT = -1.0e4
 class SpeechHead(nn.Linear):
     """Biased output projection whose logits outside [start, end) are masked."""
 
-    def __init__(self, in_features: int, out_features: int, output_range):
-        super().__init__(in_features, out_features, bias=True)
+    def __init__(self, in_features: int, out_features: int, output_range, bias: bool = True):
+        super().__init__(in_features, out_features, bias=bias)
         self.output_range = (int(output_range[0]), int(output_range[1]))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -47,6 +52,7 @@ class SpeechHead(nn.Linear):
 class CosyVoice2Qwen2ForCausalLM(Qwen2ForCausalLM):
     def __init__(self, config):
         super().__init__(config)
-        self.lm_head = SpeechHead(config.hidden_size, config.vocab_size, config.speech_output_range)
+        self.lm_head = SpeechHead(config.hidden_size, config.vocab_size, config.speech_output_range,
+                                  bias=bool(getattr(config, "speech_head_bias", True)))
         self.post_init()
 

@@ -1,4 +1,4 @@
-"""CosyVoice2's sampling rule inside vLLM 0.24's sampler (a V1 logits processor).
+"""CosyVoice's sampling rules inside vLLM 0.24's sampler (a V1 logits processor).
 
 vLLM's sampler has no repetition-aware sampling, but it draws exactly from the
 distribution its logits give it. One step of ``ttsrl.model.cosyvoice_lm.pick_token`` is
@@ -37,7 +37,13 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from ttsrl.model import vocab as V
-from ttsrl.model.cosyvoice_lm import SamplingConfig, held_before_min_len, repeated_mask, rule_distributions
+from ttsrl.model.cosyvoice_lm import (
+    SamplingConfig,
+    check_rule_family,
+    held_before_min_len,
+    repeated_mask,
+    rule_distributions,
+)
 
 PROCESSOR = "ttsrl.model.vllm_sampling:CosyVoiceRuleProcessor"
 EXTRA_ARGS_KEY = "ttsrl_cosyvoice_rule"
@@ -111,13 +117,15 @@ class CosyVoiceRuleProcessor(LogitsProcessor):
             _check_neutral(sampling_params, rule.greedy)
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-        output_range = getattr(vllm_config.model_config.hf_config, "speech_output_range", None)
+        hf_config = vllm_config.model_config.hf_config
+        output_range = getattr(hf_config, "speech_output_range", None)
         if output_range is None:
-            raise ValueError("CosyVoiceRuleProcessor needs a converted CosyVoice2 checkpoint "
+            raise ValueError("CosyVoiceRuleProcessor needs a converted CosyVoice checkpoint "
                              "(config.json without speech_output_range)")
-        self.vocab = V.SpeechVocab(int(output_range[0]))
+        self.vocab = V.SpeechVocab(int(output_range[0]), V.family(getattr(hf_config, "speech_family", "cosyvoice2")))
         if tuple(int(x) for x in output_range) != self.vocab.output_range:
-            raise ValueError(f"speech_output_range {list(output_range)} is not {V.NUM_OUTPUTS} outputs")
+            raise ValueError(f"speech_output_range {list(output_range)} is not {self.vocab.num_outputs} outputs "
+                             f"({self.vocab.family.name})")
         self.device = device
         self.active: dict[int, _Active] = {}  # batch row -> request state
 
@@ -155,21 +163,22 @@ class CosyVoiceRuleProcessor(LogitsProcessor):
 
     def _write_rule(self, logits: torch.Tensor, rows: list[int], sampling: SamplingConfig) -> None:
         """Sampling: row := log P of the rule over the speech/stop ids, -inf elsewhere."""
+        check_rule_family(sampling.rule, self.vocab.family)
         start, end = self.vocab.output_range
         index = torch.tensor(rows, dtype=torch.long, device=logits.device)
         logp = logits[index, start:end].float().log_softmax(dim=-1)
         windows = [[self.vocab.to_index(t) for t in self.active[r].output_ids[-sampling.win_size:]] for r in rows]
         allow = torch.tensor(self._allow_stop(rows), device=logits.device)
         probs = rule_distributions(logp, repeated_mask(windows, sampling, logits.device), allow, sampling)
-        probs = _end_when_empty(probs)
+        probs = _end_when_empty(probs, self.vocab.eos_index)
         new = torch.full((len(rows), logits.shape[-1]), -float("inf"), dtype=logits.dtype, device=logits.device)
         new[:, start:end] = probs.log().to(logits.dtype)
         logits[index] = new
 
 
-def _end_when_empty(probs: torch.Tensor) -> torch.Tensor:
+def _end_when_empty(probs: torch.Tensor, eos_index: int) -> torch.Tensor:
     """Rows with no mass to draw from (pick_token would only raise) put all of it on eos."""
     total = probs.sum(dim=-1, keepdim=True)
     eos = torch.zeros_like(probs)
-    eos[:, V.EOS_INDEX] = 1.0
+    eos[:, eos_index] = 1.0
     return torch.where(torch.isfinite(total) & (total > 0), probs, eos)
