@@ -1,4 +1,4 @@
-"""The embedded preset's base model: a tiny CosyVoice2 ``Qwen2LM`` pretrained on the
+"""The embedded preset's base model: a tiny CosyVoice2 ``Qwen2LM`` (or ``CosyVoice3LM``, ``--family``) pretrained on the
 shipped corpus with the simulated codec (``ttsrl.embedded.codec``) as its speech tokenizer.
 
 It is deliberately imperfect, as a real TTS LM is: its training targets carry
@@ -38,7 +38,7 @@ from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.jsonl import iter_objects
 from ttsrl.model import vocab as V
 from ttsrl.model.convert import BLANK_EN
-from ttsrl.model.cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig
+from ttsrl.model.cosyvoice_lm import DEFAULT_RULE, IGNORE_ID, LM_CLASSES, Qwen2LM, SamplingConfig
 
 INFO_FILE = "build_info.json"
 
@@ -62,10 +62,14 @@ class PretrainConfig:
     tone_noise: float = option(0.4, help="share of training syllables given a wrong tone")
     initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
     seed: int = option(1234, help="seed of the data and the initial weights")
+    family: str = option("cosyvoice2", choices=tuple(V.FAMILIES),
+                         help="model family whose layout the base model has (cosyvoice3: specials in the speech "
+                              "embedding, no head bias, every input opens with its <|endofprompt|> instruction)")
     threads: int = option(0, help="torch CPU threads (0: the cores free at the start, from the load average); it "
                                   "sets the speed only (1 and 2 threads build the same weights)")
 
     def __post_init__(self):
+        V.family(self.family)
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0 (0: the cores free now), got {self.threads}")
 
@@ -158,7 +162,7 @@ def batch_loss(model: Qwen2LM, batch: list[tuple[list[int], list[int]]]) -> torc
     embeds, targets = [], []
     for text_ids, speech in batch:
         embeds.append(model.build_inputs(text_ids, speech)[0])
-        targets.append([IGNORE_ID] * (len(text_ids) + 1) + list(speech) + [V.EOS_INDEX])
+        targets.append([IGNORE_ID] * (len(text_ids) + 1) + list(speech) + [model.family.eos_index])
     T = max(e.shape[0] for e in embeds)
     H = embeds[0].shape[1]
     x = torch.zeros(len(batch), T, H)
@@ -173,16 +177,24 @@ def batch_loss(model: Qwen2LM, batch: list[tuple[list[int], list[int]]]) -> torc
     return torch.nn.functional.cross_entropy(model.llm_decoder(hidden[keep]), y[keep])
 
 
+def prefix_ids(tokenizer, fam: V.Family) -> list[int]:
+    """The family's system prefix as text ids (CosyVoice3's instruction; none for CosyVoice2)."""
+    return tokenizer.encode(fam.system_prefix, add_special_tokens=False) if fam.system_prefix else []
+
+
 def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed: int = 0,
-                sampling: SamplingConfig = SamplingConfig(min_token_text_ratio=0.0)) -> float:
-    """Micro-averaged error rate of ``codec.decode(generated)`` vs the text."""
+                sampling: SamplingConfig | None = None) -> float:
+    """Micro-averaged error rate of ``codec.decode(generated)`` vs the text (the family's
+    sampling rule, no minimum length, unless ``sampling``)."""
     from ttsrl.text import error_counts
 
+    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=DEFAULT_RULE[model.family.name])
     g = torch.Generator().manual_seed(seed)
     errs = total = 0
+    prefix = prefix_ids(tokenizer, model.family)
     for t in texts:
         ids = tokenizer.encode(t, add_special_tokens=False)
-        codes = list(model.inference(ids, sampling=sampling, generator=g, greedy=greedy))
+        codes = list(model.inference(ids, prefix, sampling=sampling, generator=g, greedy=greedy))
         e, n = error_counts(t, codec.decode(codes), unit="char")
         errs, total = errs + e, total + n
     return errs / max(total, 1)
@@ -194,6 +206,8 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     ``v`` is the build code's version: raised when the code changes the weights it trains from
     the same inputs (2: the decoder on target positions only, 2026-12-02), so a cache is rebuilt."""
     inputs = {k: v for k, v in asdict(cfg).items() if k != "threads"}
+    if inputs["family"] == "cosyvoice2":  # the inputs of the builds from before families: same cache
+        del inputs["family"]
     h = hashlib.sha256(json.dumps({"texts": texts, "cfg": inputs, "v": 2}, ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 
@@ -239,12 +253,14 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
         + ("" if cfg.threads else " (the cores free now)"))
     rng = random.Random(cfg.seed)
     tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
-    n_text = V.add_cosyvoice_specials(tok)
+    fam = V.family(cfg.family)
+    n_text = V.add_cosyvoice_specials(tok, fam)
     inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
-    model = Qwen2LM(inner)
+    model = LM_CLASSES[fam.name](inner)
+    prefix = prefix_ids(tok, fam)
 
     def example(t: str) -> tuple[list[int], list[int]]:
-        return tok.encode(t, add_special_tokens=False), codec.encode(t)
+        return prefix + tok.encode(t, add_special_tokens=False), codec.encode(t)
 
     sentences = [example(t) for t in texts]
     # Spans and random character strings teach reading character by character (a

@@ -1,4 +1,4 @@
-"""Small checkpoints in CosyVoice2's exact released layout.
+"""Small checkpoints in CosyVoice2's (or CosyVoice3's) exact released layout.
 
 ``DIR/llm.pt`` (a ``Qwen2LM`` state dict) + ``DIR/CosyVoice-BlankEN/`` (Qwen2
 ``config.json`` + tokenizer files). Only the sizes differ from the real model; the
@@ -18,7 +18,7 @@ from ttsrl.atomic import atomic_torch_save
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.model import vocab as V
 from ttsrl.model.convert import BLANK_EN
-from ttsrl.model.cosyvoice_lm import Qwen2LM
+from ttsrl.model.cosyvoice_lm import LM_CLASSES, Qwen2LM
 
 
 @dataclass(frozen=True)
@@ -55,17 +55,19 @@ def randomize_(model: Qwen2LM, seed: int, std: float = 0.05) -> None:
 
 
 def make_tiny_cosyvoice2(out_dir: str | Path, texts: Iterable[str], cfg: TinyConfig = TinyConfig(),
-                         model: Qwen2LM | None = None) -> Qwen2LM:
-    """Write a random (or the given) ``Qwen2LM`` in the released layout; returns the model."""
+                         model: Qwen2LM | None = None, family: str = "cosyvoice2") -> Qwen2LM:
+    """Write a random (or the given) LM of the family (``Qwen2LM``; ``CosyVoice3LM`` for
+    cosyvoice3) in the released layout; returns the model."""
     out = Path(out_dir)
+    fam = V.family(family)
     tok = train_tokenizer(texts, cfg.tokenizer_vocab)
     save_blank_en(tok, out / BLANK_EN)
-    n_text = V.add_cosyvoice_specials(tok)  # ids CosyVoice adds at run time, as in the real model
+    n_text = V.add_cosyvoice_specials(tok, fam)  # ids CosyVoice adds at run time, as in the real model
     inner = qwen2_config(cfg, n_text + cfg.extra_inner_rows)
     inner.save_pretrained(out / BLANK_EN)
     if model is None:
         torch.manual_seed(cfg.seed)
-        model = Qwen2LM(inner)
+        model = LM_CLASSES[fam.name](inner)
         randomize_(model, cfg.seed)
     atomic_torch_save(model.state_dict(), out / "llm.pt")
     return model

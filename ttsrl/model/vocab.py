@@ -107,6 +107,9 @@ class Family:
             raise ValueError(f"family {self.name}: {len(self.output_names)} output names for "
                              f"{self.num_outputs - self.speech_token_size} non-speech outputs")
 
+    def __repr__(self) -> str:
+        return f"Family({self.name!r})"
+
     @property
     def added_names(self) -> tuple[str, ...]:
         """The tokens appended after the text vocabulary, in id order."""
@@ -187,9 +190,13 @@ def family(name: str | Family) -> Family:
         raise ValueError(f"unknown model family {name!r}; choose one of {', '.join(FAMILIES)}") from None
 
 
-# CosyVoice2's numbers under their historical names (CosyVoice2 code and tests read them).
+# The codec every family shares: speech codes 0..6560 at 25 per second (speech_tokenizer_v2
+# and v3 alike). The wire protocol, test sets, pairs and the embedded codec check codes against
+# it; a family with another codec must make those read its own (this fails first).
 SPEECH_TOKEN_SIZE = COSYVOICE2.speech_token_size
 TOKEN_RATE_HZ = COSYVOICE2.token_rate_hz
+assert all(f.speech_token_size == SPEECH_TOKEN_SIZE and f.token_rate_hz == TOKEN_RATE_HZ for f in FAMILIES.values())
+# CosyVoice2's numbers under their historical names (CosyVoice2 code and tests read them).
 NUM_OUTPUTS = COSYVOICE2.num_outputs
 NUM_STOP_TOKENS = NUM_OUTPUTS - SPEECH_TOKEN_SIZE
 EOS_INDEX = COSYVOICE2.eos_index

@@ -217,7 +217,7 @@ def read_user_pairs(path: str | Path, tokenizer) -> list[Pair]:
     for where, obj in iter_objects(path, PairsError):
         for need in ("chosen", "rejected"):
             if need not in obj:
-                raise PairsError(f"{where}: missing '{need}' (a list of speech codes 0..{V.SPEECH_TOKEN_SIZE - 1})")
+                raise PairsError(f"{where}: missing '{need}' (a list of speech codes 0..{sv.speech_token_size - 1})")
         key = obj.get("id")
         if key is None:
             key = f"pair_{len(out) + 1:06d}"
@@ -227,7 +227,8 @@ def read_user_pairs(path: str | Path, tokenizer) -> list[Pair]:
             raise PairsError(f"{where}: 'id' must be a string or an integer when given, got {type(key).__name__}")
         text, chosen, rejected, cr, rr = _check_pair(where, key, obj.get("text"), obj["chosen"], obj["rejected"],
                                                      obj.get("chosen_reward"), obj.get("rejected_reward"), seen)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(sv.family.system_prefix, add_special_tokens=False) if sv.family.system_prefix else []
+        ids += tokenizer.encode(text, add_special_tokens=False)
         prompt = check_prompt_ids([sv.sos_id] + list(ids) + [sv.task_id], where, sv, tokenizer)
         out.append(Pair(key, text, prompt, chosen, rejected, cr, rr))
     if not out:
@@ -310,7 +311,7 @@ def mine_pairs(generator, tokenizer, utts, *, k: int, min_margin: float, gen_cfg
     for u, r in zip(utts, base):  # the rules of the pair readers, before any sampling
         where = f"text {u.id!r}"
         _check_text(u.text, where)
-        check_prompt_ids([sv.sos_id, *r.text_ids, sv.task_id], where, sv, tokenizer)
+        check_prompt_ids(build_input_ids(sv, r), where, sv, tokenizer)
     reqs = [replace(r, key=f"{r.key}#{j}") for r in base for j in range(k)]
     gen = generator.generate(reqs, gen_cfg, progress=progress)
     rep.generate_seconds = time.time() - t0
