@@ -12,6 +12,9 @@ Backends:
               (Whisper-base from the PyPI wheels on CPU, or --whisper-model-dir)
   cosyvoice2  CosyVoice2 flow + HiFT (--cosyvoice-checkout, --cosyvoice-model-dir,
               --prompt-dir) and Whisper or sherpa-onnx ASR (--asr)
+  cosyvoice3  CosyVoice3 DiT flow + causal HiFT, 24 kHz (--cosyvoice-checkout: a CosyVoice
+              source checkout with CosyVoice3, which the PyPI package lacks;
+              --cosyvoice-model-dir: Fun-CosyVoice3-0.5B-2512; --prompt-dir) and Whisper or --asr
 """
 
 from __future__ import annotations

@@ -12,12 +12,21 @@ extensible; not the wave module, which opens 8-32-bit PCM only). See README "GPU
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
-# keep in sync with ttsrl.reward.backends.cosyvoice2.MODEL_DIR_ENTRIES (tests check it)
+# keep in sync with ttsrl.reward.backends.cosyvoice_code's families (tests check it): each backend's
+# model folder entries, and the CosyVoice code (path: class) backend cosyvoice3 needs of a checkout
 MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
                      "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
+MODEL_DIRS = {
+    "cosyvoice2": ("CosyVoice2", "COSYVOICE2_DIR", MODEL_DIR_ENTRIES),
+    "cosyvoice3": ("CosyVoice3", "--model-dir", ("llm.pt", "cosyvoice3.yaml", "flow.pt", "hift.pt", "campplus.onnx",
+                                                 "speech_tokenizer_v3.onnx", "CosyVoice-BlankEN/")),
+}
+COSYVOICE3_CODE = (("cosyvoice/cli/model.py", "CosyVoice3Model"), ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
+                   ("cosyvoice/flow/DiT/dit.py", "DiT"), ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ttsrl.reward.wavcheck import prompt_wav_header_problem, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
@@ -32,11 +41,12 @@ def _wav_problem(p: Path) -> str | None:
 
 def problems(a) -> list[str]:
     out: list[str] = []
+    family, var, entries = MODEL_DIRS[a.backend]
     if a.model_dir:
         d = Path(a.model_dir)
-        miss = [e for e in MODEL_DIR_ENTRIES if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
+        miss = [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
         if miss:
-            out.append(f"CosyVoice2 model folder {d} (COSYVOICE2_DIR): missing {', '.join(miss)}")
+            out.append(f"{family} model folder {d} ({var}): missing {', '.join(miss)}")
     if a.prompt_dir:
         d = Path(a.prompt_dir)
         wavs = sorted(d.glob("*.wav")) if d.is_dir() else []
@@ -75,6 +85,19 @@ def problems(a) -> list[str]:
                 out.append(f"Seed-TTS prompt wavs: {len(bad)} listed in {meta} not found, e.g. {bad[:3]}")
     if a.cosyvoice_checkout and not (Path(a.cosyvoice_checkout) / "cosyvoice" / "cli" / "model.py").is_file():
         out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {a.cosyvoice_checkout} has no cosyvoice/cli/model.py")
+    elif a.backend == "cosyvoice3":
+        if not a.cosyvoice_checkout:
+            out.append("CosyVoice checkout (COSYVOICE_ROOT): backend cosyvoice3 needs a CosyVoice source checkout "
+                       "with CosyVoice3 (--cosyvoice-checkout; the PyPI package lacks it)")
+        else:
+            root = Path(a.cosyvoice_checkout)
+            lacking = [f"{rel}: {cls}" for rel, cls in COSYVOICE3_CODE
+                       if not (root / rel).is_file()
+                       or not re.search(rf"^class {cls}\b", (root / rel).read_text(encoding="utf-8", errors="replace"),
+                                        flags=re.M)]
+            if lacking:
+                out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {root} predates CosyVoice3 (lacks "
+                           f"{', '.join(lacking)}); backend cosyvoice3 needs one at or after dd2d926")
     return out
 
 
@@ -83,6 +106,8 @@ def main(argv=None) -> int:
     for flag in ("--model-dir", "--prompt-dir", "--sherpa-model-dir", "--train-file", "--test-file",
                  "--seedtts-dir", "--cosyvoice-checkout"):
         ap.add_argument(flag, default=None)
+    ap.add_argument("--backend", choices=tuple(MODEL_DIRS), default="cosyvoice2",
+                    help="whose model folder --model-dir is (and, cosyvoice3, that --cosyvoice-checkout has it)")
     a = ap.parse_args(argv)
     found = problems(a)
     if found:

@@ -202,7 +202,8 @@ def _sim(r: dict) -> str:
 
 
 NO_SIM_NOTE = ("No SIM column: no utterance has a speaker similarity. The token2wav backend of this sweep has no "
-               "speaker model (sim, whisper: only cosyvoice2 has one, CosyVoice2's campplus), or nothing was voiced.")
+               "speaker model (sim, whisper: cosyvoice2 and cosyvoice3 have one, their model folder's campplus), or "
+               "nothing was voiced.")
 
 
 def _delta(r: dict, m: str) -> tuple[str, str]:

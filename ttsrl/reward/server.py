@@ -62,9 +62,10 @@ class ServerConfig:
     length_guard: bool = option(True, flag="--no-length-guard", negated=True,
                                 help="do not lower rewards of speech much longer/shorter than the text needs")
     want_sim: bool = option(False, help="measure each utterance's speaker similarity to its prompt (cosine of "
-                                        "CosyVoice2's campplus embeddings) and return it as SIMS, without adding "
-                                        "it to the reward (for logging, and for GRPO's --algorithm gdpo, which "
-                                        "weighs it itself); needs a backend with a speaker model (cosyvoice2)")
+                                        "the model folder's campplus embeddings) and return it as SIMS, without "
+                                        "adding it to the reward (for logging, and for GRPO's --algorithm gdpo, "
+                                        "which weighs it itself); needs a backend with a speaker model (cosyvoice2, "
+                                        "cosyvoice3)")
     sim_weight: float = option(0.0, metavar="W",
                                help="reward = error-rate reward + W x SIM (GLM-TTS uses 0.1; implies --want-sim; "
                                     "needs a backend with a speaker model; 0: the error-rate reward alone)")
@@ -235,7 +236,7 @@ class RewardServer:
         if lacking:
             asked = f"--sim-weight {self.cfg.sim_weight:g}" if self.cfg.sim_weight > 0 else "--want-sim"
             raise ValueError(f"{asked} needs a speaker model, and backend {', '.join(lacking)} has none "
-                             "(only cosyvoice2 has one: campplus.onnx); start without it")
+                             "(cosyvoice2 and cosyvoice3 have one: campplus.onnx); start without it")
         for p in self.pipelines:
             p.want_sim = True
 

@@ -9,6 +9,7 @@ tests get a :class:`SpeechPipeline`. Backend presets:
 ``sim``        simulated codec (no audio) ``ttsrl.embedded.codec.decode``
 ``whisper``    espeak-ng on sim pinyin    Whisper (faster-whisper)
 ``cosyvoice2`` CosyVoice2 flow + HiFT     Whisper, or sherpa-onnx (``asr``)
+``cosyvoice3`` CosyVoice3 DiT + HiFT      Whisper, or sherpa-onnx (``asr``)
 =============  =========================  ==================================
 """
 
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 from ttsrl.cli import option
 from ttsrl.reward.backends.base import ASR, Audio, SpeakerPrompt, SpeechPipeline, Token2Wav, Transcript, stable_index
 
-BACKENDS = ("sim", "whisper", "cosyvoice2")
+BACKENDS = ("sim", "whisper", "cosyvoice2", "cosyvoice3")
+#: the backends that voice codes with CosyVoice's code and a model folder of their family
+COSYVOICE_BACKENDS = ("cosyvoice2", "cosyvoice3")
 ASRS = ("default", "sim", "whisper", "sherpa")
 SHERPA_KINDS = ("sense_voice", "paraformer")
 
-__all__ = ["ASR", "Audio", "BackendConfig", "BACKENDS", "SHERPA_KINDS", "SpeakerPrompt", "SpeechPipeline", "Token2Wav",
+__all__ = ["ASR", "Audio", "BackendConfig", "BACKENDS", "COSYVOICE_BACKENDS", "SHERPA_KINDS", "SpeakerPrompt",
+           "SpeechPipeline", "Token2Wav",
            "Transcript", "build_pipeline", "local_devices", "stable_index"]
 
 
@@ -34,7 +38,8 @@ class BackendConfig:
     builds a pipeline (``token2wav_asr_server.py``, ``infer_dataset.py``: see ``options``)."""
     backend: str = option("sim", choices=BACKENDS,
                           help="token2wav + ASR preset: sim (simulated codec), whisper (espeak-ng + Whisper), "
-                               "cosyvoice2 (CosyVoice2 flow + HiFT, then Whisper or --asr)")
+                               "cosyvoice2 (CosyVoice2 flow + HiFT, then Whisper or --asr), cosyvoice3 "
+                               "(CosyVoice3 DiT flow + HiFT from --cosyvoice-checkout, then Whisper or --asr)")
     asr: str = option("default", choices=ASRS, help="ASR instead of the preset's ('default': the preset's own)")
     want_score: bool = option(False, cli=False,  # set from the reward's needs (Reward.needs_asr_logprob)
                               help="ask the ASR for the log-likelihood of the reference text")
@@ -46,12 +51,14 @@ class BackendConfig:
                                               "(none: int8 on CPU, float16 on GPU)")
     cpu_threads: int = option(0, metavar="N", help="threads per CPU backend (0 = all cores, max 8)")
     cosyvoice_checkout: str | None = option(None, metavar="DIR", help="CosyVoice source checkout (backend "
-                                            "cosyvoice2; none: the installed cosyvoice package)")
+                                            "cosyvoice2; none: the installed cosyvoice package; backend "
+                                            "cosyvoice3 needs one with CosyVoice3, which the package lacks)")
     cosyvoice_model_dir: str | None = option(None, metavar="DIR",
-                                             help="CosyVoice2-0.5B model directory (backend cosyvoice2)")
+                                             help="CosyVoice2-0.5B model directory (backend cosyvoice2), "
+                                                  "Fun-CosyVoice3-0.5B-2512 (backend cosyvoice3)")
     prompt_dir: str | None = option(None, metavar="DIR", help="speaker prompts for token2wav: *.wav (>= 16 kHz, "
                                     "<= 30 s), one chosen per text; zero-shot test sets use their own "
-                                    "(backend cosyvoice2)")
+                                    "(backends cosyvoice2, cosyvoice3)")
     cosyvoice_batch_flow: bool = option(False, help="run CosyVoice2's flow over each batch at once (padded, "
                                                     "masked; the same audio up to float error) instead of one "
                                                     "utterance at a time (backend cosyvoice2)")
@@ -63,7 +70,7 @@ class BackendConfig:
     def model_dir(self) -> str:
         """The model folder this backend serves, absolute ("" for a backend without one): what the
         reward server publishes as ``model_dir`` so a launcher can tell two servers apart."""
-        if self.backend == "cosyvoice2" and self.cosyvoice_model_dir:
+        if self.backend in COSYVOICE_BACKENDS and self.cosyvoice_model_dir:
             return os.path.abspath(self.cosyvoice_model_dir)
         return ""
 
@@ -72,9 +79,12 @@ class BackendConfig:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {BACKENDS}")
         if self.asr not in ASRS:
             raise ValueError(f"unknown ASR {self.asr!r}; choose from {ASRS}")
-        if self.backend == "cosyvoice2" and not self.cosyvoice_model_dir:
-            raise ValueError("backend cosyvoice2 needs --cosyvoice-model-dir (and --prompt-dir for "
+        if self.backend in COSYVOICE_BACKENDS and not self.cosyvoice_model_dir:
+            raise ValueError(f"backend {self.backend} needs --cosyvoice-model-dir (and --prompt-dir for "
                              "texts without their own prompt wav, e.g. the reward)")
+        if self.backend == "cosyvoice3" and self.cosyvoice_batch_flow:
+            raise ValueError("--cosyvoice-batch-flow is backend cosyvoice2's (CosyVoice2's flow encoder); "
+                             "backend cosyvoice3 voices one utterance at a time")
         if self.asr == "sherpa" and not self.sherpa_model_dir:
             raise ValueError("ASR sherpa needs --sherpa-model-dir")
 
@@ -120,12 +130,19 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
 
         t2w = EspeakToken2Wav()
         asr_name = "whisper"
-    else:
+    elif cfg.backend == "cosyvoice2":
         from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
 
         t2w = CosyVoice2Token2Wav(CosyVoice2Config(model_dir=cfg.cosyvoice_model_dir or "",
                                                    prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
                                                    device=device, batch_flow=cfg.cosyvoice_batch_flow))
+        asr_name = "whisper"
+    else:
+        from ttsrl.reward.backends.cosyvoice3 import CosyVoice3Config, CosyVoice3Token2Wav
+
+        t2w = CosyVoice3Token2Wav(CosyVoice3Config(model_dir=cfg.cosyvoice_model_dir or "",
+                                                   prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
+                                                   device=device))
         asr_name = "whisper"
     if cfg.asr != "default":
         asr_name = cfg.asr

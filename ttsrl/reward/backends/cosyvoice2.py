@@ -44,12 +44,15 @@ import numpy as np
 
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
 from ttsrl.reward.backends.cosyvoice_code import (
+    COSYVOICE2,
+    Family,
     call_matching,
     check_model_dir,
     import_cosyvoice,
     load_yaml_without_llm,
     make_frontend,
     resolve_device,
+    spk_embedding,
     to_16k,
     zero_shot_inputs,
 )
@@ -63,12 +66,12 @@ _SHARED_LOCKS: dict[tuple, threading.Lock] = {}
 _SHARED_GUARD = threading.Lock()
 
 
-def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path) -> tuple:
+def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path, family: Family = COSYVOICE2) -> tuple:
     """What a prompt wav's features depend on: the model's feature files (path, size, mtime),
     the CosyVoice code, and the wav's bytes (sha1)."""
     d = Path(model_dir).resolve()
     files = tuple((name, (d / name).stat().st_size, (d / name).stat().st_mtime_ns)
-                  for name in ("cosyvoice2.yaml", "campplus.onnx", "speech_tokenizer_v2.onnx"))
+                  for name in (family.yaml, "campplus.onnx", family.speech_tokenizer))
     return str(d), checkout, files, hashlib.sha1(wav.read_bytes()).hexdigest()
 
 
@@ -100,9 +103,9 @@ def _seed(codes: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
 
 
-def _check_prompt(prompt: SpeakerPrompt) -> None:
+def _check_prompt(prompt: SpeakerPrompt, family: Family = COSYVOICE2) -> None:
     if prompt.data is None:
-        raise ValueError("CosyVoice2 token2wav needs a speaker prompt: give --prompt-dir (reward) "
+        raise ValueError(f"{family.name} token2wav needs a speaker prompt: give --prompt-dir (reward) "
                          "or each utterance's prompt wav (zero-shot evaluation)")
 
 
@@ -120,17 +123,19 @@ def cosine(a, b) -> float | None:
 class PromptTokenizer:
     """Prompt wav -> the speech tokens CosyVoice2's zero-shot inference gives its LLM
     (``llm_prompt_speech_token`` of ``frontend_zero_shot``: speech_tokenizer_v2.onnx at
-    25 Hz, trimmed to the prompt's mel length as CosyVoice2 does)."""
+    25 Hz, trimmed to the prompt's mel length as CosyVoice2 does); ``family`` COSYVOICE3:
+    CosyVoice3's (speech_tokenizer_v3.onnx, the same frontend call)."""
 
-    def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu"):
-        check_model_dir(model_dir)
+    def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu",
+                 family: Family = COSYVOICE2):
+        check_model_dir(model_dir, family=family)
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
-        FrontEnd, _ = import_cosyvoice(checkout)
-        conf = load_yaml_without_llm(self.model_dir / "cosyvoice2.yaml", keep=("feat_extractor",))
+        FrontEnd, _ = import_cosyvoice(checkout, family)
+        conf = load_yaml_without_llm(self.model_dir / family.yaml, keep=("feat_extractor",))
         self.sample_rate = int(conf.get("sample_rate", 24000))
         with self._scope():
-            self._fe = make_frontend(FrontEnd, self.model_dir, conf["feat_extractor"], self.device)
+            self._fe = make_frontend(FrontEnd, self.model_dir, conf["feat_extractor"], self.device, family)
 
     def _scope(self):
         import torch
@@ -144,11 +149,16 @@ class PromptTokenizer:
 
 
 class CosyVoice2Token2Wav(Token2Wav):
+    """CosyVoice2's token2wav; the family's files and model class come from ``family``, so a
+    family whose ``<Family>Model.token2wav`` and frontend take the same calls (CosyVoice3:
+    ``cosyvoice3.CosyVoice3Token2Wav``) is this class with another ``family``."""
+
     name = "cosyvoice2"
+    family: Family = COSYVOICE2
     has_speaker_model = True  # campplus.onnx of the model folder
 
     def __init__(self, cfg: CosyVoice2Config):
-        check_model_dir(cfg.model_dir)
+        check_model_dir(cfg.model_dir, family=self.family)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self._lock = threading.Lock()
@@ -166,9 +176,9 @@ class CosyVoice2Token2Wav(Token2Wav):
     def _build(self) -> None:
         import torch
 
-        FrontEnd, Model = import_cosyvoice(self.cfg.checkout)
+        FrontEnd, Model = import_cosyvoice(self.cfg.checkout, self.family)
         d, dev = Path(self.cfg.model_dir), self.device
-        conf = load_yaml_without_llm(d / "cosyvoice2.yaml")
+        conf = load_yaml_without_llm(d / self.family.yaml)
         flow, hift = conf["flow"], conf["hift"]
         flow.load_state_dict(torch.load(d / "flow.pt", map_location=dev, weights_only=True), strict=True)
         hstate = torch.load(d / "hift.pt", map_location=dev, weights_only=True)
@@ -181,7 +191,7 @@ class CosyVoice2Token2Wav(Token2Wav):
             flow.half()
             model.fp16 = True
         self._model = model
-        self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev)
+        self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev, self.family)
         self.sample_rate = int(conf.get("sample_rate", 24000))
         self.token_rate = float(conf.get("token_frame_rate", 25))
 
@@ -202,7 +212,7 @@ class CosyVoice2Token2Wav(Token2Wav):
             raise FileNotFoundError(f"no speaker prompt *.wav in {prompt_dir}")
         out = []
         for w in wavs:  # extracted once per process, shared by the replicas; each its own device copy
-            feats = shared_prompt_features(prompt_key(self.cfg.model_dir, self.cfg.checkout, w),
+            feats = shared_prompt_features(prompt_key(self.cfg.model_dir, self.cfg.checkout, w, self.family),
                                            lambda w=w: self._features(w))
             out.append(SpeakerPrompt(w.stem, {**{k: v.to(self.device) for k, v in feats.items()}, "wav": str(w)}))
         return tuple(out)
@@ -232,7 +242,7 @@ class CosyVoice2Token2Wav(Token2Wav):
     # ---- speaker similarity --------------------------------------------------
     def speaker_similarity(self, audios, prompts):
         """Cosine of campplus embeddings (CosyVoice's own ``_extract_spk_embedding``, the
-        prompt speaker's path) of each audio at 16 kHz and of its prompt (the prompt's
+        prompt speaker's path: :func:`spk_embedding`) of each audio at 16 kHz and of its prompt (the prompt's
         embedding as extracted). None for an audio without a waveform or under 25 ms, or
         a prompt without features. Not the Seed-TTS eval SIM (WavLM-large)."""
         import torch
@@ -248,14 +258,14 @@ class CosyVoice2Token2Wav(Token2Wav):
                 if speech.shape[1] < SPK_MIN_SAMPLES:
                     out.append(None)
                     continue
-                out.append(cosine(self._fe._extract_spk_embedding(speech), prompt.data["embedding"]))
+                out.append(cosine(spk_embedding(self._fe, speech), prompt.data["embedding"]))
         return out
 
     # ---- synthesis -----------------------------------------------------------
     def _one(self, codes: Sequence[int], prompt: SpeakerPrompt) -> Audio:
         import torch
 
-        _check_prompt(prompt)
+        _check_prompt(prompt, self.family)
         model, dev = self._model, self.device
         uid = str(uuidlib.uuid4())
         token = torch.tensor([list(codes)], dtype=torch.int32, device=dev)

@@ -1,9 +1,10 @@
-"""CosyVoice's code and model folder, as our token2wav (``cosyvoice2``) and prompt
-tokenizer use them: which files a CosyVoice2 model folder must hold, importing
-CosyVoice (installed, or a source checkout), loading its yaml without the LLM, its
-frontend on a chosen device, ``frontend_zero_shot`` on a prompt wav, and reading audio
-at the 16 kHz its speech tokenizer and campplus expect. Keyword arguments are matched
-to the installed version's signatures (:func:`call_matching`)."""
+"""CosyVoice's code and model folder, as our token2wav (``cosyvoice2``, ``cosyvoice3``) and
+prompt tokenizer use them: which files a model folder of each family must hold (:class:`Family`),
+importing CosyVoice (installed, or a source checkout) and checking it has the family's classes,
+loading its yaml without the LLM, its frontend on a chosen device, ``frontend_zero_shot`` on a
+prompt wav, the campplus embedding of a waveform, and reading audio at the 16 kHz its speech
+tokenizer and campplus expect. Keyword arguments are matched to the installed version's
+signatures (:func:`call_matching`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import logging
 import re
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -22,10 +24,48 @@ import numpy as np
 
 from ttsrl.reward.wavcheck import check_prompt_wav
 
-#: what token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)
-TOKEN2WAV_FILES = ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx")
-#: what a released CosyVoice2-0.5B folder holds that the whole recipe (stage -1 included) needs
-MODEL_DIR_ENTRIES = ("llm.pt",) + TOKEN2WAV_FILES + ("CosyVoice-BlankEN/",)
+
+@dataclass(frozen=True)
+class Family:
+    """One CosyVoice model family as token2wav reads it: its model folder's files, the model
+    class of CosyVoice's code that runs them, and where that code first has them."""
+
+    name: str  # "CosyVoice2"
+    yaml: str  # the model folder's hyperpyyaml
+    speech_tokenizer: str  # the model folder's speech tokenizer (ONNX)
+    model_class: str  # in cosyvoice.cli.model
+    release: str  # the released model folder
+    #: what CosyVoice's code must have (a path under the checkout, a class it defines), and since when
+    needs_code: tuple[tuple[str, str], ...] = ()
+    since: str = ""
+
+    @property
+    def token2wav_files(self) -> tuple[str, ...]:
+        """What token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)."""
+        return (self.yaml, "flow.pt", "hift.pt", "campplus.onnx", self.speech_tokenizer)
+
+    @property
+    def model_dir_entries(self) -> tuple[str, ...]:
+        """What a released folder holds that the whole recipe (stage -1 included) needs."""
+        return ("llm.pt",) + self.token2wav_files + ("CosyVoice-BlankEN/",)
+
+
+COSYVOICE2 = Family("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", "CosyVoice2-0.5B")
+#: CosyVoice3's token2wav classes first appear together in upstream's dd2d926 (2025-08-20); the
+#: released Fun-CosyVoice3-0.5B-2512 goes with its code of December 2025 (56d9876 on); ttsrl is
+#: tested against ace7c47 (2026-03-16). The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it.
+COSYVOICE3 = Family("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model",
+                    "Fun-CosyVoice3-0.5B-2512",
+                    needs_code=(("cosyvoice/cli/model.py", "CosyVoice3Model"),
+                                ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
+                                ("cosyvoice/flow/DiT/dit.py", "DiT"),
+                                ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator")),
+                    since="dd2d926 (FunAudioLLM/CosyVoice, 2025-08-20; tested at ace7c47)")
+FAMILIES = {"cosyvoice2": COSYVOICE2, "cosyvoice3": COSYVOICE3}
+
+#: CosyVoice2's token2wav files and released-folder entries (scripts/check_inputs.py keeps a copy)
+TOKEN2WAV_FILES = COSYVOICE2.token2wav_files
+MODEL_DIR_ENTRIES = COSYVOICE2.model_dir_entries
 YAML_KEEP = ("flow", "hift", "feat_extractor")
 log = logging.getLogger("ttsrl.reward.backends")
 
@@ -35,51 +75,130 @@ def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2
     return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
 
 
-def check_model_dir(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> None:
-    """One error naming every missing file of a CosyVoice2 model folder."""
+def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Family = COSYVOICE2) -> None:
+    """One error naming every missing file of a model folder of ``family`` (its token2wav files
+    unless ``entries``)."""
+    entries = family.token2wav_files if entries is None else entries
     missing = missing_model_entries(model_dir, entries)
     if missing:
-        raise FileNotFoundError(f"CosyVoice2 model folder {model_dir} lacks {', '.join(missing)} "
-                                f"(needs {', '.join(entries)}; from the released CosyVoice2-0.5B)")
+        raise FileNotFoundError(f"{family.name} model folder {model_dir} lacks {', '.join(missing)} "
+                                f"(needs {', '.join(entries)}; from the released {family.release})")
 
 
-def load_wav_16k(path: str | Path):
-    """Mono float32 tensor (1, T) at 16 kHz, read with soundfile (torchaudio.load needs
-    torchcodec in torchaudio >= 2.9) and resampled with torchaudio's pure-Python Resample."""
+def load_wav(path: str | Path, target_sr: int, min_sr: int = 16000):
+    """Mono float32 tensor (1, T) at ``target_sr``: CosyVoice's ``load_wav`` (upstream reads with
+    ``torchaudio.load(backend='soundfile')``), reading with soundfile itself: torchaudio.load needs
+    torchcodec in torchaudio >= 2.9, whose libraries need not load beside this torch. Resampled
+    with torchaudio's pure-Python Resample, as CosyVoice does."""
     import soundfile as sf
 
     wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    return to_16k(np.ascontiguousarray(wav.mean(axis=1)), rate)
+    if rate != target_sr and rate < min_sr:
+        raise ValueError(f"{path}: wav sample rate {rate} must be at least {min_sr}")
+    return resample(np.ascontiguousarray(wav.mean(axis=1)), rate, target_sr)
 
 
-def to_16k(wav: np.ndarray, rate: int):
-    """Mono float32 tensor (1, T) at 16 kHz from a waveform at ``rate`` Hz (torchaudio's
-    Resample, as CosyVoice resamples): what its speech tokenizer and campplus read."""
+def load_wav_16k(path: str | Path):
+    """Mono float32 tensor (1, T) at 16 kHz (:func:`load_wav`)."""
+    return load_wav(path, 16000)
+
+
+def resample(wav: np.ndarray, rate: int, target_sr: int):
+    """Mono float32 tensor (1, T) at ``target_sr`` from a waveform at ``rate`` Hz (torchaudio's
+    Resample, as CosyVoice resamples)."""
     import torch
     import torchaudio
 
     t = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32).reshape(-1))[None]
-    if rate != 16000:
-        t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(t)
+    if rate != target_sr:
+        t = torchaudio.transforms.Resample(orig_freq=rate, new_freq=target_sr)(t)
     return t
 
 
-def import_cosyvoice(checkout: str | None):
+def to_16k(wav: np.ndarray, rate: int):
+    """Mono float32 tensor (1, T) at 16 kHz from a waveform at ``rate`` Hz: what CosyVoice's
+    speech tokenizer and campplus read."""
+    return resample(wav, rate, 16000)
+
+
+def checkout_lacks(checkout: str | Path, family: Family) -> list[str]:
+    """What of ``family``'s code a CosyVoice checkout lacks ("path: Class"), read from its files
+    (nothing imported); [] when it has it all."""
+    root = Path(checkout)
+    out = []
+    for rel, cls in family.needs_code:
+        f = root / rel
+        if not f.is_file() or not re.search(rf"^class {cls}\b", f.read_text(encoding="utf-8", errors="replace"),
+                                            flags=re.M):
+            out.append(f"{rel}: {cls}")
+    return out
+
+
+def _lacks_family(family: Family, where: str, lacking: Sequence[str]) -> ImportError:
+    return ImportError(f"{family.name} token2wav needs a CosyVoice source checkout at or after {family.since} "
+                       f"(--cosyvoice-checkout DIR; the PyPI package cosyvoice-minicpmo lacks {family.name}); "
+                       f"{where} lacks {', '.join(lacking)}")
+
+
+_CHECKOUT_PATHS: list[str] = []  # what _use_code put on sys.path
+
+
+def _use_code(root: Path | None) -> None:
+    """Make ``import cosyvoice`` give a checkout's (``root``) or, with None, the installed package:
+    the checkout first on ``sys.path`` (an earlier checkout's entries taken off), and a
+    ``cosyvoice`` already imported from elsewhere in this process (the installed package for
+    another backend, or another checkout) dropped from ``sys.modules``, so that the right one is
+    imported; what was built from the other keeps its own modules."""
+    import importlib.machinery
+
+    keep = [str(root / "third_party" / "Matcha-TTS"), str(root)] if root is not None else []
+    for p in list(_CHECKOUT_PATHS):
+        if p not in keep:
+            _CHECKOUT_PATHS.remove(p)
+            while p in sys.path:
+                sys.path.remove(p)
+    for p in keep:
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+        if p not in _CHECKOUT_PATHS:
+            _CHECKOUT_PATHS.append(p)
+    mod = sys.modules.get("cosyvoice")
+    if mod is None:
+        return
+    spec = importlib.machinery.PathFinder.find_spec("cosyvoice")
+    want = {Path(p).resolve() for p in (spec.submodule_search_locations or [])} if spec is not None else set()
+    have = {Path(p).resolve() for p in getattr(mod, "__path__", [])}
+    if want and want != have:
+        log.warning("cosyvoice was imported from %s; importing it from %s instead", ", ".join(map(str, have)) or "?",
+                    ", ".join(map(str, want)))
+        for name in [n for n in sys.modules if n == "cosyvoice" or n.startswith("cosyvoice.")]:
+            del sys.modules[name]
+
+
+def import_cosyvoice(checkout: str | None, family: Family = COSYVOICE2):
+    """CosyVoice's frontend class and ``family``'s model class, from ``checkout`` (a source
+    checkout) or the installed ``cosyvoice`` package."""
     if checkout:
         root = Path(checkout)
         if not (root / "cosyvoice" / "cli" / "model.py").is_file():
             raise FileNotFoundError(f"{root} is not a CosyVoice checkout (no cosyvoice/cli/model.py)")
-        for p in (root / "third_party" / "Matcha-TTS", root):
-            if str(p) not in sys.path:
-                sys.path.insert(0, str(p))
+        lacking = checkout_lacks(root, family)
+        if lacking:
+            raise _lacks_family(family, f"the checkout {root}", lacking)
+    _use_code(Path(checkout) if checkout else None)
     try:
+        import cosyvoice.cli.model as models  # type: ignore
         from cosyvoice.cli.frontend import CosyVoiceFrontEnd  # type: ignore
-        from cosyvoice.cli.model import CosyVoice2Model  # type: ignore
     except ImportError as e:
         where = checkout or "the installed packages"
         raise ImportError(f"cannot import CosyVoice from {where}: {e}. `bash scripts/install.sh` installs "
                           "cosyvoice-minicpmo==0.1.0 and what it needs (see requirements*.txt)") from e
-    return CosyVoiceFrontEnd, CosyVoice2Model
+    model = getattr(models, family.model_class, None)
+    if model is None:
+        raise _lacks_family(family, checkout or f"the installed cosyvoice ({where_cosyvoice()})",
+                            [f"cosyvoice.cli.model.{family.model_class}"])
+    return CosyVoiceFrontEnd, model
 
 
 def where_cosyvoice() -> str:
@@ -228,17 +347,20 @@ class _OrtOn:
 _FRONTEND_LOCK = threading.Lock()  # replicas are built in threads; one swaps the module's onnxruntime at a time
 
 
-def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Family = COSYVOICE2):
     """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
     and the speech tokenizer never read text), its device set to ``dev``.
 
     CosyVoice opens its speech tokenizer with a bare CUDA provider whenever CUDA is visible,
     i.e. on GPU 0 whatever the replica (eight replicas: eight sessions on GPU 0, and a CPU
     replica on a GPU too). While it is built, its module's ``onnxruntime`` opens every session
-    on ``dev`` instead: one session per replica, on its own device."""
+    on ``dev`` instead: one session per replica, on its own device.
+
+    A frontend that reads prompt wavs itself (CosyVoice from December 2025 on) does so with its
+    module's ``load_wav``, which is set to :func:`load_wav` (the same samples, read with soundfile)."""
     module = sys.modules.get(getattr(FrontEnd, "__module__", ""))
     kwargs = dict(get_tokenizer=NoText, feat_extractor=feat_extractor, campplus_model=str(model_dir / "campplus.onnx"),
-                  speech_tokenizer_model=str(model_dir / "speech_tokenizer_v2.onnx"), spk2info="",
+                  speech_tokenizer_model=str(model_dir / family.speech_tokenizer), spk2info="",
                   allowed_special="all")
     with _FRONTEND_LOCK:
         # read under the lock: a replica built in another thread holds its wrapper in the module
@@ -253,8 +375,27 @@ def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev):
             fe = call_matching(FrontEnd, **kwargs)
         finally:
             module.onnxruntime = ort
+        if callable(getattr(module, "load_wav", None)):
+            module.load_wav = load_wav
     fe.device = dev
     return fe
+
+
+def spk_embedding(fe, speech):
+    """The campplus embedding (1, 192) of a 16 kHz waveform (1, T): CosyVoice's own
+    ``_extract_spk_embedding`` where it takes the waveform; where it takes a wav path (CosyVoice
+    from December 2025 on), the same steps on the waveform (80-bin kaldi fbank without dither,
+    mean-normalised over time, its campplus session)."""
+    import torch
+    import torchaudio.compliance.kaldi as kaldi
+
+    if "prompt_wav" not in inspect.signature(fe._extract_spk_embedding).parameters:
+        return fe._extract_spk_embedding(speech)
+    feat = kaldi.fbank(speech, num_mel_bins=80, dither=0, sample_frequency=16000)
+    feat = feat - feat.mean(dim=0, keepdim=True)
+    session = fe.campplus_session
+    out = session.run(None, {session.get_inputs()[0].name: feat.unsqueeze(dim=0).cpu().numpy()})[0]
+    return torch.tensor([out.flatten().tolist()]).to(fe.device)
 
 
 def zero_shot_inputs(fe, wav: Path, sample_rate: int) -> dict:
