@@ -7,7 +7,14 @@
 #                                   over ~5 s (the slow marker, pyproject.toml); ~5 min on 2 cores
 #   bash scripts/test.sh -k convert any pytest arguments (main suite only)
 #   bash scripts/test.sh --vllm [pytest arguments]   the vLLM tests only
+#   bash scripts/test.sh --omni [pytest arguments]   the vllm-omni parity tests only
+#                                   (tests/test_omni_parity.py), building .venv-omni/ first
 # TTSRL_SKIP_VLLM_TESTS=1 leaves out the vLLM part.
+# The full command (no arguments) also builds .venv-omni/ (install.sh --vllm-omni: vllm-omni's
+# CosyVoice3, the independent reference of tests/test_omni_parity.py, which runs in the main suite
+# and skips without that venv; ~3-4 min once, 3.8 GB). TTSRL_SKIP_OMNI_TESTS=1 leaves it out (the
+# omni tests then skip, saying so). With pytest arguments no venv is built: the omni tests run
+# where .venv-omni/ already exists (they are all `slow`: the quick tier never runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,12 +31,29 @@ vllm_part() {
   fi
   .venv-vllm/bin/python -m pytest -q tests/gpu_stack "$@"
 }
+# omni_venv: build .venv-omni/ unless TTSRL_SKIP_OMNI_TESTS=1; a failed build fails the command
+omni_venv() {
+  [[ "${TTSRL_SKIP_OMNI_TESTS:-0}" == 1 ]] && return 0
+  bash scripts/install.sh --vllm-omni || {
+    local irc=$?
+    echo "[test] the vllm-omni venv could not be built (scripts/install.sh --vllm-omni exit $irc;" \
+      "TTSRL_SKIP_OMNI_TESTS=1 leaves it out)" >&2
+    return "$irc"
+  }
+}
+if [[ "${1:-}" == "--omni" ]]; then
+  shift
+  bash scripts/install.sh
+  omni_venv
+  exec .venv/bin/python -m pytest -q tests/test_omni_parity.py "$@"
+fi
 if [[ "${1:-}" == "--vllm" ]]; then
   shift
   vllm_part "$@"
   exit $?
 fi
 bash scripts/install.sh
+[[ $# -gt 0 ]] || omni_venv
 .venv/bin/ruff check .  # lint (rules in pyproject.toml) before the tests
 if [[ $# -gt 0 || "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]]; then
   exec .venv/bin/python -m pytest -q "$@"
