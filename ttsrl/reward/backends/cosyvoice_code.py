@@ -22,13 +22,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ttsrl.model import vocab as V
 from ttsrl.reward.wavcheck import check_prompt_wav
 
 
 @dataclass(frozen=True)
 class Family:
     """One CosyVoice model family as token2wav reads it: its model folder's files, the model
-    class of CosyVoice's code that runs them, and where that code first has them."""
+    class of CosyVoice's code that runs them, and where that code first has them (the LLM's
+    side of a family is ``ttsrl.model.vocab.Family``)."""
 
     name: str  # "CosyVoice2"
     yaml: str  # the model folder's hyperpyyaml
@@ -50,18 +52,19 @@ class Family:
         return ("llm.pt",) + self.token2wav_files + ("CosyVoice-BlankEN/",)
 
 
-COSYVOICE2 = Family("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", "CosyVoice2-0.5B")
+COSYVOICE2 = Family("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", V.COSYVOICE2.release)
 #: CosyVoice3's token2wav classes first appear together in upstream's dd2d926 (2025-08-20); the
 #: released Fun-CosyVoice3-0.5B-2512 goes with its code of December 2025 (56d9876 on); ttsrl is
 #: tested against ace7c47 (2026-03-16). The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it.
 COSYVOICE3 = Family("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model",
-                    "Fun-CosyVoice3-0.5B-2512",
+                    V.COSYVOICE3.release,
                     needs_code=(("cosyvoice/cli/model.py", "CosyVoice3Model"),
                                 ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
                                 ("cosyvoice/flow/DiT/dit.py", "DiT"),
                                 ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator")),
                     since="dd2d926 (FunAudioLLM/CosyVoice, 2025-08-20; tested at ace7c47)")
-FAMILIES = {"cosyvoice2": COSYVOICE2, "cosyvoice3": COSYVOICE3}
+#: by the LLM family's name (ttsrl.model.vocab.FAMILIES: the vocabulary's side of each family)
+FAMILIES = {V.COSYVOICE2.name: COSYVOICE2, V.COSYVOICE3.name: COSYVOICE3}
 
 #: CosyVoice2's token2wav files and released-folder entries (scripts/check_inputs.py keeps a copy)
 TOKEN2WAV_FILES = COSYVOICE2.token2wav_files
