@@ -269,3 +269,61 @@ def test_reward_server_on_cosyvoice3(folders):
         out = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
         assert 0.0 <= out["REWARDS"] <= 1.0 and -1.0 <= out["SIMS"] <= 1.0
         assert srv.server.pipelines[0].token2wav.name == "cosyvoice3"
+
+
+# ---- with a CosyVoice3 checkout and vllm-omni's reference venv: the mel against its code2wav -------
+
+OMNI_PY = ROOT / ".venv-omni" / "bin" / "python"
+OMNI_DRIVER = ROOT / "tests" / "omni" / "driver.py"
+
+
+@needs_checkout
+@pytest.mark.skipif(not (OMNI_PY.exists() and OMNI_DRIVER.exists()),
+                    reason=".venv-omni or tests/omni/driver.py absent: vllm-omni's reference (bash scripts/install.sh "
+                           "--vllm-omni)")
+@pytest.mark.slow  # ~45 s: the driver's cold import of vllm-omni (~30 s on 2 cores) and its flow
+def test_backend_mel_equals_vllm_omni_code2wav(t2w, tmp_path):
+    """The mel our backend hands HiFT (CosyVoice3Model.token2wav on the prompt features its
+    frontend extracted from a prompt wav) equals vllm-omni's code2wav flow for the same flow.pt,
+    codes, prompt features and initial noise (the backend's fixed ``rand_noise``, injected into
+    vllm-omni, which draws torch.randn per call). tests/test_omni_parity.py compares upstream's
+    flow module on random prompt tensors; this is the backend's whole path up to HiFT."""
+    import json
+
+    import torch
+    from cosyvoice3_token2wav_tiny import COSYVOICE3_T2W_SIZES
+
+    hift, mels = t2w._model.hift, []
+    real = hift.inference
+
+    def spy(speech_feat, **kw):
+        mels.append(speech_feat.detach().clone())
+        return real(speech_feat=speech_feat, **kw)
+
+    c = codes(40, 11)
+    prompt = t2w.prompts[1]
+    hift.inference = spy
+    try:
+        t2w.synthesize([c], [prompt])
+    finally:
+        del hift.inference  # the bound method again
+    (ours,) = mels
+    s = COSYVOICE3_T2W_SIZES["tiny"]
+    (tmp_path / "flow.json").write_text(json.dumps({
+        "pre_lookahead_layer": {"channels": s["lookahead_channels"]},
+        "decoder": {"estimator": {"dim": s["dit_dim"], "depth": s["dit_depth"], "heads": s["dit_heads"],
+                                  "dim_head": s["dit_head_dim"]}}}))
+    np.savez(tmp_path / "prompt.npz", **{k: prompt.data[k].cpu().numpy()
+                                         for k in ("prompt_token", "prompt_feat", "embedding")})
+    np.save(tmp_path / "noise.npy", t2w._model.flow.decoder.rand_noise.numpy())
+    (tmp_path / "codes.json").write_text(json.dumps(c))
+    r = subprocess.run([str(OMNI_PY), str(OMNI_DRIVER), "code2wav-mel", "--model-dir", t2w.cfg.model_dir,
+                        "--codes", str(tmp_path / "codes.json"), "--prompt", str(tmp_path / "prompt.npz"),
+                        "--noise", str(tmp_path / "noise.npy"), "--flow-config", str(tmp_path / "flow.json"),
+                        "--out", str(tmp_path / "mel.npy")], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = np.load(tmp_path / "mel.npy")
+    assert got.shape == tuple(ours.shape) == (1, 80, 2 * len(c))
+    diff = float(np.abs(got - ours.float().numpy()).max())
+    print(f"max |mel diff| backend vs vllm-omni code2wav: {diff:.3g} (mel std {float(ours.std()):.3g})")
+    assert diff < 1e-4 and torch.isfinite(ours).all()
