@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Stage -1: convert CosyVoice2's llm.pt into a Hugging Face Qwen2 checkpoint.
+"""Stage -1: convert a CosyVoice llm.pt (CosyVoice2, or Fun-CosyVoice3's llm.pt / llm.rl.pt)
+into a Hugging Face Qwen2 checkpoint.
 
 DIR is laid out like the released model: DIR/llm.pt and DIR/CosyVoice-BlankEN/
-(Qwen2 config.json + tokenizer). The output loads with AutoTokenizer and
-AutoModelForCausalLM(trust_remote_code=True); its logits on the 6564 speech/stop
-rows equal CosyVoice2's (llm_decoder bias included) and every other row is masked.
+(Qwen2 config.json + tokenizer). The family is read off llm.pt's keys (--family: insist on
+one). The output loads with AutoTokenizer and AutoModelForCausalLM(trust_remote_code=True);
+its logits on the speech/stop rows (6564 for CosyVoice2, llm_decoder bias included; 6761 for
+CosyVoice3) equal the LLM's, and every other row is masked.
 """
 
 import argparse
@@ -16,7 +18,8 @@ import torch
 
 from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.model import convert
-from ttsrl.model.cosyvoice_lm import Qwen2LM
+from ttsrl.model.cosyvoice_lm import LM_CLASSES
+from ttsrl.model.vocab import FAMILIES
 
 DTYPES = ("float32", "bfloat16")
 
@@ -24,7 +27,11 @@ DTYPES = ("float32", "bfloat16")
 @dataclass
 class ImportConfig:
     """The conversion's settings; each field is also its option."""
-    pretrained_cosyvoice2_path: str = option(metavar="DIR", help="folder with llm.pt and CosyVoice-BlankEN/")
+    pretrained_cosyvoice2_path: str = option(metavar="DIR", aliases=("--pretrained-path",),
+                                             help="folder with llm.pt and CosyVoice-BlankEN/ (either family)")
+    llm: str = option("llm.pt", help="the LLM file inside DIR (e.g. llm.rl.pt, Fun-CosyVoice3's RL checkpoint)")
+    family: str | None = option(None, choices=tuple(FAMILIES),
+                                help="refuse an llm.pt of another family (default: read off its keys)")
     save_path: str = option(metavar="OUT", help="output HF checkpoint folder, written atomically. It must not overlap "
                                                "the input; an existing non-empty folder is replaced only when it is "
                                                "an earlier output of this tool (else --force)")
@@ -42,16 +49,16 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         sv = convert.cosyvoice_to_hf(a.pretrained_cosyvoice2_path, a.save_path, dtype=getattr(torch, a.dtype),
-                                     stock=a.stock_qwen2, force=a.force)
+                                     stock=a.stock_qwen2, force=a.force, family=a.family, llm_file=a.llm)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {a.save_path} in {time.time() - t0:.1f}s")
     if a.stock_qwen2:
-        model = Qwen2LM.from_pretrained(a.pretrained_cosyvoice2_path)
+        model = LM_CLASSES[sv.family.name].from_pretrained(a.pretrained_cosyvoice2_path, llm_file=a.llm)
         loss = convert.stock_head_loss(model, sv.text_vocab_size)
         print("stock Qwen2 layout: lm_head bias dropped and non-speech rows unmasked. On a random probe batch: "
-              f"KL(CosyVoice2 || stock) = {loss['kl_stock']:.4f} nats/token "
+              f"KL({sv.family.name} || stock) = {loss['kl_stock']:.4f} nats/token "
               f"(bias alone: {loss['kl_no_bias']:.4f}); probability stock puts on non-speech tokens: "
               f"{loss['non_speech_mass_stock']:.4f}")
     return 0

@@ -103,11 +103,12 @@ fi
 if stage -1 && head_only -1; then
   need_venv
   if [[ $BUILD_BASE_MODEL == 1 ]]; then
-    banner -1 "build the tiny CosyVoice2-format base model (cached)" "$COSYVOICE2_DIR"
-    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR"  # stage 4 scores it (step 0)
+    banner -1 "build the tiny $MODEL_FAMILY-format base model (cached)" "$COSYVOICE2_DIR"
+    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR" --family "$MODEL_FAMILY"  # step 0 of stage 4
   fi
   banner -1 "convert llm.pt -> Hugging Face checkpoint" "$HF_MODEL_DIR"
-  "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR"
+  "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR" \
+    --family "$MODEL_FAMILY" --llm "$LLM_FILE"
   done_stage -1
 fi
 

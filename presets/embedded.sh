@@ -2,11 +2,16 @@
 # (sourced by run.sh, which reads these variables and derives the rest from EXP_DIR: HF_MODEL_DIR,
 # DATA_DIR, CKPT_DIR, MERGED_DIR, EVAL_DIR, EXPORT_PATH, ...; `bash run.sh --help` has the contract)
 # Embedded CPU preset: every stage on a 2-core laptop in minutes.
-# A tiny CosyVoice2-format model is pretrained (stage -1) on the shipped corpus with
+# A tiny CosyVoice2-format (MODEL_FAMILY) model is pretrained (stage -1) on the shipped corpus with
 # the simulated speech codec (ttsrl.embedded.codec), then GRPO-trained against the `sim` reward.
 # Each value is a default, `: "${VAR:=value}"`: the environment wins (EXP_DIR=/tmp/e bash run.sh).
 : "${DEVICE:=cpu}"
-: "${EXP_DIR:=exp/embedded}"
+# MODEL_FAMILY=cosyvoice3: the same world in Fun-CosyVoice3's layout (specials in the speech
+# embedding, a head without bias, every prompt opening with its <|endofprompt|> instruction)
+# (run.sh's setting, default cosyvoice2: `bash run.sh --help`)
+family=${MODEL_FAMILY:-cosyvoice2}
+fam_tag=${family#cosyvoice2}; fam_tag=${fam_tag:+_$fam_tag}  # "" for cosyvoice2, else _FAMILY
+: "${EXP_DIR:=exp/embedded$fam_tag}"
 
 # stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1)
 : "${BUILD_BASE_MODEL:=1}"
@@ -17,7 +22,10 @@
 : "${TEST_FILE:=data/corpus/test.jsonl}"
 # dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
 : "${DEV_SIZE:=64}"
-: "${MAX_PROMPT_LENGTH:=32}"  # the corpus's prompts: 20 tokens at most (stage 0 prints it); verl pads every prompt to this
+# the corpus's prompts: 20 tokens at most (stage 0 prints it; CosyVoice3's instruction adds 29 on the
+# tiny per-character tokenizer); verl pads every prompt to this
+prompt_budget=32; [[ $family == cosyvoice2 ]] || prompt_budget=64
+: "${MAX_PROMPT_LENGTH:=$prompt_budget}"
 
 # stage 1
 : "${REWARD_BACKEND:=sim}"
@@ -39,4 +47,4 @@ PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
 # codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
 # is CosyVoice's current rule (upstream since 2026-02; ttsrl's default since 2026-12-01, commit
 # 18d30af): cosyvoice2-2024 reproduces ttsrl sweeps made before 2026-12-01
-EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule cosyvoice2-2026)
+EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule "$family-2026")

@@ -244,3 +244,15 @@ def test_head_markers_and_a_workers_wait(tmp_path, capsys):
     (c.nodes_dir / "merged").unlink()
     assert roles.await_head(worker, "merged", "every step merged", 5) == 1
     assert "stopped with status 7 in stage 3" in capsys.readouterr().err
+
+
+def test_model_family_is_checked_and_the_sampling_rule_must_be_its_own():
+    """MODEL_FAMILY names a family of ttsrl.model.vocab; EVAL_ARGS sampling with another family's
+    rule stops the run before any stage (the generators would refuse it only in stage 4)."""
+    assert resolve().values["MODEL_FAMILY"] == "cosyvoice2" and resolve().values["LLM_FILE"] == "llm.pt"
+    cv3 = resolve({"MODEL_FAMILY": "cosyvoice3"}, {"EVAL_ARGS": ["--sampling-rule", "cosyvoice3-2026"]})
+    assert cv3.values["MODEL_FAMILY"] == "cosyvoice3"
+    with pytest.raises(settings.SettingsError, match="MODEL_FAMILY=cosyvoice4: expected one of"):
+        resolve({"MODEL_FAMILY": "cosyvoice4"})
+    with pytest.raises(settings.SettingsError, match="another family than MODEL_FAMILY=cosyvoice3"):
+        resolve({"MODEL_FAMILY": "cosyvoice3"}, {"EVAL_ARGS": ["--sampling-rule=cosyvoice2-2026"]})

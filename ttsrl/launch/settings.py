@@ -84,6 +84,9 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
   TENSORBOARD_DIR (TRAINER=dpo|kto: MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH
   EXP_DIR/llm-$TRAINER.pt; PAIRS_FILE, USER_PAIRS). Defaults: LOGGERS=console REWARD_PORT=8000
   REWARD_START_TIMEOUT_S=300 BUILD_BASE_MODEL=0 DEV_SIZE=0.
+  MODEL_FAMILY: cosyvoice2 (default) or cosyvoice3 (ttsrl/model/vocab.py FAMILIES): the LLM's layout;
+  stage -1 refuses an llm.pt of another family, and EVAL_ARGS' --sampling-rule must be the family's.
+  LLM_FILE (llm.pt): the LLM stage -1 converts, e.g. LLM_FILE=llm.rl.pt (Fun-CosyVoice3's RL one).
   Named variants: REWARD (REWARDS in ttsrl/reward/rewards.py; default tanh), ALGORITHM (stage 2's
   estimator and loss, ttsrl/train/algorithms.py; default grpo), SAMPLING (stage 2's rollout
   sampling, reference or mairhub; empty: the preset's), SEED (stage 2's prompt order and rollout
@@ -250,13 +253,15 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
 
     for name in REQUIRED:
         get(name)
+    resolve_family(r, get("MODEL_FAMILY", "cosyvoice2"))
     exp = v["EXP_DIR"]
     for name, default in (("REWARD", "tanh"), ("ALGORITHM", "grpo"), ("SAMPLING", ""), ("SEED", ""),
                           ("LOGGERS", "console"), ("BUILD_BASE_MODEL", "0"),
                           ("HF_MODEL_DIR", f"{exp}/hf_model"), ("DATA_DIR", f"{exp}/data"),
                           ("CKPT_DIR", f"{exp}/checkpoints"), ("REWARD_PORT", "8000"),
                           ("REWARD_START_TIMEOUT_S", "300"), ("REWARD_ANY_SERVER", "0"), ("DEV_FILE", ""),
-                          ("DEV_SIZE", "0"), ("USER_PAIRS", ""), ("ALLOW_LEAK", "0"), ("EXPORT_STEP", "")):
+                          ("DEV_SIZE", "0"), ("USER_PAIRS", ""), ("ALLOW_LEAK", "0"), ("EXPORT_STEP", ""),
+                          ("LLM_FILE", "llm.pt")):
         get(name, default)
     exp_abs = exp if exp.startswith("/") else str(ROOT / exp)
     get("TENSORBOARD_DIR", f"{exp_abs}/tensorboard")
@@ -289,6 +294,22 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     resolve_paths(r)
     r.lists["GRPO_ARGS"] = grpo_args(r) + extras["GRPO_EXTRA"]
     return r
+
+
+def resolve_family(r: Resolved, name: str) -> None:
+    """MODEL_FAMILY names a family of ttsrl.model.vocab (stdlib only); a sampling rule in
+    EVAL_ARGS must be one of that family's (rules are named FAMILY-YEAR)."""
+    from ttsrl.model.vocab import FAMILIES
+
+    if name not in FAMILIES:
+        raise SettingsError([f"MODEL_FAMILY={name}: expected one of {', '.join(FAMILIES)}"])
+    args = r.lists.get("EVAL_ARGS", [])
+    for i, word in enumerate(args):
+        rule = word.split("=", 1)[1] if word.startswith("--sampling-rule=") else (
+            args[i + 1] if word == "--sampling-rule" and i + 1 < len(args) else None)
+        if rule is not None and not rule.startswith(name + "-"):
+            raise SettingsError([f"EVAL_ARGS samples with --sampling-rule {rule}, a rule of another family than "
+                                 f"MODEL_FAMILY={name}: use {name}-2026"])
 
 
 def _ipv4(name: str) -> str | None:

@@ -197,7 +197,7 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
 def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: torch.dtype = torch.float32,
                     stock: bool = False, shard_bytes: int = SHARD_BYTES,
                     log: Callable[[str], None] = print, force: bool = False,
-                    family: str | None = None) -> V.SpeechVocab:
+                    family: str | None = None, llm_file: str = "llm.pt") -> V.SpeechVocab:
     """Convert ``DIR/llm.pt`` + ``DIR/CosyVoice-BlankEN`` into an HF checkpoint at
     ``save_path`` (written atomically; see :func:`check_output_path` for what it
     refuses to replace). The family is read off llm.pt (``family``: refuse any other).
@@ -207,7 +207,7 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
     cosyvoice_dir = Path(cosyvoice_dir)
     check_output_path(cosyvoice_dir, Path(save_path), force)
     inner_config, tokenizer = load_blank_en(cosyvoice_dir)
-    llm_pt = cosyvoice_dir / "llm.pt"
+    llm_pt = cosyvoice_dir / llm_file
     state = load_llm_state_dict(llm_pt)
     fam = family_of_state(state)
     if family is not None and V.family(family) is not fam:
@@ -232,6 +232,7 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, save_path: str | Path, dtype: tor
             shutil.copy2(MODELING_FILE, out / MODELING_FILE.name)
         (out / CONVERTED_MARKER).write_text(json.dumps(
             {"tool": "pretrained_to_huggingface.py", "family": fam.name, "source": str(cosyvoice_dir.resolve()),
+             "llm": llm_file,
              "dtype": str(dtype).removeprefix("torch."), "stock_qwen2": stock}, indent=2))
     return sv
 

@@ -350,14 +350,14 @@ class Qwen2LM(nn.Module):
 
     # ---- construction ----------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, cosyvoice_dir: str | Path, dtype=torch.float32) -> "Qwen2LM":
-        """Load ``DIR/llm.pt`` with the inner config from ``DIR/CosyVoice-BlankEN``."""
+    def from_pretrained(cls, cosyvoice_dir: str | Path, dtype=torch.float32, llm_file: str = "llm.pt") -> "Qwen2LM":
+        """Load ``DIR/llm.pt`` (or ``llm_file``) with the inner config from ``DIR/CosyVoice-BlankEN``."""
         from transformers import AutoConfig
 
         d = Path(cosyvoice_dir)
         config = AutoConfig.from_pretrained(d / "CosyVoice-BlankEN")
         model = cls(config)
-        state = load_llm_state_dict(d / "llm.pt")
+        state = load_llm_state_dict(d / llm_file)
         model.load_state_dict(state, strict=True)
         return model.to(dtype).eval()
 
