@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -203,16 +204,38 @@ def test_voices_codes_into_24khz_audio(t2w):
 
 
 @needs_checkout
-@pytest.mark.slow  # a second replica loads (~10 s)
+@pytest.mark.slow  # the frontend of the tiny folder: ~3 s (+ the folder build)
+def test_prompt_tokenizer_reads_speech_tokenizer_v3(folders, t2w):
+    """scripts/prompt_tokens.py's PromptTokenizer with CosyVoice3's family: speech_tokenizer_v3 at
+    25 Hz, trimmed to the prompt's mel as the backend's own prompt features are."""
+    from ttsrl.reward.backends.cosyvoice2 import PromptTokenizer
+
+    _, prompts = folders
+    tok = PromptTokenizer(folders[0], CHECKOUT, family=COSYVOICE3)
+    got = tok(prompts / "spk_a.wav")
+    assert got == t2w.prompts[0].data["prompt_token"].reshape(-1).tolist() and all(0 <= t < 6561 for t in got)
+
+
+@needs_checkout
+@pytest.mark.slow  # two more replicas load (~15 s)
 def test_same_codes_and_prompt_give_the_same_waveform(t2w, folders):
     """Upstream's fixed noise (the flow's drawn from seed 0 when built, HiFT's source right after):
-    the same codes and prompt give the same waveform, again and in another replica."""
+    the same codes and prompt give the same waveform, again and in other replicas, also when those
+    are built at once in threads (the yaml is built under a lock: their draws never interleave)."""
     a = t2w.synthesize([codes(20)], [t2w.prompts[0]])[0]
     assert np.array_equal(t2w.synthesize([codes(20)], [t2w.prompts[0]])[0].waveform, a.waveform)
     model, prompts = folders
-    other = CosyVoice3Token2Wav(CosyVoice3Config(model_dir=str(model), prompt_dir=str(prompts), checkout=CHECKOUT,
-                                                 device="cpu"))
-    assert np.array_equal(other.synthesize([codes(20)], [other.prompts[0]])[0].waveform, a.waveform)
+    cfg = CosyVoice3Config(model_dir=str(model), prompt_dir=str(prompts), checkout=CHECKOUT, device="cpu")
+    with ThreadPoolExecutor(2) as ex:  # as the server builds its replicas: at once, in threads
+        others = list(ex.map(lambda _: CosyVoice3Token2Wav(cfg), range(2)))
+
+    def fixed_noise(x):
+        src = x._model.hift.m_source
+        return [x._model.flow.decoder.rand_noise, src.uv, src.l_sin_gen.rand_ini, src.l_sin_gen.sine_waves]
+
+    for other in others:
+        assert all(np.array_equal(u, v) for u, v in zip(fixed_noise(other), fixed_noise(t2w)))
+    assert np.array_equal(others[1].synthesize([codes(20)], [others[1].prompts[0]])[0].waveform, a.waveform)
     assert not np.allclose(t2w.synthesize([codes(20, 3)], [t2w.prompts[0]])[0].waveform, a.waveform)
 
 

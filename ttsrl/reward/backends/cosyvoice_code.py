@@ -286,17 +286,26 @@ def old_decoder_yaml(text: str, path: Path) -> str:
     return text[:m.start()] + "\n".join([head, *block, *rest])
 
 
+#: one yaml is built at a time in this process: CosyVoice's modules draw fixed noise from torch's
+#: global generator while they are built (the flow's ``rand_noise`` after seeding it with 0;
+#: CosyVoice3's HiFT source right after), so replicas built at once in threads would interleave
+#: their draws and voice differently
+_BUILD_LOCK = threading.Lock()
+
+
 def load_yaml_without_llm(path: Path, keep: Sequence[str] = YAML_KEEP) -> dict:
-    """CosyVoice's yaml with every top-level object not in ``keep`` set to None. An older
-    CosyVoice2 yaml's decoder is read as the current one (:func:`old_decoder_yaml`); any other
-    argument the CosyVoice code in use does not take is named, with its yaml file."""
+    """CosyVoice's yaml with every top-level object not in ``keep`` set to None (built under
+    ``_BUILD_LOCK``). An older CosyVoice2 yaml's decoder is read as the current one
+    (:func:`old_decoder_yaml`); any other argument the CosyVoice code in use does not take is
+    named, with its yaml file."""
     from hyperpyyaml import load_hyperpyyaml
 
     text = old_decoder_yaml(path.read_text(encoding="utf-8"), path)
     keys = re.findall(r"^([A-Za-z_]\w*)\s*:\s*!(?:new|name|apply):", text, flags=re.M)
     overrides = {k: None for k in keys if k not in keep}
     try:
-        cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
+        with _BUILD_LOCK:
+            cfg = load_hyperpyyaml(io.StringIO(text), overrides=overrides)
     except TypeError as e:
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if bad is None:
