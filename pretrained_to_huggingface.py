@@ -29,14 +29,14 @@ class ImportConfig:
     """The conversion's settings; each field is also its option."""
     pretrained_cosyvoice2_path: str = option(metavar="DIR", aliases=("--pretrained-path",),
                                              help="folder with llm.pt and CosyVoice-BlankEN/ (either family)")
-    llm: str = option("llm.pt", help="the LLM file inside DIR (e.g. llm.rl.pt, Fun-CosyVoice3's RL checkpoint)")
-    family: str | None = option(None, choices=tuple(FAMILIES),
-                                help="refuse an llm.pt of another family (default: read off its keys)")
     save_path: str = option(metavar="OUT", help="output HF checkpoint folder, written atomically. It must not overlap "
                                                "the input; an existing non-empty folder is replaced only when it is "
                                                "an earlier output of this tool (else --force)")
     force: bool = option(False, help="replace OUT even when it is a file or a non-empty folder this tool did not "
                                      "write (never when it overlaps the input)")
+    llm: str = option("llm.pt", help="the LLM file inside DIR (e.g. llm.rl.pt, Fun-CosyVoice3's RL checkpoint)")
+    family: str | None = option(None, choices=tuple(FAMILIES),
+                                help="refuse an llm.pt of another family (default: read off its keys)")
     dtype: str = option("float32", choices=DTYPES, help="dtype of the written weights (float32: exact)")
     stock_qwen2: bool = option(False, help="write a plain Qwen2ForCausalLM (no lm_head bias, no output mask) for "
                                            "tools that only know stock Qwen2; prints what that loses on a probe batch")

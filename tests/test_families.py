@@ -199,3 +199,23 @@ def test_cosyvoice2_reference_is_unchanged_by_the_family_layer(tiny_cosyvoice2):
     assert type(model) is Qwen2LM and model.family is V.COSYVOICE2
     assert model.llm_decoder.bias is not None and model.llm_embedding.weight.shape[0] == 2
     assert V.SpeechVocab(100).family is V.COSYVOICE2 and V.CHAT_TEMPLATE == V.COSYVOICE2.chat_template
+
+
+def test_stage_minus_1_cli_converts_an_rl_checkpoint_and_refuses_another_family(cv3, tmp_path, capsys):
+    """pretrained_to_huggingface.py --llm llm.rl.pt (Fun-CosyVoice3 ships its RL checkpoint beside
+    llm.pt) converts that file and records it; --family cosyvoice2 refuses a CosyVoice3 llm.pt."""
+    import shutil
+
+    import pretrained_to_huggingface as cli
+
+    d, _, _ = cv3
+    src = tmp_path / "Fun-CosyVoice3-0.5B"
+    shutil.copytree(d / "pretrained", src)
+    (src / "llm.pt").rename(src / "llm.rl.pt")
+    assert cli.main(["--pretrained-path", str(src), "--save-path", str(tmp_path / "hf"), "--llm", "llm.rl.pt",
+                     "--family", "cosyvoice3"]) == 0
+    marker = json.loads((tmp_path / "hf" / ".ttsrl-converted.json").read_text())
+    assert (marker["family"], marker["llm"]) == ("cosyvoice3", "llm.rl.pt")
+    assert cli.main(["--pretrained-path", str(src), "--save-path", str(tmp_path / "hf2"), "--llm", "llm.rl.pt",
+                     "--family", "cosyvoice2"]) == 2
+    assert "is a cosyvoice3 llm.pt" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def test_the_environment_wins_over_every_preset_value(preset):
     assert got["GRPO_ARGS"][got["GRPO_ARGS"].index("--loggers") + 1] == "console,tensorboard"
 
 
-@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh"])
+@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh", "gpu8_cosyvoice3.sh"])
 def test_derived_settings_follow_exp_dir(preset, tmp_path):
     exp = str(tmp_path / "my exp")
     got = _config({"EXP_DIR": exp}, preset=ROOT / "presets" / preset)
@@ -281,3 +281,18 @@ def test_install_takes_uv_for_the_cpu_stack_and_pip_where_uv_fails(tmp_path, uv_
     stamp = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--stamp"], capture_output=True,
                            text=True, timeout=60).stdout.strip()
     assert (tmp_path / ".venv" / ".ttsrl-install-cpu").read_text().strip() == stamp
+
+
+def test_the_cosyvoice3_gpu_preset_is_gpu8_with_cosyvoice3s_folder_backend_checkout_and_rule():
+    cv3 = _config(preset=ROOT / "presets" / "gpu8_cosyvoice3.sh")
+    cv2 = _config(preset=ROOT / "presets" / "gpu8.sh")
+    assert (cv3["MODEL_FAMILY"], cv3["REWARD_BACKEND"], cv2["MODEL_FAMILY"]) == ("cosyvoice3", "cosyvoice3", "cosyvoice2")
+    ev = cv3["EVAL_ARGS"]
+    assert ev[ev.index("--backend") + 1] == "cosyvoice3" and ev[ev.index("--sampling-rule") + 1] == "cosyvoice3-2026"
+    for name in ("REWARD_ARGS", "EVAL_ARGS", "CHECK_INPUTS_ARGS"):
+        assert cv3[name][cv3[name].index("--cosyvoice-checkout") + 1] == "third_party/CosyVoice", name
+    assert cv3["CHECK_INPUTS_ARGS"][-2:] == ["--backend", "cosyvoice3"]
+    assert {k: cv3[k] for k in ("MINE_ARGS", "PREF_ARGS", "PREF_LAUNCH", "DEV_SIZE")} == \
+        {k: cv2[k] for k in ("MINE_ARGS", "PREF_ARGS", "PREF_LAUNCH", "DEV_SIZE")}  # gpu8's, not a copy
+    r = _config({"MODEL_FAMILY": "cosyvoice2"}, preset=ROOT / "presets" / "gpu8_cosyvoice3.sh", ok=False)
+    assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
