@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
-from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, Family
+from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, Token2WavFamily
 
 
 @dataclass
@@ -44,7 +44,7 @@ class CosyVoice3Config(CosyVoice2Config):
 
 class CosyVoice3Token2Wav(CosyVoice2Token2Wav):
     name = "cosyvoice3"
-    family: Family = COSYVOICE3
+    family: Token2WavFamily = COSYVOICE3
     has_speaker_model = True  # campplus.onnx of the model folder
 
     def __init__(self, cfg: CosyVoice3Config):

@@ -1,5 +1,5 @@
 """CosyVoice's code and model folder, as our token2wav (``cosyvoice2``, ``cosyvoice3``) and
-prompt tokenizer use them: which files a model folder of each family must hold (:class:`Family`),
+prompt tokenizer use them: which files a model folder of each family must hold (:class:`Token2WavFamily`),
 importing CosyVoice (installed, or a source checkout) and checking it has the family's classes,
 loading its yaml without the LLM, its frontend on a chosen device, ``frontend_zero_shot`` on a
 prompt wav, the campplus embedding of a waveform, and reading audio at the 16 kHz its speech
@@ -27,7 +27,7 @@ from ttsrl.reward.wavcheck import check_prompt_wav
 
 
 @dataclass(frozen=True)
-class Family:
+class Token2WavFamily:
     """One CosyVoice model family as token2wav reads it: its model folder's files, the model
     class of CosyVoice's code that runs them, and where that code first has them (the LLM's
     side of a family is ``ttsrl.model.vocab.Family``)."""
@@ -52,11 +52,11 @@ class Family:
         return ("llm.pt",) + self.token2wav_files + ("CosyVoice-BlankEN/",)
 
 
-COSYVOICE2 = Family("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", V.COSYVOICE2.release)
+COSYVOICE2 = Token2WavFamily("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", V.COSYVOICE2.release)
 #: CosyVoice3's token2wav classes first appear together in upstream's dd2d926 (2025-08-20); the
 #: released Fun-CosyVoice3-0.5B-2512 goes with its code of December 2025 (56d9876 on); ttsrl is
 #: tested against ace7c47 (2026-03-16). The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it.
-COSYVOICE3 = Family("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model",
+COSYVOICE3 = Token2WavFamily("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model",
                     V.COSYVOICE3.release,
                     needs_code=(("cosyvoice/cli/model.py", "CosyVoice3Model"),
                                 ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
@@ -78,7 +78,7 @@ def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2
     return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
 
 
-def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Family = COSYVOICE2) -> None:
+def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Token2WavFamily = COSYVOICE2) -> None:
     """One error naming every missing file of a model folder of ``family`` (its token2wav files
     unless ``entries``)."""
     entries = family.token2wav_files if entries is None else entries
@@ -124,7 +124,7 @@ def to_16k(wav: np.ndarray, rate: int):
     return resample(wav, rate, 16000)
 
 
-def checkout_lacks(checkout: str | Path, family: Family) -> list[str]:
+def checkout_lacks(checkout: str | Path, family: Token2WavFamily) -> list[str]:
     """What of ``family``'s code a CosyVoice checkout lacks ("path: Class"), read from its files
     (nothing imported); [] when it has it all."""
     root = Path(checkout)
@@ -137,7 +137,7 @@ def checkout_lacks(checkout: str | Path, family: Family) -> list[str]:
     return out
 
 
-def _lacks_family(family: Family, where: str, lacking: Sequence[str]) -> ImportError:
+def _lacks_family(family: Token2WavFamily, where: str, lacking: Sequence[str]) -> ImportError:
     return ImportError(f"{family.name} token2wav needs a CosyVoice source checkout at or after {family.since} "
                        f"(--cosyvoice-checkout DIR; the PyPI package cosyvoice-minicpmo lacks {family.name}); "
                        f"{where} lacks {', '.join(lacking)}")
@@ -179,7 +179,7 @@ def _use_code(root: Path | None) -> None:
             del sys.modules[name]
 
 
-def import_cosyvoice(checkout: str | None, family: Family = COSYVOICE2):
+def import_cosyvoice(checkout: str | None, family: Token2WavFamily = COSYVOICE2):
     """CosyVoice's frontend class and ``family``'s model class, from ``checkout`` (a source
     checkout) or the installed ``cosyvoice`` package."""
     if checkout:
@@ -359,7 +359,7 @@ class _OrtOn:
 _FRONTEND_LOCK = threading.Lock()  # replicas are built in threads; one swaps the module's onnxruntime at a time
 
 
-def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Family = COSYVOICE2):
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Token2WavFamily = COSYVOICE2):
     """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
     and the speech tokenizer never read text), its device set to ``dev``.
 
