@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ttsrl: GRPO post-training of CosyVoice2's speech-token LLM, stage by stage.
+# ttsrl: GRPO post-training of CosyVoice's speech-token LLMs (CosyVoice2, Fun-CosyVoice3), stage by stage.
 #   bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...]   stages -2..5 (default: all) of PRESET
 #   bash run.sh --config | --help                         the resolved settings | the contract
 # Each stage below calls one CLI; the settings (preset, environment, what is derived from
@@ -213,7 +213,7 @@ fi
 
 if stage 5 && head_only 5; then
   need_venv
-  banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to CosyVoice2's llm.pt" "$EXPORT_PATH"
+  banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to $MODEL_FAMILY's llm.pt" "$EXPORT_PATH"
   "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
     --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" --verify
   done_stage 5
