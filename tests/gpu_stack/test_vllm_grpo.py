@@ -51,18 +51,22 @@ def gpu_preset_for_cpu(ws: Path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, sim_server_url):
+    return _train(tmp_path_factory.mktemp("grpo_vllm"), sim_server_url, "cosyvoice2")
+
+
+def _train(ws: Path, sim_server_url: str, family: str) -> tuple[Path, str]:
+    """Pretrain a tiny base model of ``family`` for a few seconds, convert it, GRPO 2 steps."""
     from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
     from ttsrl.embedded.tiny_model import TinyConfig
     from ttsrl.model.convert import cosyvoice_to_hf
 
-    ws = tmp_path_factory.mktemp("grpo_vllm")
     lines = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
     (ws / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     texts = [json.loads(x)["text"] for x in lines]
     # head_dim 64 (one head of 64): vLLM's CPU attention has no kernel for head_dim 16
     tiny = TinyConfig(tokenizer_vocab=4096, num_attention_heads=1, num_key_value_heads=1)
     pcfg = PretrainConfig(model=tiny, steps=120, span_prob=0.0, random_prob=0.0,
-                          tone_noise=0.3, initial_noise=0.0)
+                          tone_noise=0.3, initial_noise=0.0, family=family)
     build_base_model(ws / "corpus.jsonl", ws / "cosyvoice", pcfg, log=lambda s: None)
     cosyvoice_to_hf(ws / "cosyvoice", ws / "hf_model", log=lambda s: None)
     pq.write_table(pa.Table.from_pylist(grpo_rows(texts, "train")), ws / "train.parquet")
@@ -78,6 +82,19 @@ def run(tmp_path_factory, sim_server_url):
     (ws / "train.log").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-8000:]
     return ws, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def run_cosyvoice3(tmp_path_factory, sim_server_url):
+    return _train(tmp_path_factory.mktemp("grpo_vllm_cv3"), sim_server_url, "cosyvoice3")
+
+
+def test_grpo_steps_with_vllm_rollout_cosyvoice3(run_cosyvoice3):
+    """The same run in CosyVoice3's layout: the bias-free head served by vLLM, its 200 stop ids
+    (generation_config) ending rollouts, the <|endofprompt|> prompt from the chat template."""
+    test_grpo_steps_with_vllm_rollout(run_cosyvoice3)
+    ws, _ = run_cosyvoice3
+    assert json.loads((ws / "hf_model" / "config.json").read_text())["speech_family"] == "cosyvoice3"
 
 
 def test_grpo_steps_with_vllm_rollout(run):
