@@ -7,6 +7,11 @@
 #   GPU_CHECK_DEVICE=cpu PY=.venv-vllm/bin/python bash scripts/gpu_check.sh   the same on CPU (its
 #     full-size rehearsal phase needs ~30 min there: GPU_CHECK_LIMITS="600 300 3600 300", or
 #     GPU_CHECK_REHEARSAL="build convert" for a quick pass)
+#   bash scripts/gpu_check.sh --family cosyvoice3   (or MODEL_FAMILY=cosyvoice3, run.sh's setting)
+#     step 1 adds CosyVoice3's head and rule in vLLM (tests/gpu_stack/test_vllm_cosyvoice3.py) and
+#     step 3 rehearses Fun-CosyVoice3-0.5B's shapes (scripts/rehearsal.sh --family cosyvoice3: its
+#     reward server and GRPO rewards need TTSRL_COSYVOICE_CHECKOUT, else they are skipped, said so);
+#     steps 2 and 4 measure the engine and CosyVoice2's token2wav as without it
 # Steps: 1. vLLM loads our converted + merged checkpoints through the plugin; greedy ids and
 # per-token log-probs equal the transformers class (tests/gpu_stack/test_vllm_engine.py on
 # cuda), sampled draws follow CosyVoice2's rule (tests/gpu_stack/test_vllm_sampling.py); 2. stage-4
@@ -18,6 +23,9 @@
 # Output is also written to $GPU_CHECK_DIR/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/family.sh
+source scripts/family.sh
+family_arg gpu_check.sh "$@"
 PY=${PY:-.venv/bin/python}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 WORK=${GPU_CHECK_DIR:-$(mktemp -d /tmp/ttsrl_gpu_check.XXXXXX)}
@@ -29,7 +37,7 @@ source scripts/phases.sh
 start=$SECONDS
 say() { echo "[gpu_check $((SECONDS - start))s] $*"; }
 
-say "work folder $WORK, python $PY, device $DEVICE"
+say "work folder $WORK, python $PY, device $DEVICE, family $FAMILY"
 "$PY" - <<'PY'
 import importlib.metadata as m, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "| vllm", m.version("vllm"), "| transformers",
@@ -59,10 +67,13 @@ T2W_SIZE=${GPU_CHECK_T2W_SIZE:-$([[ $DEVICE == cuda ]] && echo full || echo tiny
 # CosyVoice's code is in the GPU .venv and the CPU .venv, not in the CPU vLLM venv (.venv-vllm)
 T2W_PY=$([[ $DEVICE == cuda ]] && echo "$PY" || echo .venv/bin/python)
 T2W_BATCHES=$([[ $DEVICE == cuda ]] && echo 1,16 || echo 1,4)
-export PY DEVICE WORK T2W_SIZE T2W_PY T2W_BATCHES
+# the family's own vLLM test on top of CosyVoice2's (the plugin serves both)
+PARITY_TESTS="tests/gpu_stack/test_vllm_engine.py tests/gpu_stack/test_vllm_sampling.py"
+[[ $FAMILY == cosyvoice2 ]] || PARITY_TESTS+=" tests/gpu_stack/test_vllm_$FAMILY.py"
+export PY DEVICE WORK T2W_SIZE T2W_PY T2W_BATCHES FAMILY PARITY_TESTS
 parity() {
-  TTSRL_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -s -p no:cacheprovider \
-    tests/gpu_stack/test_vllm_engine.py tests/gpu_stack/test_vllm_sampling.py > "$WORK/parity.log" 2>&1
+  # shellcheck disable=SC2086  # PARITY_TESTS: paths without spaces, one a word
+  TTSRL_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -s -p no:cacheprovider $PARITY_TESTS > "$WORK/parity.log" 2>&1
   local rc=$?
   grep -oE "\[(start|merged)\] [^(]*|\[draws\] vLLM.*| [0-9]+ (passed|failed).*" "$WORK/parity.log"
   (( rc == 0 )) || tail -60 "$WORK/parity.log"
@@ -79,9 +90,10 @@ rehearsal() {
   local vllm_py=$PY  # the GPU stack's python; CosyVoice's code: $T2W_PY
   REHEARSAL_DEVICE=$DEVICE PY=$T2W_PY VLLM_PY=$vllm_py REHEARSAL_DIR=$WORK/rehearsal \
     REHEARSAL_PHASES=${GPU_CHECK_REHEARSAL:-"build convert vllm reward grpo merge stage4_vllm export"} \
-    bash scripts/rehearsal.sh > "$WORK/rehearsal.out" 2>&1
+    bash scripts/rehearsal.sh --family "$FAMILY" > "$WORK/rehearsal.out" 2>&1
   local rc=$?
-  grep -E "^\[phase|^\[rehearsal\] (vLLM|greedy|log-probs|step|merged|reward batch|CosyVoice|speech)|^  " "$WORK/rehearsal.out"
+  grep -E "^\[phase|^\[rehearsal\] (vLLM|greedy|log-probs|step|merged|reward batch|CosyVoice|ttsrl's|upstream's|speech)|^  " \
+    "$WORK/rehearsal.out"
   return $rc
 }
 t2w() {  # serial vs batched flow (issue 19's open question: the batched speed-up on a GPU)

@@ -3,6 +3,8 @@
 # own time limit, its outcome is recorded and the next phase runs anyway, so one run answers
 # every question it can; `phases_summary` prints what passed and returns 1 if anything did not.
 #   phase NAME LIMIT_S COMMAND [ARG...]    (a shell function: export -f it first)
+#   phase_skip NAME WHY                    a phase this machine cannot run: said in its own line and
+#                                          the summary as SKIPPED (WHY); not a failure, never a pass
 # PHASE_MEMORY=1: each phase also reports the machine's peak memory in use while it ran
 # (MemTotal - MemAvailable from /proc/meminfo every 0.5 s: every process of the phase, Ray's
 # workers and servers included, which a child's ru_maxrss would miss; minus nothing: what the
@@ -54,13 +56,18 @@ phase() {
   return 0
 }
 
+phase_skip() {
+  PHASE_ROWS+=("$1|SKIPPED ($2)|0|")
+  echo "[phase $((SECONDS - PHASE_T0))s] $1: SKIPPED ($2)"
+}
+
 phases_summary() {
   local row name status took mem bad=0
   echo "==== summary ($((SECONDS - PHASE_T0))s in all)"
   for row in "${PHASE_ROWS[@]}"; do
     IFS='|' read -r name status took mem <<< "$row"
     printf '  %-52s %5ss  %s%s\n' "$name" "$took" "${mem:+$mem  }" "$status"
-    [[ $status == passed ]] || bad=1
+    [[ $status == passed || $status == SKIPPED* ]] || bad=1
   done
   return $bad
 }

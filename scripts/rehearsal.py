@@ -2,20 +2,26 @@
 """The full-size dress rehearsal's Python phases (run by scripts/rehearsal.sh, which also runs
 the stage CLIs between them and times every phase).
 
-Every model here has CosyVoice2-0.5B's shapes and RANDOM weights (the released weights cannot
-be had here): the LLM is Qwen2.5-0.5B's body (24 layers, hidden 896, 14 heads / 2 KV heads,
-151,936 text rows) with the speech rows, flow and HiFT are the upstream cosyvoice2.yaml's
-(tests/cosyvoice2_tiny.py, ``size="full"``), campplus and the speech tokenizer are ONNX
-stand-ins with the real signatures. What is shrunk is only the work: few prompts, short
+Every model here has the released model's shapes and RANDOM weights (the released weights
+cannot be had here). ``--family cosyvoice2`` (default): CosyVoice2-0.5B's: the LLM is
+Qwen2.5-0.5B's body (24 layers, hidden 896, 14 heads / 2 KV heads, 151,936 text rows) with the
+speech rows, flow and HiFT are the upstream cosyvoice2.yaml's (tests/cosyvoice2_tiny.py,
+``size="full"``). ``--family cosyvoice3``: Fun-CosyVoice3-0.5B-2512's: the same body in upstream
+CosyVoice3LM's layout (tests/cosyvoice3_tiny.py, ``size="full"``), flow (DiT) and HiFT of
+upstream's cosyvoice3.yaml (tests/cosyvoice3_token2wav_tiny.py, ``size="full"``; built with a
+CosyVoice source checkout's classes, ``--checkout``: without one the folder has the LLM only and
+scripts/rehearsal.sh skips the phases that voice codes). Campplus and the speech tokenizer are
+ONNX stand-ins with the real signatures. What is shrunk is only the work: few prompts, short
 responses, 2 GRPO steps; never a layer size.
 
-    python scripts/rehearsal.py build  --workdir W          the model folders, prompts and data
+    python scripts/rehearsal.py build  --workdir W [--family F] [--checkout C]  the model folders, prompts, data
     python scripts/rehearsal.py vllm   --workdir W          (.venv-vllm) vLLM serves W/hf_model
     python scripts/rehearsal.py reward --workdir W --url U  the cosyvoice2 reward server at U
     python scripts/rehearsal.py grpo   --workdir W [--url U] [--rollout hf]  (.venv-vllm) 2 GRPO steps
     python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
     python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
-    python scripts/rehearsal.py export --workdir W          (.venv) CosyVoice's own Qwen2LM loads it
+    python scripts/rehearsal.py export --workdir W [--family F] [--checkout C]  (.venv) the family's LM
+                                                            class loads it strict (FAMILY_MODELS)
 """
 
 from __future__ import annotations
@@ -51,15 +57,44 @@ def folder_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
 
 
+#: the random full-size model folder of each family (scripts/rehearsal.sh names the same)
+FAMILY_MODELS = {"cosyvoice2": "CosyVoice2-0.5B", "cosyvoice3": "Fun-CosyVoice3-0.5B"}
+
+
+def family_rule(family: str) -> str:
+    """The family's current sampling rule (``cosyvoice2-2026``, ``cosyvoice3-2026``)."""
+    return f"{family}-2026"
+
+
 # ---------------------------------------------------------------- build
 def cmd_build(a) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm, write_tone_wav
+    from cosyvoice2_tiny import write_tone_wav
     from helpers import grpo_rows
 
     w = Path(a.workdir)
-    model = w / "CosyVoice2-0.5B"
+    others = {"cosyvoice2": _build_cosyvoice2, "cosyvoice3": _build_cosyvoice3}[a.family](w, a)
+    model = w / FAMILY_MODELS[a.family]
+    prompts = w / "prompts"
+    prompts.mkdir(exist_ok=True)
+    write_tone_wav(prompts / "spk_a.wav", 2.0, 16000, 170.0)
+    write_tone_wav(prompts / "spk_b.wav", 1.5, 24000, 230.0)
+    data = w / "data"
+    data.mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS, "train")), data / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS[:2], "test")), data / "test.parquet")
+    (data / "test.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}, ensure_ascii=False) + "\n"
+                                             for i, t in enumerate(TEXTS[:4])), encoding="utf-8")
+    say(f"{model} ({gib(folder_bytes(model))}), {''.join(f'{o}, ' for o in others)}2 prompt wavs, {len(TEXTS)} training texts, 4 test texts")
+
+
+def _build_cosyvoice2(w: Path, a) -> list[str]:
+    """CosyVoice2-0.5B (llm.pt, flow, HiFT, ONNX stand-ins) and the same with a pre-2025 yaml;
+    returns the other folders' names."""
+    from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm
+
+    model = w / FAMILY_MODELS["cosyvoice2"]
     t0 = time.time()
     build_tiny_cosyvoice2(model, size="full")
     say(f"flow.pt {gib((model / 'flow.pt').stat().st_size)}, hift.pt {gib((model / 'hift.pt').stat().st_size)} "
@@ -73,17 +108,30 @@ def cmd_build(a) -> None:
         if f.name != "cosyvoice2.yaml" and not (old / f.name).exists():
             (old / f.name).symlink_to(f)
     (old / "cosyvoice2.yaml").write_text(as_before_2025((model / "cosyvoice2.yaml").read_text()), encoding="utf-8")
-    prompts = w / "prompts"
-    prompts.mkdir(exist_ok=True)
-    write_tone_wav(prompts / "spk_a.wav", 2.0, 16000, 170.0)
-    write_tone_wav(prompts / "spk_b.wav", 1.5, 24000, 230.0)
-    data = w / "data"
-    data.mkdir(exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS, "train")), data / "train.parquet")
-    pq.write_table(pa.Table.from_pylist(grpo_rows(TEXTS[:2], "test")), data / "test.parquet")
-    (data / "test.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}, ensure_ascii=False) + "\n"
-                                             for i, t in enumerate(TEXTS[:4])), encoding="utf-8")
-    say(f"{model} ({gib(folder_bytes(model))}), {old.name}, 2 prompt wavs, {len(TEXTS)} training texts, 4 test texts")
+    return [old.name]
+
+
+def _build_cosyvoice3(w: Path, a) -> list[str]:
+    """Fun-CosyVoice3-0.5B's LLM half (llm.pt in upstream CosyVoice3LM's keys, CosyVoice-BlankEN/)
+    and, with ``--checkout``, its token2wav half at the released flow/HiFT shapes."""
+    from cosyvoice3_tiny import write_random_llm3
+
+    model = w / FAMILY_MODELS["cosyvoice3"]
+    t0 = time.time()
+    write_random_llm3(model, size="full")
+    say(f"llm.pt {gib((model / 'llm.pt').stat().st_size)} (Fun-CosyVoice3-0.5B's shapes, upstream CosyVoice3LM's "
+        f"keys): {time.time() - t0:.0f}s")
+    if not a.checkout:
+        say("no CosyVoice checkout (TTSRL_COSYVOICE_CHECKOUT): the token2wav half (cosyvoice3.yaml, flow.pt, "
+            "hift.pt) is not built; CosyVoice3's classes are not in the PyPI package")
+        return []
+    from cosyvoice3_token2wav_tiny import build_cosyvoice3_token2wav
+
+    t0 = time.time()
+    build_cosyvoice3_token2wav(model, a.checkout, size="full")  # leaves llm.pt and CosyVoice-BlankEN/ as they are
+    say(f"flow.pt {gib((model / 'flow.pt').stat().st_size)}, hift.pt {gib((model / 'hift.pt').stat().st_size)} "
+        f"(the upstream cosyvoice3.yaml's sizes, classes from {a.checkout}), ONNX stand-ins: {time.time() - t0:.0f}s")
+    return []
 
 
 # ---------------------------------------------------------------- vllm
@@ -105,10 +153,11 @@ def cmd_vllm(a) -> None:
     t0 = time.time()
     gen = VLLMGenerator(str(hf), lm.vocab, seed=0, dtype="float32", enforce_eager=a.device == "cpu",
                         gpu_memory_utilization=0.3, max_model_len=512)
-    say(f"vLLM engine up in {time.time() - t0:.1f}s (the ttsrl plugin's class, fp32)")
+    say(f"vLLM engine up in {time.time() - t0:.1f}s (the ttsrl plugin's class, fp32; {lm.vocab.family.name})")
     reqs = [Request(f"u{i}", tuple(lm.tokenizer.encode(t, add_special_tokens=False))) for i, t in enumerate(TEXTS)]
-    greedy = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=RATIO))
-    sampled = GenerationConfig(greedy=False, seed=0, sampling=SamplingConfig(max_token_text_ratio=RATIO))
+    rule = family_rule(lm.vocab.family.name)  # the family of the converted checkpoint (its tokenizer)
+    greedy = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
+    sampled = GenerationConfig(greedy=False, seed=0, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
     runs = {}
     for name, engine in (("vllm", gen), ("transformers", HFGenerator(lm.model, lm.vocab))):
         for tag, cfg in (("greedy", greedy), ("sampled", sampled)):
@@ -231,7 +280,7 @@ def cmd_grpo(a) -> None:
     from ttsrl.train.grpo import GRPOConfig
 
     w = Path(a.workdir)
-    extra = ["trainer.val_before_train=False"]
+    extra = []  # trainer.val_before_train: GRPOConfig's val_before_train below owns it
     if a.rollout == "vllm":
         extra.append("actor_rollout_ref.rollout.load_format=dummy")  # vLLM gets real weights only by verl's sync
     if a.device == "cpu" and a.rollout == "vllm":
@@ -335,6 +384,12 @@ def cmd_merged(a) -> None:
 
 # ---------------------------------------------------------------- export
 def cmd_export(a) -> None:
+    """The exported llm.pt loads strict in the family's LM class: ``_export_cosyvoice2`` or
+    ``_export_cosyvoice3``."""
+    {"cosyvoice2": _export_cosyvoice2, "cosyvoice3": _export_cosyvoice3}[a.family](a)
+
+
+def _export_cosyvoice2(a) -> None:
     """The exported llm.pt loads strict in CosyVoice's own Qwen2LM (the installed CosyVoice code:
     what CosyVoice's inference loads it into) at full size, and its speech logits equal the
     merged step's under the transformers class (the model vLLM served):
@@ -363,12 +418,45 @@ def cmd_export(a) -> None:
         raise SystemExit("[rehearsal] FAILED: the exported llm.pt does not compute the merged step's logits")
 
 
+def _export_cosyvoice3(a) -> None:
+    """The exported llm.pt loads strict in ttsrl's ``CosyVoice3LM`` (CosyVoice's PyPI code has no
+    CosyVoice3LM) and, with ``--checkout``, in upstream's ``cosyvoice.llm.llm.CosyVoice3LM`` from
+    that checkout; under each its speech logits equal the merged step's under the transformers
+    class (the model vLLM served): ``verify_export`` with references "ttsrl" and "cosyvoice"."""
+    from ttsrl.model import vocab as V
+    from ttsrl.model.convert import verify_export
+    from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, import_cosyvoice
+
+    w = Path(a.workdir)
+    merged, pt = w / "merged" / f"step_{STEPS}", w / "llm_exported.pt"
+    probes = f"4 random probes of 10 text + 30 speech tokens, every position, {V.COSYVOICE3.num_outputs} classes"
+    worst = verify_export(merged, pt, reference="ttsrl")
+    say(f"ttsrl's CosyVoice3LM loaded llm_exported.pt strict; speech logits vs transformers on merged step "
+        f"{STEPS}: max |diff| {worst:.2e} ({probes})")
+    if a.checkout:
+        import_cosyvoice(a.checkout, COSYVOICE3)  # the checkout's cosyvoice package, not the PyPI one
+        up = verify_export(merged, pt, reference="cosyvoice")
+        say(f"upstream's CosyVoice3LM (cosyvoice.llm.llm, checkout {a.checkout}) loaded llm_exported.pt strict; "
+            f"speech logits vs transformers: max |diff| {up:.2e} ({probes})")
+        worst = max(worst, up)
+    else:
+        say("upstream's CosyVoice3LM: not checked (no CosyVoice checkout: TTSRL_COSYVOICE_CHECKOUT; the PyPI "
+            "package has no CosyVoice3LM)")
+    if worst > 1e-4:
+        raise SystemExit("[rehearsal] FAILED: the exported llm.pt does not compute the merged step's logits")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=("build", "vllm", "reward", "grpo", "merged", "stage4", "export"))
     ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 17 GB at the end)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--url", help="the cosyvoice2 reward server (reward; grpo: without it, a sim server)")
+    ap.add_argument("--family", default="cosyvoice2", choices=tuple(FAMILY_MODELS),
+                    help="build, export: the model family (run.sh's MODEL_FAMILY)")
+    ap.add_argument("--checkout", default=os.environ.get("TTSRL_COSYVOICE_CHECKOUT") or None,
+                    help="cosyvoice3: a CosyVoice source checkout (build: the token2wav half; export: upstream's "
+                         "CosyVoice3LM too); default TTSRL_COSYVOICE_CHECKOUT")
+    ap.add_argument("--url", help="the family's reward server (reward; grpo: without it, a sim server)")
     ap.add_argument("--rollout", default="vllm", choices=("vllm", "hf"), help="grpo: the rollout engine")
     ap.add_argument("--batches", type=int, default=1, help="reward: batches of requests, one after the other")
     ap.add_argument("--requests", type=int, default=len(TEXTS), help="reward: requests in a batch (a GRPO step's 8)")

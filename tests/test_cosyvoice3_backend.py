@@ -350,3 +350,27 @@ def test_backend_mel_equals_vllm_omni_code2wav(t2w, tmp_path):
     diff = float(np.abs(got - ours.float().numpy()).max())
     print(f"max |mel diff| backend vs vllm-omni code2wav: {diff:.3g} (mel std {float(ours.std()):.3g})")
     assert diff < 1e-4 and torch.isfinite(ours).all()
+
+
+@needs_checkout
+def test_export_loads_strict_in_upstreams_cosyvoice3lm(tmp_path):
+    """Stage 5's llm.pt of a CosyVoice3 checkpoint in upstream's own ``CosyVoice3LM`` (the
+    checkout's ``cosyvoice.llm.llm``; the PyPI package has none): strict load and equal logits
+    (``verify_export(reference="cosyvoice")``, what scripts/rehearsal.sh --family cosyvoice3
+    checks at full size); swapped sos/task_id rows are seen."""
+    import torch
+    from cosyvoice3_tiny import write_random_llm3
+
+    from ttsrl.model import convert
+    from ttsrl.reward.backends.cosyvoice_code import import_cosyvoice
+
+    write_random_llm3(tmp_path / "cv3")
+    convert.cosyvoice_to_hf(tmp_path / "cv3", tmp_path / "hf", log=lambda _: None)
+    convert.hf_to_cosyvoice(tmp_path / "hf", tmp_path / "llm.pt", log=lambda _: None)
+    import_cosyvoice(CHECKOUT, COSYVOICE3)
+    assert convert.verify_export(tmp_path / "hf", tmp_path / "llm.pt", reference="cosyvoice") <= 1e-5
+    state = torch.load(tmp_path / "llm.pt")
+    rows = state["speech_embedding.weight"]
+    rows[[6561, 6563]] = rows[[6563, 6561]].clone()  # sos and task_id swapped
+    torch.save(state, tmp_path / "swapped.pt")
+    assert convert.verify_export(tmp_path / "hf", tmp_path / "swapped.pt", reference="cosyvoice") > 1e-2

@@ -40,6 +40,13 @@ def test_all_passed_exits_zero():
     assert r.returncode == 0 and r.stdout.count("s  passed") == 2, r.stdout + r.stderr
 
 
+def test_a_skipped_phase_says_why_and_is_neither_a_pass_nor_a_failure():
+    r, _ = _run('phase "one" 5 true\nphase_skip "two" "no checkout: X=DIR"\nphases_summary')
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "two: SKIPPED (no checkout: X=DIR)" in r.stdout and r.stdout.count("s  passed") == 1, r.stdout
+    assert [line.split()[0] for line in r.stdout.splitlines() if "SKIPPED" in line] == ["[phase", "two"], r.stdout
+
+
 def test_phase_memory_reports_the_peak_in_use_while_the_phase_ran(tmp_path):
     """PHASE_MEMORY=1 (scripts/rehearsal.sh): the peak of MemTotal - MemAvailable while the phase
     ran, and the value at its start, in its own line and in the summary. A fake meminfo file

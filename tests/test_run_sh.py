@@ -22,7 +22,8 @@ from helpers import dead_url, start_reward_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh",
-                 "scripts/gpu_check.sh", "scripts/phases.sh", "scripts/compare_algorithms.sh", "scripts/rehearsal.sh",
+                 "scripts/gpu_check.sh", "scripts/phases.sh", "scripts/family.sh", "scripts/compare_algorithms.sh",
+                 "scripts/rehearsal.sh",
                  "presets/embedded.sh", "presets/gpu8.sh", "presets/gpu8_cosyvoice3.sh", "presets/multinode_sim.sh"]
 
 
@@ -59,6 +60,20 @@ def test_install_help_does_not_install(tmp_path):
         assert r.returncode == rc, (args, r.stdout, r.stderr)
         assert "bash scripts/install.sh" in (r.stdout if rc == 0 else r.stderr), (args, r.stdout, r.stderr)
         assert not (tmp_path / ".venv").exists()
+
+
+def test_rehearsal_and_gpu_check_refuse_an_unknown_family_before_anything_runs(tmp_path):
+    """--family / MODEL_FAMILY (scripts/family.sh): a family ttsrl does not know, or another
+    argument, stops with exit 2 and a line naming it, before any install or work folder."""
+    for script in ("scripts/rehearsal.sh", "scripts/gpu_check.sh"):
+        for args, env, said in ((["--family", "cosyvoice4"], {}, "family cosyvoice4: expected cosyvoice2 or cosyvoice3"),
+                                ([], {"MODEL_FAMILY": "x"}, "family x: expected"),
+                                (["--bogus"], {}, "unknown argument --bogus")):
+            work = tmp_path / f"{Path(script).stem}{len(env)}{len(args)}"
+            r = subprocess.run(["bash", str(ROOT / script), *args], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, **env, "REHEARSAL_DIR": str(work), "GPU_CHECK_DIR": str(work)})
+            assert r.returncode == 2 and said in r.stderr, (script, args, r.stdout, r.stderr)
+            assert not work.exists() and not r.stdout, (script, args, r.stdout)
 
 
 def test_shell_scripts_parse_and_pass_shellcheck():

@@ -360,28 +360,44 @@ def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: 
             "non_speech_mass_stock": torch.cat(leaks).mean().item()}
 
 
-def cosyvoice_own_lm(inner_config) -> torch.nn.Module:
-    """CosyVoice's own ``cosyvoice.llm.llm.Qwen2LM`` (the installed CosyVoice code: what
-    CosyVoice's inference loads ``llm.pt`` into) around a Qwen2 body of ``inner_config`` with
-    random weights, for ``load_state_dict``: its ``Qwen2Encoder.__init__`` reads pretrained
-    weights (``from_pretrained``) that a CosyVoice2 folder does not hold."""
-    from cosyvoice.llm.llm import Qwen2Encoder  # type: ignore  # CosyVoice's code: not a ttsrl dependency
-    from cosyvoice.llm.llm import Qwen2LM as CosyVoiceQwen2LM  # type: ignore
+def cosyvoice_own_lm(inner_config, family: V.Family = V.COSYVOICE2) -> torch.nn.Module:
+    """CosyVoice's own LM class of ``family`` (``family.upstream_class`` of ``cosyvoice.llm.llm``:
+    ``Qwen2LM``, or ``CosyVoice3LM``, which only a CosyVoice source checkout has: import it first,
+    ``ttsrl.reward.backends.cosyvoice_code.import_cosyvoice``) from the installed CosyVoice code
+    (what CosyVoice's inference loads ``llm.pt`` into) around a Qwen2 body of ``inner_config``
+    with random weights, for ``load_state_dict``: its ``Qwen2Encoder.__init__`` reads pretrained
+    weights (``from_pretrained``) that a CosyVoice folder does not hold."""
+    import cosyvoice.llm.llm as upstream  # type: ignore  # CosyVoice's code: not a ttsrl dependency
     from transformers import Qwen2ForCausalLM
 
-    enc = Qwen2Encoder.__new__(Qwen2Encoder)
+    cls = getattr(upstream, family.upstream_class, None)
+    if cls is None:
+        raise ImportError(f"the installed CosyVoice code ({upstream.__file__}) has no {family.upstream_class} "
+                          f"(the PyPI package predates {family.name}: a CosyVoice source checkout has it)")
+    enc = upstream.Qwen2Encoder.__new__(upstream.Qwen2Encoder)
     nn.Module.__init__(enc)
     enc.model = Qwen2ForCausalLM(inner_config)
-    return CosyVoiceQwen2LM(llm_input_size=inner_config.hidden_size, llm_output_size=inner_config.hidden_size,
-                            speech_token_size=V.SPEECH_TOKEN_SIZE, llm=enc, sampling=None)
+    return cls(llm_input_size=inner_config.hidden_size, llm_output_size=inner_config.hidden_size,
+               speech_token_size=family.speech_token_size, llm=enc, sampling=None)
+
+
+def cosyvoice_own_prefix(lm, text_ids: Sequence[int]) -> torch.Tensor:
+    """The input CosyVoice's own class builds in its ``inference``, before any speech: sos, text
+    embeddings, task id (rows of ``llm_embedding`` in ``Qwen2LM``, of ``speech_embedding`` in
+    ``CosyVoice3LM``, which has no ``llm_embedding``), shape (n, hidden)."""
+    if hasattr(lm, "llm_embedding"):
+        emb, sos = lm.llm_embedding.weight, lm.sos_eos
+    else:
+        emb, sos = lm.speech_embedding.weight, lm.sos
+    return torch.cat([emb[sos][None], lm.llm.model.model.embed_tokens(torch.tensor(list(text_ids))),
+                      emb[lm.task_id][None]])
 
 
 def cosyvoice_own_logits(lm, text_ids: Sequence[int], speech: Sequence[int]) -> torch.Tensor:
-    """``Qwen2LM.forward_logits`` computed by CosyVoice's own class (``cosyvoice_own_lm``), its
-    input built as its ``inference`` builds it: sos, text embeddings, task id, speech embeddings."""
-    emb = lm.llm_embedding.weight
-    x = torch.cat([emb[lm.sos_eos][None], lm.llm.model.model.embed_tokens(torch.tensor(list(text_ids))),
-                   emb[lm.task_id][None], lm.speech_embedding(torch.tensor(list(speech), dtype=torch.long))])[None]
+    """``forward_logits`` computed by CosyVoice's own class (``cosyvoice_own_lm``), its input
+    built as its ``inference`` builds it: sos, text embeddings, task id, speech embeddings."""
+    x = torch.cat([cosyvoice_own_prefix(lm, text_ids),
+                   lm.speech_embedding(torch.tensor(list(speech), dtype=torch.long))])[None]
     hidden, _ = lm.llm(x, torch.tensor([x.shape[1]]))
     return lm.llm_decoder(hidden[0])
 
@@ -397,9 +413,7 @@ COSYVOICE_TRANSFORMERS = "4.51.3"
 def cosyvoice_own_greedy(lm, text_ids: Sequence[int], steps: int) -> list[int]:
     """Greedy codes from CosyVoice's own ``Qwen2LM.inference_wrapper`` (its KV-cached
     ``forward_one_step`` loop, what CosyVoice's inference runs without vLLM), at most ``steps``."""
-    emb = lm.llm_embedding.weight
-    x = torch.cat([emb[lm.sos_eos][None], lm.llm.model.model.embed_tokens(torch.tensor(list(text_ids))),
-                   emb[lm.task_id][None]])[None]
+    x = cosyvoice_own_prefix(lm, text_ids)[None]
     lm.sampling = lambda scores, decoded, k: scores.argmax(dim=-1, keepdim=True)  # greedy, no RAS
     return [int(t) for t in lm.inference_wrapper(x, 25, 0, steps, "")]
 
@@ -426,14 +440,17 @@ def checkpoint_greedy(hf, sv: V.SpeechVocab, text_ids: Sequence[int], steps: int
 def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed: int = 0,
                   reference: str = "ttsrl", decode_steps: int = 8) -> float:
     """Max |logit difference| between the HF checkpoint and the exported llm.pt
-    (loaded strictly into ``Qwen2LM``), both in fp32, over a random probe batch.
-    ``reference``: "ttsrl" (``ttsrl.model.cosyvoice_lm.Qwen2LM``, no CosyVoice code needed) or
-    "cosyvoice" (CosyVoice's own class from the installed CosyVoice code: ``cosyvoice_own_lm``).
-    With "cosyvoice", equal logits are not enough: ``decode_steps`` greedy codes of each probe's
-    text from CosyVoice's own cached loop must equal the checkpoint's, else
+    (loaded strictly into the family's LM class), both in fp32, over a random probe batch.
+    ``reference``: "ttsrl" (``ttsrl.model.cosyvoice_lm``'s ``Qwen2LM``/``CosyVoice3LM``, no
+    CosyVoice code needed) or "cosyvoice" (CosyVoice's own class from the installed CosyVoice
+    code: ``cosyvoice_own_lm``; CosyVoice3's ``CosyVoice3LM`` only from a source checkout,
+    imported first). With "cosyvoice" and CosyVoice2, equal logits are not enough:
+    ``decode_steps`` greedy codes of each probe's text from CosyVoice's own cached loop must
+    equal the checkpoint's, else
     :class:`CosyVoiceDecodeMismatch` (under transformers 5 that loop repeats one code: its
     ``forward_one_step`` hands a one-position attention mask, which transformers 5 takes as the
-    whole mask; CosyVoice pins transformers 4.51.3). ``decode_steps=0``: logits only."""
+    whole mask; CosyVoice pins transformers 4.51.3). ``decode_steps=0``, and CosyVoice3: logits
+    only."""
     import transformers
 
     from ttsrl.model.hf_model import load_speech_lm
@@ -441,11 +458,8 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
     hf = load_speech_lm(hf_dir, dtype=torch.float32)
     sv = V.vocab_of(hf.tokenizer)
     inner = inner_config_of(json.loads((Path(hf_dir) / "config.json").read_text()))
-    if reference == "cosyvoice" and sv.family is not V.COSYVOICE2:
-        raise ValueError(f"reference 'cosyvoice' runs the installed CosyVoice code's Qwen2LM, which predates "
-                         f"{sv.family.upstream_class}; use reference 'ttsrl' for {sv.family.name}")
     if reference == "cosyvoice":
-        ref = cosyvoice_own_lm(inner)
+        ref = cosyvoice_own_lm(inner, sv.family)
         logits_of = functools.partial(cosyvoice_own_logits, ref)
     elif reference == "ttsrl":
         ref = LM_CLASSES[sv.family.name](inner)
@@ -466,7 +480,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
         b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]
         worst = max(worst, (a - b).abs().max().item())
         texts.append(text)
-    if reference == "cosyvoice" and decode_steps > 0:
+    if reference == "cosyvoice" and decode_steps > 0 and sv.family is V.COSYVOICE2:  # CosyVoice2's loop
         for text in texts:
             want, whole = checkpoint_greedy(hf, sv, text, decode_steps)
             got = cosyvoice_own_greedy(ref, text, decode_steps)
