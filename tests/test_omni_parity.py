@@ -10,7 +10,6 @@ is the authority: where vllm-omni departs from it, the test says so and upstream
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,13 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ttsrl import knobs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cosyvoice3_tiny import cosyvoice3_tokenizer_specials, upstream_tokenizer, write_random_llm3  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OMNI_PY = ROOT / ".venv-omni" / "bin" / "python"
 DRIVER = ROOT / "tests" / "omni" / "driver.py"
-if os.environ.get("TTSRL_SKIP_OMNI_TESTS") == "1":
+if knobs.get("TTSRL_SKIP_OMNI_TESTS"):
     pytestmark = pytest.mark.skip(reason="TTSRL_SKIP_OMNI_TESTS=1: the vllm-omni parity tests are left out")
 else:
     pytestmark = pytest.mark.skipif(not OMNI_PY.exists(), reason=(
@@ -217,7 +218,7 @@ def test_llm_logprobs_match_vllm_omni_full_size(tmp_path):
 
 
 # ---- code2wav: the flow's mel -----------------------------------------------------------------
-CHECKOUT = os.environ.get("TTSRL_COSYVOICE_CHECKOUT", "")
+CHECKOUT = knobs.get("TTSRL_COSYVOICE_CHECKOUT") or ""
 MEL_TOL = 1e-4
 
 

@@ -73,6 +73,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "scripts/cuda_toolkit.sh", shell=True),
     Knob("TTSRL_SKIP_VLLM_TESTS", bool, False, "1: scripts/test.sh leaves out the vLLM tests", "scripts/test.sh",
          shell=True),
+    Knob("TTSRL_SKIP_OMNI_TESTS", bool, False, "1: scripts/test.sh leaves out the vllm-omni parity tests (and "
+         "building .venv-omni)", "scripts/test.sh", shell=True),
     Knob("TTSRL_COSYVOICE_CHECKOUT", str, None, "a CosyVoice source checkout with CosyVoice3 (FunAudioLLM/CosyVoice "
          "at or after dd2d926) for the cosyvoice3 backend's tests (unset: they are skipped; the PyPI package lacks "
          "CosyVoice3)", "tests/test_cosyvoice3_backend.py"),
