@@ -142,7 +142,8 @@ def test_protocol_round_trip():
         with pytest.raises(ResponseError, match="speaker similarity|output SIMS is inf"):
             parse_response(build_response("m", 0.25, "", 0.5, sim=bad))
     meta = model_metadata("m")
-    assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS]
+    assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS] + ["PROMPT_ID"]
+    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True]  # issue 37
     assert [o["name"] for o in meta["outputs"]][0] == OUTPUT_SPECS[0][0] == "REWARDS"
 
 

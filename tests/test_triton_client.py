@@ -106,7 +106,9 @@ def test_tritonclient_reads_model_config_statistics_and_repository_index():
         assert cfg == client.get_model_config(DEFAULT_MODEL_NAME, model_version="1")
         assert cfg["name"] == DEFAULT_MODEL_NAME and cfg["max_batch_size"] == 8
         assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [
-            ("TOKENS", "TYPE_INT32", ["-1"]), ("TOKEN_LENS", "TYPE_INT32", ["1"]), ("GT_TEXT", "TYPE_STRING", ["1"])]
+            ("TOKENS", "TYPE_INT32", ["-1"]), ("TOKEN_LENS", "TYPE_INT32", ["1"]), ("GT_TEXT", "TYPE_STRING", ["1"]),
+            ("PROMPT_ID", "TYPE_STRING", ["1"])]
+        assert [t["optional"] for t in cfg["input"]] == [False, False, False, True]  # PROMPT_ID (issue 37)
         assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS"]
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "30000"
         assert cfg["parameters"]["reward"] == {"string_value": "exp_toneless"}

@@ -35,6 +35,7 @@ class Item:
     text: str
     future: asyncio.Future
     t_enqueued: float
+    prompt_id: str | None = None  # the request's PROMPT_ID (None: the speaker is chosen from the text)
 
 
 class Stats:
@@ -87,7 +88,7 @@ class Batcher:
     """Bounded queue + one batching worker per pipeline (device)."""
 
     def __init__(self, cfg, pipelines: Sequence[SpeechPipeline], stats: Stats,
-                 score: Callable[[SpeechPipeline, list, list], list[Scored]], errors=None,
+                 score: Callable[[SpeechPipeline, list, list, list], list[Scored]], errors=None,
                  on_split: Callable[[], None] | None = None):
         self.cfg = cfg  # a ServerConfig: max_batch, max_delay_ms, max_queue
         self.score = score
@@ -115,12 +116,12 @@ class Batcher:
             if not it.future.done():
                 it.future.set_exception(RuntimeError("server shutting down"))
 
-    def submit(self, codes: list[int], text: str) -> asyncio.Future:
+    def submit(self, codes: list[int], text: str, prompt_id: str | None = None) -> asyncio.Future:
         if len(self.queue) >= self.cfg.max_queue:
             self.stats.rejected_full += 1
             raise RequestError(f"queue full ({self.cfg.max_queue} waiting); retry later", 503)
         loop = asyncio.get_running_loop()
-        item = Item(codes, text, loop.create_future(), loop.time())
+        item = Item(codes, text, loop.create_future(), loop.time(), prompt_id)
         self.queue.append(item)
         self.stats.max_queue_depth = max(self.stats.max_queue_depth, len(self.queue))
         self._arrived.set()
@@ -155,8 +156,8 @@ class Batcher:
             self.stats.triton.durations["queue"].add(sum(now - it.t_enqueued for it in batch) * 1e9, len(batch))
             t0 = time.perf_counter()
             try:
-                results = await loop.run_in_executor(pool, self.score, pipeline,
-                                                     [it.codes for it in batch], [it.text for it in batch])
+                results = await loop.run_in_executor(pool, self.score, pipeline, [it.codes for it in batch],
+                                                     [it.text for it in batch], [it.prompt_id for it in batch])
             except Exception as e:
                 self._log_failure(pipeline, e, len(batch))
                 if len(batch) == 1:
@@ -171,7 +172,7 @@ class Batcher:
                 for it in batch:
                     try:
                         results.append((await loop.run_in_executor(pool, self.score, pipeline,
-                                                                   [it.codes], [it.text]))[0])
+                                                                   [it.codes], [it.text], [it.prompt_id]))[0])
                     except Exception as e1:
                         self._log_failure(pipeline, e1, 1)
                         results.append(e1)

@@ -56,6 +56,14 @@ column stays finite, and ``sim_measured`` (1.0 or 0.0), which tells such a 0.0 f
 one: anything that averages or prints SIM reads it first (``reward_tts.py`` prints ``sim -``). ``score`` and ``sim`` are the two components of ``--algorithm gdpo``
 (``algorithm.gdpo_reward_keys``; verl reads them from the extra info,
 ``verl/trainer/ppo/core_algos.py:413-430``).
+
+Speakers (issue 37): verl hands ``compute_score`` each row's ``extra_info``; a zero-shot row's
+``extra_info["prompt_id"]`` goes to the server as the optional PROMPT_ID input, so the response is
+voiced with the prompt speaker the policy continued and ``sim`` is the similarity to that prompt
+wav (a server started with ``--want-sim`` or ``--sim-weight``). The answer must carry the id back
+(``parameters.prompt_id``); an id the server does not know is a 422 (a refused request, not retried:
+it counts as a failure like any other, and names the id). Rows without a prompt id send the
+reference recipe's request, unchanged.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ __all__ = ["RequestFailed", "RewardClientConfig", "RewardServiceError", "Failure
 
 log = logging.getLogger("ttsrl.reward")
 
+PROMPT_ID_KEY = "prompt_id"  # the verl row's extra_info key naming its speaker prompt (issue 37)
 ENV_URL = "TTSRL_REWARD_URL"
 ENV_MODEL = "TTSRL_REWARD_MODEL"
 ENV_MAX_FAIL = "TTSRL_REWARD_MAX_FAIL_FRACTION"
@@ -192,10 +201,27 @@ def failure_window(cfg: RewardClientConfig) -> FailureWindow:
 # one reward
 
 
-async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig) -> Reply:
-    """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`."""
-    return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text), cfg.policy,
-                               accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward))
+async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig, prompt_id: str | None = None) -> Reply:
+    """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`.
+    ``prompt_id``: the speaker prompt to voice it with (PROMPT_ID); an answer that does not carry it
+    back (voiced by another speaker) is refused."""
+    return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text, prompt_id), cfg.policy,
+                               accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward,
+                                                        prompt_id=prompt_id))
+
+
+def row_prompt_id(extra_info: dict | None) -> str | None:
+    """The speaker prompt id of a verl row (``extra_info["prompt_id"]``, which stage 0 writes for a
+    zero-shot row); None for a row without one (a missing key, or None: a text-only row). Anything
+    else that is not a string is a ValueError (a row must not silently lose its speaker)."""
+    if not isinstance(extra_info, dict):
+        return None
+    pid = extra_info.get(PROMPT_ID_KEY)
+    if pid is None:
+        return None
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        raise ValueError(f"extra_info[{PROMPT_ID_KEY!r}] is {pid!r} ({type(pid).__name__}), not a prompt id string")
+    return str(pid)
 
 
 # ---------------------------------------------------------------------------
@@ -217,9 +243,12 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
     """Reward of one generated response (a string of ``<|s_N|>`` tokens) for ``ground_truth``.
     ``urls`` and ``expect_reward`` come from verl's ``reward.custom_reward_function.reward_kwargs``
     (``GRPOConfig.reward_urls``/``reward``): the servers to ask, and the reward variant every
-    answer must name (an answer scored by another takes its server out of rotation)."""
+    answer must name (an answer scored by another takes its server out of rotation).
+    ``extra_info["prompt_id"]`` (a zero-shot row's speaker prompt): the server voices the response
+    with that prompt and measures its SIM against it; rows without one are scored as before."""
     global _warned_empty
     cfg = config or RewardClientConfig.from_env(urls, expect_reward)
+    prompt_id = row_prompt_id(extra_info)
     try:
         codes = SpeechVocab.parse_speech_text(solution_str or "")
     except ValueError as e:  # not a speech sequence at all: it says nothing
@@ -235,12 +264,14 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
 
     window = failure_window(cfg)
     try:
-        reply = await request_reward(codes, ground_truth, cfg)
+        reply = await request_reward(codes, ground_truth, cfg, prompt_id)
     except RequestFailed as e:
         failed = window.record(True)
         if failed > cfg.max_fail_fraction * window.size:
-            hint = (f"The server refused that request as invalid (not retried): check the text {ground_truth[:80]!r} "
-                    "of the data (prepare_data.py flags texts the reward cannot read)." if e.refused else
+            hint = (f"The server refused that request as invalid (not retried): check the text {ground_truth[:80]!r}"
+                    + (f" and the prompt id {prompt_id!r} (the server's --prompt-dir must hold its wav)"
+                       if prompt_id is not None else "")
+                    + " of the data (prepare_data.py flags texts the reward cannot read)." if e.refused else
                     f"Are the reward servers {', '.join(cfg.urls)} ({ENV_URL}) up and serving model {cfg.model!r}?")
             raise RewardServiceError(
                 f"{failed} of the last {window.size} reward requests failed (limit {cfg.max_fail_fraction:.0%}, "

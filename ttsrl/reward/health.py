@@ -3,7 +3,7 @@
 Exit status 0 when ``URL/v2/health/ready`` (``ttsrl.reward.protocol.READY_PATH``) answers 200 for every
 listed server (or for at least ``N``) within ``--wait`` seconds; else 1, naming the servers not ready.
 With ``--pid``, the wait ends (status 1) as soon as that process (the server being started) has exited.
-With ``--expect FIELD=VALUE`` (reward, backend, model_dir, pid), a ready server that serves something
+With ``--expect FIELD=VALUE`` (reward, backend, model_dir, pid, prompt_pool, ...), a ready server that serves something
 else gives status 3 (``model_dir``: the absolute model folder of a cosyvoice2 server, compared
 as an absolute path; ``model_dir=`` for a backend without one) and a line naming what it serves and what was asked (run.sh adopts a server
 only when it serves the run's reward and backend, and stops it only when it is the one it started).
@@ -68,7 +68,7 @@ READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it s
 
 #: what a run asks of a server it adopts -> the model metadata field that says it
 IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "sim_weight": "sim_weight",
-                   "length_guard": "length_guard", "pid": "pid"}
+                   "length_guard": "length_guard", "pid": "pid", "prompt_pool": "prompt_pool_sha1"}
 
 
 def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
@@ -83,7 +83,9 @@ def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
 def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
     """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
     reward variant, backend name, CosyVoice model folder (absolute; "" for backends without one),
-    SIM weight, length guard, its process id), else a sentence naming what it serves and what was asked."""
+    SIM weight, length guard, its process id, the sha1 of its prompt pool's sorted ids:
+    ``ttsrl.reward.backends.base.prompt_pool_sha1``, so a zero-shot run can require a server whose
+    PROMPT_IDs are its rows'), else a sentence naming what it serves and what was asked."""
     try:
         meta = metadata(url, model)
     except (requests.RequestException, ValueError) as e:

@@ -7,6 +7,21 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
       inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
               TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
               GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
+              PROMPT_ID BYTES [1,1]   optional (issue 37): the id of the speaker prompt to voice this
+                                      utterance with, zero-shot (CosyVoice's token2wav conditioned on
+                                      that prompt's speech tokens, mel and speaker embedding); SIMS is
+                                      then the similarity to that same prompt wav. The ids a server
+                                      knows are the stems of its --prompt-dir's *.wav (its prompt pool;
+                                      metadata ``prompt_ids``: how many, ``prompt_pool_sha1``: sha1 of
+                                      the sorted ids, one a line; health's --expect prompt_pool=). An id
+                                      is 1..MAX_PROMPT_ID_BYTES bytes of UTF-8, no control character,
+                                      no '/' or '\\', no leading/trailing space (a file stem). An id the
+                                      server does not know is a 422 naming it and how many it knows,
+                                      never another speaker; a server without a prompt pool (backend
+                                      sim, whisper, or no --prompt-dir) knows none. The answer to a
+                                      request with PROMPT_ID carries it back in ``parameters.prompt_id``
+                                      (the client checks it). Without PROMPT_ID the speaker is chosen
+                                      from the text as before, and the answer is unchanged byte for byte.
       outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1],
               SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), sent by a server
                                with --want-sim/--sim-weight (NaN where nothing was voiced);
@@ -31,6 +46,7 @@ import binascii
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -43,6 +59,10 @@ DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 MODEL_VERSION = "1"
 INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("GT_TEXT", "BYTES", [1, 1]))
+#: inputs a request may leave out (listed with ``"optional": true`` in the metadata and config)
+OPTIONAL_INPUT_SPECS = (("PROMPT_ID", "BYTES", [1, 1]),)
+PROMPT_ID = "PROMPT_ID"
+MAX_PROMPT_ID_BYTES = 255  # a file name's limit on Linux: the ids are wav stems
 OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]),
                 ("SIMS", "FP32", [1, 1]))
 MAX_GT_CHARS = 2000
@@ -75,13 +95,17 @@ class ResponseError(ValueError):
     """An infer response that does not have the outputs this protocol promises."""
 
 
-def build_payload(codes: list[int], text: str) -> dict:
-    """The KServe v2 body the reference recipe's client sends (nested [1,N] data)."""
-    return {"inputs": [
+def build_payload(codes: list[int], text: str, prompt_id: str | None = None) -> dict:
+    """The KServe v2 body the reference recipe's client sends (nested [1,N] data); with
+    ``prompt_id``, also the optional PROMPT_ID input (None: the reference body exactly)."""
+    body = {"inputs": [
         {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [list(codes)]},
         {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
         {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]},
     ]}
+    if prompt_id is not None:
+        body["inputs"].append({"name": PROMPT_ID, "shape": [1, 1], "datatype": "BYTES", "data": [prompt_id]})
+    return body
 
 
 class Reply(NamedTuple):
@@ -117,10 +141,12 @@ def _number(outs: dict, name: str, allow_nan: bool = False) -> float:
     return v
 
 
-def parse_response(body: Any, model: str | None = None, reward: str | None = None) -> Reply:
+def parse_response(body: Any, model: str | None = None, reward: str | None = None,
+                   prompt_id: str | None = None) -> Reply:
     """The :class:`Reply` of an infer response; raises :class:`ResponseError` for an answer that
     is malformed, from another model than ``model`` (when given), scored by another reward
-    variant than ``reward`` (when given: the answer must name it), or impossible: a reward that is
+    variant than ``reward`` (when given: the answer must name it), voiced with another speaker
+    prompt than ``prompt_id`` (when given: the answer must carry it back), or impossible: a reward that is
     not a finite number within the ``reward_range`` the server advertises (a server that
     advertises none: that of SIM weight 0), an error rate that is not a finite number >= 0, a
     SIM outside [-1, 1], a transcript that is not a string."""
@@ -131,6 +157,9 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
     if reward is not None and (body.get("parameters") or {}).get("reward") != reward:
         raise ResponseError(f"the answer was scored with reward {(body.get('parameters') or {}).get('reward')!r}, "
                             f"not the {reward!r} this run trains on")
+    if prompt_id is not None and (body.get("parameters") or {}).get("prompt_id") != prompt_id:
+        raise ResponseError(f"the answer was voiced with prompt {(body.get('parameters') or {}).get('prompt_id')!r}, "
+                            f"not the {prompt_id!r} asked for (a server that does not know PROMPT_ID?)")
     try:
         outs = {o["name"]: o["data"] for o in body["outputs"]}
         reward = _number(outs, "REWARDS")
@@ -162,12 +191,13 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
                    rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None,
-                   sim_weight: float = 0.0, reward_name: str | None = None) -> dict:
+                   sim_weight: float = 0.0, reward_name: str | None = None, prompt_id: str | None = None) -> dict:
     """The infer response. ``sim`` None: this server does not measure speaker similarity, and
     SIMS is left out unless the request names it (then NaN); a measuring server passes NaN
     where there was nothing to measure. So a server without SIM sends strict JSON, as before.
     ``reward_name``: the reward variant that scored it, in ``parameters.reward`` (a client that
-    asks for one variant refuses an answer scored by another)."""
+    asks for one variant refuses an answer scored by another). ``prompt_id``: the speaker prompt
+    the request named (PROMPT_ID), in ``parameters.prompt_id``; None (no PROMPT_ID): left out."""
     values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate,
               "SIMS": math.nan if sim is None else float(sim)}
     default = [n for n, _, _ in OUTPUT_SPECS if n != "SIMS" or sim is not None]
@@ -177,14 +207,19 @@ def build_response(model_name: str, reward: float, transcript: str, error_rate: 
             "parameters": {"reward_range": list(reward_range(sim_weight))}}
     if reward_name is not None:
         resp["parameters"]["reward"] = reward_name
+    if prompt_id is not None:
+        resp["parameters"]["prompt_id"] = prompt_id
     if rid is not None:
         resp["id"] = rid
     return resp
 
 
 def model_metadata(model_name: str) -> dict:
+    """KServe v2 model metadata; an optional input carries ``"optional": true`` (Triton's
+    config word; KServe's metadata has none, and its readers ignore keys they do not know)."""
     return {"name": model_name, "versions": [MODEL_VERSION],
-            "inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in INPUT_SPECS],
+            "inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in INPUT_SPECS]
+            + [{"name": n, "datatype": d, "shape": s, "optional": True} for n, d, s in OPTIONAL_INPUT_SPECS],
             "outputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in OUTPUT_SPECS]}
 
 
@@ -299,8 +334,8 @@ def _ints(spec: dict, name: str, max_count: int, fixed: list[int] | None = None)
     return values, shape
 
 
-def _text(spec: dict) -> str:
-    name = "GT_TEXT"
+def _string(spec: dict, name: str) -> str:
+    """The one string of a BYTES [1, 1] input (JSON string, base64 or binary data), valid UTF-8."""
     if spec.get("datatype") != "BYTES":
         raise RequestError(f"input {name}: datatype must be BYTES, got {spec.get('datatype')!r}")
     shape = _shape(spec, name)
@@ -327,10 +362,44 @@ def _text(spec: dict) -> str:
         v.encode("utf-8")
     except UnicodeEncodeError:
         raise RequestError(f"input {name}: not valid UTF-8 (lone surrogate)") from None
+    return v
+
+
+def _text(spec: dict) -> str:
+    name = "GT_TEXT"
+    v = _string(spec, name)
     if not v.strip():
         raise RequestError(f"input {name}: text is empty")
     if len(v) > MAX_GT_CHARS:
         raise RequestError(f"input {name}: text longer than {MAX_GT_CHARS} characters", 413)
+    return v
+
+
+def prompt_id_problem(v: str) -> str | None:
+    """Why ``v`` cannot be a prompt id (None when it can): 1..MAX_PROMPT_ID_BYTES bytes of UTF-8,
+    no control or format character, no '/' or '\\', no leading/trailing whitespace, not '.' or '..'
+    (the ids are the stems of a folder's wav files)."""
+    if not v:
+        return "is empty"
+    n = len(v.encode("utf-8", "surrogatepass"))
+    if n > MAX_PROMPT_ID_BYTES:
+        return f"is {n} bytes long (at most {MAX_PROMPT_ID_BYTES}: the ids are file stems)"
+    if v != v.strip():
+        return "starts or ends with whitespace"
+    if v in (".", ".."):
+        return "is not a file stem"
+    bad = next((c for c in v if c in "/\\" or unicodedata.category(c).startswith("C")), None)
+    if bad is not None:
+        return f"holds the character {bad!r} (ids are file stems: no '/', '\\' or control characters)"
+    return None
+
+
+def _prompt_id(spec: dict) -> str:
+    v = _string(spec, PROMPT_ID)
+    why = prompt_id_problem(v)
+    if why:
+        too_long = len(v.encode("utf-8")) > MAX_PROMPT_ID_BYTES
+        raise RequestError(f"input {PROMPT_ID}: {v[:80]!r} {why}", 413 if too_long else 400)
     return v
 
 
@@ -341,6 +410,7 @@ class InferRequest:
     rid: str | None = None
     wanted: list[str] | None = None  # outputs asked for, in order; None = all
     binary_outputs: frozenset[str] = frozenset()  # outputs to answer as binary tensor data
+    prompt_id: str | None = None  # the speaker prompt asked for (PROMPT_ID); None: chosen from the text
 
 
 def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> bool | None:
@@ -384,8 +454,9 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise RequestError("every input must be an object with a 'name'")
         name = spec["name"]
-        if name not in {n for n, _, _ in INPUT_SPECS}:
-            raise RequestError(f"unknown input {name!r}; expected TOKENS, TOKEN_LENS, GT_TEXT")
+        if name not in {n for n, _, _ in INPUT_SPECS + OPTIONAL_INPUT_SPECS}:
+            raise RequestError(f"unknown input {name!r}; expected TOKENS, TOKEN_LENS, GT_TEXT (and optionally "
+                               f"{', '.join(n for n, _, _ in OPTIONAL_INPUT_SPECS)})")
         if name in by_name:
             raise RequestError(f"input {name} given twice")
         by_name[name] = spec
@@ -407,6 +478,7 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
         if not 0 <= c < SPEECH_TOKEN_SIZE:
             raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
     text = _text(by_name["GT_TEXT"])
+    prompt_id = _prompt_id(by_name[PROMPT_ID]) if PROMPT_ID in by_name else None
 
     all_binary = bool(_flag(req.get("parameters"), "binary_data_output", "request"))
     wanted = None
@@ -426,4 +498,4 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
     rid = req.get("id")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("'id' must be a string")
-    return InferRequest(codes, text, rid, wanted, frozenset(binary))
+    return InferRequest(codes, text, rid, wanted, frozenset(binary), prompt_id)

@@ -50,12 +50,16 @@ def combined_reward(cer_reward: float, sim: float | None, sim_weight: float) -> 
 
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
                 reward: str = "tanh", length_guard: bool = True, sim_weight: float = 0.0,
-                prompt_wavs: Sequence[str | None] | None = None) -> list[Scored]:
+                prompt_wavs: Sequence[str | None] | None = None,
+                prompt_ids: Sequence[str | None] | None = None) -> list[Scored]:
     """Transcribe a batch of code sequences and score each against its text.
     ``sim_weight``: see :func:`combined_reward` (needs the pipeline's ``want_sim``).
-    ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets)."""
+    ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets);
+    ``prompt_ids``: per sequence, the prompt pool's speaker (the reward server's PROMPT_ID)."""
     wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
-    transcripts = pipeline.transcribe_tokens(codes, texts, wavs)
+    ids = list(prompt_ids) if prompt_ids is not None and any(p is not None for p in prompt_ids) else None
+    transcripts = (pipeline.transcribe_tokens(codes, texts, wavs, ids) if ids is not None
+                   else pipeline.transcribe_tokens(codes, texts, wavs))
     out = []
     for c, text, tr in zip(codes, texts, transcripts):
         if len(c) == 0:  # nothing was said: reward 0 by definition

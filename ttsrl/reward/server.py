@@ -5,6 +5,15 @@ The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``; b
 evaluator). Every bad request gets a 4xx with ``{"error": message}``; an empty token
 list gets reward 0 by definition; a full queue answers 503 with ``Retry-After``.
 
+Speakers: a request without PROMPT_ID is voiced by the prompt the pipeline picks from its text
+(``SpeechPipeline.prompt_for``); one with PROMPT_ID by that prompt of the pool (the stems of
+``--prompt-dir``'s wavs; cosyvoice2/cosyvoice3), and its SIM (``--want-sim``/``--sim-weight``) is
+measured against that prompt wav. An id the pool lacks is refused before it is queued (422, naming
+it and how many ids the server knows); backends without a pool (sim, whisper) know none. When the
+prompt folder also holds ``prompt_speech_tokens.jsonl`` (``scripts/prompt_tokens.py``'s, the speech
+tokens stage 0 puts in zero-shot rows), every id in it must be a wav of the folder: the server
+refuses to start otherwise, so rows cannot carry ids it cannot voice.
+
 HTTP stack: aiohttp. It is maintained, already a dependency (verl's reward loop
 uses it), runs the whole server on one asyncio loop with no per-request
 framework validation (the KServe payload needs hand validation anyway), and lets
@@ -28,6 +37,7 @@ from aiohttp import web
 from ttsrl.cli import option
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
+from ttsrl.reward.backends.base import prompt_pool_sha1, unknown_prompt_message
 from ttsrl.reward.batching import Batcher, Stats
 from ttsrl.reward.http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
 from ttsrl.reward.metrics import ServerMetrics, is_infer
@@ -220,6 +230,7 @@ class RewardServer:
                              "an ASR that scores text (e.g. whisper) and want_score on")
         if self.cfg.measures_sim:
             self._measure_sim()
+        self._check_prompt_pool()
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
             None, self.score, p, [[0] * 10], ["你好"]) for p in self.pipelines))
@@ -240,6 +251,42 @@ class RewardServer:
         for p in self.pipelines:
             p.want_sim = True
 
+    @property
+    def prompt_ids(self) -> list[str]:
+        """The prompt ids a request may name (PROMPT_ID), sorted: the replicas' common pool."""
+        return sorted(self.pipelines[0].token2wav.prompt_pool) if self.pipelines else []
+
+    def _check_prompt_pool(self) -> None:
+        """Every replica knows the same ids; the ids of the prompt folder's prompt_speech_tokens.jsonl
+        (when there is one) are all wavs of the folder."""
+        pools = {p.name: sorted(p.token2wav.prompt_pool) for p in self.pipelines}
+        if len({tuple(v) for v in pools.values()}) > 1:
+            raise ValueError(f"the replicas know different prompt ids: {pools}")
+        folder = self.cfg.backend.prompt_dir
+        ids = set(self.prompt_ids)
+        if not folder or not ids:
+            return
+        from pathlib import Path
+
+        from ttsrl.data.testsets import PROMPT_TOKENS_FILE
+        from ttsrl.jsonl import iter_objects
+
+        listed = Path(folder) / PROMPT_TOKENS_FILE
+        if not listed.is_file():
+            return
+        named = [str(obj.get("id")) for _, obj in iter_objects(listed, ValueError)]
+        lacking = [i for i in named if i not in ids]
+        if lacking:
+            raise ValueError(f"{listed} lists {len(lacking)} prompt id(s) with no wav of that stem in {folder} "
+                             f"(e.g. {lacking[:3]}); the prompt pool's ids are its wavs' stems (scripts/prompt_tokens.py "
+                             "on a list of the wav paths writes them so)")
+
+    def check_prompt_id(self, prompt_id: str) -> None:
+        """RequestError 422 for an id this server's pool lacks (naming it and how many ids it knows)."""
+        t2w = self.pipelines[0].token2wav
+        if prompt_id not in t2w.prompt_pool:
+            raise RequestError(f"input PROMPT_ID: {unknown_prompt_message(prompt_id, t2w.name, self.prompt_ids)}", 422)
+
     def _sim_output(self, sim: float | None) -> float | None:
         """SIMS of one reply: None (left out) when this server does not measure it, NaN when
         it does but nothing was voiced."""
@@ -247,15 +294,17 @@ class RewardServer:
             return None
         return math.nan if sim is None else sim
 
-    def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
-        """Score one batch (runs in a worker thread)."""
+    def score(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str],
+              prompt_ids: list[str | None] | None = None) -> list[Scored]:
+        """Score one batch (runs in a worker thread); ``prompt_ids[i]``: item i's PROMPT_ID or None."""
         return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard,
-                           sim_weight=self.cfg.sim_weight)
+                           sim_weight=self.cfg.sim_weight, prompt_ids=prompt_ids)
 
-    def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str]) -> list[Scored]:
+    def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str],
+                       prompt_ids: list[str | None] | None = None) -> list[Scored]:
         """:meth:`score` for the batcher: a scored batch goes into the metrics."""
         t0 = time.perf_counter()
-        out = self.score(pipeline, codes, texts)
+        out = self.score(pipeline, codes, texts, prompt_ids)
         self.metrics.observe_batch(len(codes), time.perf_counter() - t0, getattr(pipeline, "last_stage_seconds", {}))
         return out
 
@@ -338,7 +387,8 @@ class RewardServer:
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
                     length_guard=self.cfg.length_guard,
-                    reward_range=list(reward_range(self.cfg.sim_weight)))
+                    reward_range=list(reward_range(self.cfg.sim_weight)),
+                    prompt_ids=len(self.prompt_ids), prompt_pool_sha1=prompt_pool_sha1(self.prompt_ids))
         return _json(meta)
 
     async def _model_config(self, request):
@@ -348,7 +398,8 @@ class RewardServer:
             max_queue=self.cfg.max_queue, devices=[p.device for p in self.pipelines],
             parameters={"reward": self.cfg.reward, "backend": ", ".join(p.name for p in self.pipelines),
                         "sim_weight": f"{self.cfg.sim_weight:g}", "measures_sim": str(self.cfg.measures_sim).lower(),
-                        "max_tokens": str(self.cfg.max_tokens), "model_dir": self.cfg.backend.model_dir}))
+                        "max_tokens": str(self.cfg.max_tokens), "model_dir": self.cfg.backend.model_dir,
+                        "prompt_ids": str(len(self.prompt_ids)), "prompt_pool_sha1": prompt_pool_sha1(self.prompt_ids)}))
 
     async def _repository_index(self, request):
         return _json(repository_index(self.cfg.model_name, self.ready))
@@ -403,11 +454,13 @@ class RewardServer:
         why = text_problem(req.text, self.cfg.max_text_chars)
         if why:  # the same rule as stage 0 and the pair readers: never reaches a batch
             raise RequestError(f"input GT_TEXT: {why}", 422)
-        result: Scored = await self.batcher.submit(req.codes, req.text)
+        if req.prompt_id is not None:  # never voiced by another speaker: refused before it is queued
+            self.check_prompt_id(req.prompt_id)
+        result: Scored = await self.batcher.submit(req.codes, req.text, req.prompt_id)
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight,
-                              self.cfg.reward)
+                              self.cfg.reward, req.prompt_id)
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ttsrl.reward.protocol import INPUT_SPECS, MODEL_VERSION, OUTPUT_SPECS
+from ttsrl.reward.protocol import INPUT_SPECS, MODEL_VERSION, OPTIONAL_INPUT_SPECS, OUTPUT_SPECS
 
 #: KServe v2 datatypes -> the data_type names of Triton's model configuration
 CONFIG_TYPES = {"INT32": "TYPE_INT32", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
@@ -80,10 +80,12 @@ class TritonStats:
 def model_config(name: str, *, max_batch: int, max_delay_ms: float, max_queue: int, devices: list[str],
                  parameters: dict[str, str]) -> dict:
     """Triton's model configuration of the reward model, as ``GET .../config`` returns it."""
+    optional = {n for n, _, _ in OPTIONAL_INPUT_SPECS}
+
     def tensors(specs):
         # the batch dimension (the leading 1 of every [1, ...] shape) is implicit with max_batch_size > 0
         return [{"name": n, "data_type": CONFIG_TYPES[d], "format": "FORMAT_NONE",
-                 "dims": [str(x) for x in s[1:]], "is_shape_tensor": False, "optional": n == "SIMS"}
+                 "dims": [str(x) for x in s[1:]], "is_shape_tensor": False, "optional": n in optional}
                 for n, d, s in specs]
 
     gpus = [int(d.partition(":")[2] or 0) for d in devices if d.startswith("cuda")]
@@ -93,7 +95,7 @@ def model_config(name: str, *, max_batch: int, max_delay_ms: float, max_queue: i
         "name": name, "platform": "", "backend": "ttsrl",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": int(max_batch),
-        "input": tensors(INPUT_SPECS),
+        "input": tensors(INPUT_SPECS + OPTIONAL_INPUT_SPECS),  # PROMPT_ID: "optional": true
         "output": [{k: v for k, v in t.items() if k not in ("format", "optional")} for t in tensors(OUTPUT_SPECS)],
         "dynamic_batching": {"preferred_batch_size": [], "max_queue_delay_microseconds": str(int(max_delay_ms * 1000)),
                              "preserve_ordering": False,

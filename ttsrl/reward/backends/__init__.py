@@ -57,7 +57,8 @@ class BackendConfig:
                                              help="CosyVoice2-0.5B model directory (backend cosyvoice2), "
                                                   "Fun-CosyVoice3-0.5B-2512 (backend cosyvoice3)")
     prompt_dir: str | None = option(None, metavar="DIR", help="speaker prompts for token2wav: *.wav (>= 16 kHz, "
-                                    "<= 30 s), one chosen per text; zero-shot test sets use their own "
+                                    "<= 30 s), one chosen per text, or the one a reward request names by its "
+                                    "stem (PROMPT_ID: the prompt pool); zero-shot test sets use their own "
                                     "(backends cosyvoice2, cosyvoice3)")
     cosyvoice_batch_flow: bool = option(False, help="run CosyVoice2's flow over each batch at once (padded, "
                                                     "masked; the same audio up to float error) instead of one "

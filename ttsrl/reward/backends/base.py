@@ -22,7 +22,7 @@ import hashlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -102,6 +102,13 @@ class Token2Wav(ABC):
         """The speakers this backend can voice (at least one)."""
         return (SpeakerPrompt("default"),)
 
+    @property
+    def prompt_pool(self) -> Mapping[str, SpeakerPrompt]:
+        """The speaker prompts a request may name by id (the wire's PROMPT_ID), by id: the stems of
+        the prompt folder's wavs for a backend that clones voices (cosyvoice2, cosyvoice3 with
+        ``--prompt-dir``); empty for one that cannot (sim, espeak), which then refuses every id."""
+        return {}
+
     def prompt_from_wav(self, path: str) -> SpeakerPrompt | None:
         """The speaker of this prompt wav (zero-shot evaluation), or None for a backend
         that cannot clone a voice (sim, espeak): it then uses its own speakers."""
@@ -152,6 +159,16 @@ class Transcript:
     sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim; None = not measured)
 
 
+class UnknownPromptId(ValueError):
+    """A prompt id the pipeline's token2wav does not know (the server answers 422)."""
+
+
+def prompt_pool_sha1(ids) -> str:
+    """sha1 of the sorted ids, one a line: what a server publishes so a run can tell that its rows'
+    prompt ids and the server's pool are the same set (``prompt_pool`` in the model metadata)."""
+    return hashlib.sha1("".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")).hexdigest()
+
+
 def stable_index(key: str, n: int) -> int:
     """A process- and run-independent choice in 0..n-1 (sha1 of ``key``)."""
     if n <= 0:
@@ -164,7 +181,10 @@ class SpeechPipeline:
 
     The speaker prompt is fixed per text (sha1 of the normalised text modulo the
     number of prompts), so the same text is always voiced by the same speaker and
-    the reward carries no speaker-lottery noise.
+    the reward carries no speaker-lottery noise. A request may name its prompt instead
+    (``prompt_ids``, the wire's PROMPT_ID: zero-shot training, issue 37): an id of the
+    token2wav's ``prompt_pool``, and an unknown id raises :class:`UnknownPromptId`, never
+    falls back to another speaker.
 
     ``want_sim``: also measure each utterance's speaker similarity to its prompt
     (``Token2Wav.speaker_similarity``); off by default (it costs a campplus pass), stage 4
@@ -200,12 +220,26 @@ class SpeechPipeline:
         prompts = list(self.token2wav.prompts)
         return prompts[stable_index(normalize(text), len(prompts))]
 
+    def prompt_by_id(self, prompt_id: str) -> SpeakerPrompt:
+        """The prompt pool's speaker ``prompt_id``; :class:`UnknownPromptId` naming it and how many
+        ids this pipeline knows."""
+        pool = self.token2wav.prompt_pool
+        hit = pool.get(prompt_id)
+        if hit is None:
+            raise UnknownPromptId(unknown_prompt_message(prompt_id, self.token2wav.name, sorted(pool)))
+        return hit
+
     def transcribe_tokens(self, batch_codes: Sequence[Sequence[int]], texts: Sequence[str],
-                          prompt_wavs: Sequence[str | None] | None = None) -> list[Transcript]:
-        """``prompt_wavs[i]``: the speaker of item i (zero-shot evaluation); None = by text."""
-        if len(batch_codes) != len(texts) or (prompt_wavs is not None and len(prompt_wavs) != len(texts)):
+                          prompt_wavs: Sequence[str | None] | None = None,
+                          prompt_ids: Sequence[str | None] | None = None) -> list[Transcript]:
+        """``prompt_wavs[i]``: the speaker of item i (zero-shot evaluation); ``prompt_ids[i]``: the
+        prompt pool's speaker of item i (the wire's PROMPT_ID; wins over a wav); None = by text."""
+        if len(batch_codes) != len(texts) or any(x is not None and len(x) != len(texts)
+                                                 for x in (prompt_wavs, prompt_ids)):
             raise ValueError(f"{len(batch_codes)} code sequences but {len(texts)} texts"
-                             + (f" and {len(prompt_wavs)} prompt wavs" if prompt_wavs is not None else ""))
+                             + (f" and {len(prompt_wavs)} prompt wavs" if prompt_wavs is not None else "")
+                             + (f" and {len(prompt_ids)} prompt ids" if prompt_ids is not None else ""))
+        named = {i: self.prompt_by_id(p) for i, p in enumerate(prompt_ids or ()) if p is not None}
         out: list[Transcript | None] = [None] * len(batch_codes)
         self.last_stage_seconds = {"token2wav": 0.0, "asr": 0.0}
         live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
@@ -213,7 +247,7 @@ class SpeechPipeline:
             if len(c) == 0:  # nothing to voice: an empty transcript by definition
                 out[i] = Transcript(text="", n_tokens=0, duration_s=0.0)
         if live:
-            prompts = [(prompt_wavs and prompt_wavs[i] and self.token2wav.prompt_from_wav(prompt_wavs[i]))
+            prompts = [named.get(i) or (prompt_wavs and prompt_wavs[i] and self.token2wav.prompt_from_wav(prompt_wavs[i]))
                        or self.prompt_for(texts[i]) for i in live]
             t0 = time.perf_counter()
             audios = self.token2wav.synthesize([list(batch_codes[i]) for i in live], prompts)
@@ -231,3 +265,14 @@ class SpeechPipeline:
                                     prompt=prompts[j].name, audio=audios[j],
                                     sim=None if sims is None else sims[j])
         return out  # type: ignore[return-value]
+
+
+def unknown_prompt_message(prompt_id: str, backend: str, known: Sequence[str]) -> str:
+    """What a request naming an unknown prompt id is told: the id, how many ids there are, a few of them."""
+    if not known:
+        return (f"unknown prompt id {prompt_id!r}: this server knows 0 prompt ids (backend {backend} "
+                + ("cannot voice a speaker prompt: PROMPT_ID needs backend cosyvoice2 or cosyvoice3 with --prompt-dir)"
+                   if backend not in ("cosyvoice2", "cosyvoice3") else "was started without --prompt-dir)"))
+    some = ", ".join(repr(k) for k in known[:5]) + (", ..." if len(known) > 5 else "")
+    return (f"unknown prompt id {prompt_id!r}: this server knows {len(known)} prompt ids "
+            f"(the *.wav stems of its --prompt-dir: {some})")

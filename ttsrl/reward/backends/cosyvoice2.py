@@ -20,7 +20,8 @@ device. HiFT's source excitation is random: each synthesis seeds the replica's g
 the codes (sha1), so the same codes and prompt give the same waveform.
 
 Speakers: the reward voices each text with one of the ``*.wav`` of ``prompt_dir`` (chosen by
-the pipeline from the text); zero-shot evaluation passes each utterance's own prompt wav
+the pipeline from the text, or named by the request's PROMPT_ID: the wav's stem, ``prompt_pool``);
+zero-shot evaluation passes each utterance's own prompt wav
 (:meth:`prompt_from_wav`). Prompt wavs must be >= 16 kHz and <= 30 s (CosyVoice's limits).
 The features of ``prompt_dir``'s wavs are extracted once per process and shared by every
 replica (:func:`shared_prompt_features`, keyed by the model files and the wav's content):
@@ -167,6 +168,7 @@ class CosyVoice2Token2Wav(Token2Wav):
         with self.device_scope():
             self._build()
             self._prompts = self._load_prompt_dir(cfg.prompt_dir)
+        self._pool = {p.name: p for p in self._prompts}
 
     def device_scope(self):
         import torch
@@ -222,6 +224,13 @@ class CosyVoice2Token2Wav(Token2Wav):
         if not self._prompts:
             return (SpeakerPrompt("none"),)
         return self._prompts
+
+    @property
+    def prompt_pool(self):
+        """``prompt_dir``'s speakers by wav stem (the wire's PROMPT_ID names one): the same
+        features as the text-chosen speakers, so a request naming spk_a is voiced exactly as a
+        text the pipeline assigns to spk_a."""
+        return self._pool
 
     def prompt_from_wav(self, path: str | Path) -> SpeakerPrompt:
         """This wav as the speaker (zero-shot evaluation); features cached per path."""
