@@ -453,7 +453,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--family", default="cosyvoice2", choices=tuple(FAMILY_MODELS),
                     help="build, export: the model family (run.sh's MODEL_FAMILY)")
-    ap.add_argument("--checkout", default=os.environ.get("TTSRL_COSYVOICE_CHECKOUT") or None,
+    from ttsrl import knobs
+
+    ap.add_argument("--checkout", default=knobs.get("TTSRL_COSYVOICE_CHECKOUT") or None,
                     help="cosyvoice3: a CosyVoice source checkout (build: the token2wav half; export: upstream's "
                          "CosyVoice3LM too); default TTSRL_COSYVOICE_CHECKOUT")
     ap.add_argument("--url", help="the family's reward server (reward; grpo: without it, a sim server)")
