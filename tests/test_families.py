@@ -219,3 +219,26 @@ def test_stage_minus_1_cli_converts_an_rl_checkpoint_and_refuses_another_family(
     assert cli.main(["--pretrained-path", str(src), "--save-path", str(tmp_path / "hf2"), "--llm", "llm.rl.pt",
                      "--family", "cosyvoice2"]) == 2
     assert "is a cosyvoice3 llm.pt" in capsys.readouterr().err
+
+
+def test_preference_pairs_in_cosyvoice3s_layout(cv3, tmp_path):
+    """Your own pairs (read_user_pairs) get CosyVoice3's prompt, as mining builds it (the
+    instruction first), and DPO's completions end with CosyVoice3's eos (6562), not 6561 (its sos)."""
+    from ttsrl.model.generate import build_input_ids, make_requests
+    from ttsrl.model.hf_model import load_speech_lm
+    from ttsrl.train.dpo import pairs_to_rows
+    from ttsrl.train.pairs import read_user_pairs
+
+    d, _, sv = cv3
+    lm = load_speech_lm(d / "hf")
+    f = tmp_path / "pairs.jsonl"
+    f.write_text(json.dumps({"id": "u1", "text": "今天", "chosen": [1, 2], "rejected": [3]}, ensure_ascii=False) + "\n")
+    pair = read_user_pairs(f, lm.tokenizer)[0]
+
+    class U:
+        id, text, prompt_text, prompt_speech = "u1", "今天", "", []
+
+    assert list(pair.prompt_ids) == build_input_ids(sv, make_requests(lm.tokenizer, [U])[0])
+    assert lm.tokenizer.decode(pair.prompt_ids) == "<|sos|>You are a helpful assistant.<|endofprompt|>今天<|task_id|>"
+    row = pairs_to_rows([pair], sv)[0]
+    assert row["chosen_ids"] == sv.codes_to_ids([1, 2]) + [sv.speech_offset + 6562]
