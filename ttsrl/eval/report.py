@@ -244,7 +244,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
              "Length ratio: mean of speech codes generated / codes expected for the text (about 1 at a "
              "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
     if with_sim:
-        notes.append("SIM (campplus): mean over utterances of the cosine of CosyVoice2's campplus speaker "
+        notes.append("SIM (campplus): mean over utterances of the cosine of the model folder's campplus speaker "
                      "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
                      "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
                      "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
