@@ -81,7 +81,16 @@ import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path, remove_stale_temps
 from ttsrl.cli import option
-from ttsrl.data.rowchecks import OUTPUT_COLUMNS, extract_text, make_prompt_length
+from ttsrl.data.prompt_pool import PromptPool, read_pool
+from ttsrl.data.rowchecks import (
+    OUTPUT_COLUMNS,
+    SKIP_BOUNDARY,
+    TokenizerPromptLength,
+    ZeroShotPrompts,
+    extract_text,
+    make_prompt_length,
+    zero_shot_messages,
+)
 from ttsrl.data.scan import ProblemList, SplitScan, scan_split
 from ttsrl.jsonl import DataError, RecordReader
 
@@ -120,6 +129,13 @@ class PrepareConfig:
     chunk_size: int = option(10_000, flag="--chunk-size", aliases=("--chunk_size",), metavar="ROWS",
                              help="rows held in memory and written per Parquet row group")
     max_listed: int = option(20, metavar="N", help="line numbers listed per kind of problem")
+    prompt_pool: Union[Path, None] = option(
+        None, flag="--prompt-pool", aliases=("--prompt_pool",), parse=Path, metavar="DIR",
+        help="zero-shot rows: give every row a speaker prompt from DIR/prompt_speech_tokens.jsonl (ids, "
+             "transcripts, speech tokens; scripts/prompt_tokens.py writes it); default: text-only rows")
+    prompt_seed: int = option(0, flag="--prompt-seed", aliases=("--prompt_seed",), metavar="N",
+                              help="seed of the prompt assignment (the same seed, pool and input give the same "
+                                   "prompts)")
     progress: bool = option(True, flag="--quiet", aliases=("-q",), negated=True,  # tqdm bars on stderr (a terminal)
                             help="no progress bar and no summary (warnings and errors still go to stderr)")
 
@@ -128,32 +144,50 @@ class PrepareConfig:
 # Pass 2: write
 # ---------------------------------------------------------------------------
 
-def output_schema(extra: list[pa.Field]) -> pa.Schema:
+ZERO_SHOT_INFO = ("prompt_id", "prompt_text")  # extra_info fields a zero-shot row adds
+
+
+def output_schema(extra: list[pa.Field], zero_shot: bool = False) -> pa.Schema:
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    info = [("split", pa.string()), ("index", pa.int64()), ("text", pa.string())]
+    if zero_shot:
+        info += [(name, pa.string()) for name in ZERO_SHOT_INFO]
     return pa.schema([
         ("data_source", pa.string()),
         ("prompt", pa.list_(message)),
         ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("text", pa.string())])),
+        ("extra_info", pa.struct(info)),
         *extra,
     ])
 
 
 def _build_batch(schema: pa.Schema, scan: SplitScan, cfg: PrepareConfig, first_index: int,
-                 texts: list[str], extras: dict[str, list[Any]]) -> pa.RecordBatch:
+                 texts: list[str], extras: dict[str, list[Any]], pool: PromptPool | None = None) -> pa.RecordBatch:
     n = len(texts)
     text_arr = pa.array(texts, type=pa.string())
-    prompt = pa.ListArray.from_arrays(
-        pa.array(range(n + 1), type=pa.int32()),
-        pa.StructArray.from_arrays([pa.array(["user"] * n, type=pa.string()), text_arr],
-                                   names=["role", "content"]))
+    if pool is None:
+        prompt = pa.ListArray.from_arrays(
+            pa.array(range(n + 1), type=pa.int32()),
+            pa.StructArray.from_arrays([pa.array(["user"] * n, type=pa.string()), text_arr],
+                                       names=["role", "content"]))
+    else:
+        chosen = [pool.prompts[scan.prompt_positions[first_index + i]] for i in range(n)]
+        messages = [m for p, t in zip(chosen, texts) for m in zero_shot_messages(p.prompt_text, t, p.speech)]
+        per_row = len(messages) // n if n else 0
+        prompt = pa.ListArray.from_arrays(
+            pa.array(range(0, n * per_row + 1, per_row), type=pa.int32()),
+            pa.StructArray.from_arrays([pa.array([m["role"] for m in messages], type=pa.string()),
+                                        pa.array([m["content"] for m in messages], type=pa.string())],
+                                       names=["role", "content"]))
     reward = pa.StructArray.from_arrays([pa.array([REWARD_STYLE] * n, type=pa.string()), text_arr],
                                         names=["style", "ground_truth"])
-    info = pa.StructArray.from_arrays(
-        [pa.array([scan.split] * n, type=pa.string()),
-         pa.array(range(first_index, first_index + n), type=pa.int64()), text_arr],
-        names=["split", "index", "text"])
+    info_arrays = [pa.array([scan.split] * n, type=pa.string()),
+                   pa.array(range(first_index, first_index + n), type=pa.int64()), text_arr]
+    if pool is not None:
+        info_arrays += [pa.array([p.id for p in chosen], type=pa.string()),
+                        pa.array([p.prompt_text for p in chosen], type=pa.string())]
+    info = pa.StructArray.from_arrays(info_arrays, names=[f.name for f in schema.field("extra_info").type])
     arrays = [pa.array([cfg.data_source] * n, type=pa.string()), prompt,
               pa.array([cfg.ability] * n, type=pa.string()), reward, info]
     arrays += [col.convert(extras[name]) for name, col in scan.columns.items()]
@@ -161,12 +195,13 @@ def _build_batch(schema: pa.Schema, scan: SplitScan, cfg: PrepareConfig, first_i
 
 
 def write_split(scan: SplitScan, cfg: PrepareConfig, out_path: Path,
-                on_chunk: Callable[[int, int], None] | None = None) -> int:
+                on_chunk: Callable[[int, int], None] | None = None, pool: PromptPool | None = None) -> int:
     """Pass 2: re-read the input and write the rows pass 1 accepted to ``out_path``,
     ``cfg.chunk_size`` rows per row group. ``on_chunk(rows_in_chunk, bytes_read)`` is
-    called after each chunk is written. Returns the number of rows written."""
+    called after each chunk is written. With ``pool``, each row takes the prompt pass 1
+    chose for it. Returns the number of rows written."""
     reader = RecordReader(scan.path)
-    schema = output_schema(scan.extra_schema())
+    schema = output_schema(scan.extra_schema(), zero_shot=pool is not None)
     written = 0
     texts: list[str] = []
     extras: dict[str, list[Any]] = {name: [] for name in scan.columns}
@@ -176,7 +211,7 @@ def write_split(scan: SplitScan, cfg: PrepareConfig, out_path: Path,
             nonlocal written, texts
             if not texts:
                 return
-            writer.write_batch(_build_batch(schema, scan, cfg, written, texts, extras))
+            writer.write_batch(_build_batch(schema, scan, cfg, written, texts, extras, pool))
             written += len(texts)
             if on_chunk:
                 on_chunk(len(texts), reader.bytes_read)
@@ -213,6 +248,8 @@ class PrepareReport:
     outputs: dict[str, Path]
     length_description: str
     drop_duplicates: bool
+    pool: PromptPool | None = None
+    pool_checked: bool = False  # each row's ids compared with verl's rendering (a tokenizer was given)
 
     def warnings(self) -> list[str]:
         out = []
@@ -229,6 +266,11 @@ class PrepareReport:
             if scan.leaks.count:
                 out.append(f"train/test leak: {scan.leaks.count} of the test texts also occur in "
                            "the train file (kept: --allow-leak):\n" + _list_problems(scan.path, scan.leaks))
+            merged = scan.prompt_skips.get(SKIP_BOUNDARY, 0)
+            if merged:
+                out.append(f"{scan.path}: {merged} times a row passed a pool prompt by because {SKIP_BOUNDARY} "
+                           "(verl tokenises the rendered prompt in one piece, CosyVoice the transcript and the "
+                           "text each on its own); those rows took the next prompt along")
             mixed = [c for c in scan.columns.values() if c.mixed]
             for c in mixed:
                 kinds = ", ".join(f"{k} at line {line}" for k, line in c.kinds.items())
@@ -245,6 +287,15 @@ class PrepareReport:
                          f"{self.outputs[split]} (prompt tokens max {scan.max_prompt_tokens}, "
                          f"mean {mean:.1f})")
         lines.append(f"prompt lengths {self.length_description}")
+        if self.pool is not None:
+            lines.append(f"zero-shot rows: prompts from {self.pool.path} ({len(self.pool)} prompts, sha1 "
+                         f"{self.pool.sha1}), " + ("each row's ids equal to verl's rendering of it"
+                                                   if self.pool_checked else
+                                                   "NOT compared with verl's rendering (give --tokenizer)"))
+            for split, scan in self.scans.items():
+                if scan.prompt_skips:
+                    why = ", ".join(f"{n} times {k}" for k, n in scan.prompt_skips.most_common())
+                    lines.append(f"{split}: rows walked past a prompt: {why}")
         return "\n".join(lines)
 
 
@@ -294,6 +345,11 @@ def prepare(cfg: PrepareConfig,
         RecordReader(path)  # fails early on a missing or empty file
     out_dir = check_output_dir(Path(cfg.local_dir))  # fails early, before the long pass 1
     length = make_prompt_length(cfg.tokenizer)
+    pool = zero_shot = None
+    if cfg.prompt_pool is not None:
+        pool = read_pool(cfg.prompt_pool)  # transcripts needed; wavs are the reward server's business
+        tok = length.tokenizer if isinstance(length, TokenizerPromptLength) else None
+        zero_shot = ZeroShotPrompts(pool, cfg.prompt_seed, tok, cfg.max_prompt_length)
 
     scans: dict[str, SplitScan] = {}
     for split, path in files.items():
@@ -302,7 +358,7 @@ def prepare(cfg: PrepareConfig,
                                       drop_duplicates=cfg.drop_duplicates, chunk_size=cfg.chunk_size,
                                       max_listed=cfg.max_listed,
                                       train_seen=scans["train"].seen if split == "test" else None,
-                                      on_progress=lambda b: bar.update(b - bar.n))
+                                      on_progress=lambda b: bar.update(b - bar.n), zero_shot=zero_shot)
     scans["train"].seen.clear()  # the hashes are not needed any more
     scans["test"].seen.clear()
 
@@ -311,8 +367,9 @@ def prepare(cfg: PrepareConfig,
         parts = [f"{s.invalid.count} invalid rows in {s.path}:\n" + _list_problems(s.path, s.invalid)
                  for s in bad]
         raise DataError("\n".join(parts) + "\nEach row must be a JSON object with a non-empty "
-                        "string \"text\" whose prompt fits --max_prompt_length; fix the rows or pass "
-                        "--skip-invalid to skip them.")
+                        "string \"text\" whose prompt fits --max_prompt_length"
+                        + (" with one of the pool's prompts" if pool is not None else "")
+                        + "; fix the rows or pass --skip-invalid to skip them.")
     for s in scans.values():
         if s.rows == 0:
             raise DataError(f"{s.path}: no valid rows ({s.records} records read)")
@@ -335,8 +392,10 @@ def prepare(cfg: PrepareConfig,
                         bar.update(bytes_read - bar.n)
                         if on_chunk:
                             on_chunk(split, rows)
-                    write_split(scans[split], cfg, tmp, on_chunk=chunk_done)
+                    write_split(scans[split], cfg, tmp, on_chunk=chunk_done, pool=pool)
     except OSError as e:
         raise DataError(f"{e.filename or out_dir}: cannot write the output: {e.strerror or e}") from None
 
-    return PrepareReport(scans, outputs, length.description, cfg.drop_duplicates)
+    return PrepareReport(scans, outputs, zero_shot.description if zero_shot else length.description,
+                         cfg.drop_duplicates, pool,
+                         pool_checked=zero_shot is not None and zero_shot.tokenizer is not None)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ttsrl.limits import text_length_problem
 from ttsrl.jsonl import DataError, Invalid
+from ttsrl.limits import text_length_problem
+from ttsrl.model.vocab import FAMILIES, SOS_TOKEN, TASK_ID_TOKEN, SpeechVocab, speech_token_name_in
 from ttsrl.text import unreadable
-from ttsrl.model.vocab import SOS_TOKEN, TASK_ID_TOKEN, speech_token_name_in
 
 OUTPUT_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 _OUTPUT_COLUMN_SET = frozenset(OUTPUT_COLUMNS)
@@ -186,6 +186,132 @@ class TokenizerPromptLength(PromptLength):
 
 def make_prompt_length(tokenizer: Any) -> PromptLength:
     return EstimatedPromptLength() if tokenizer is None else TokenizerPromptLength(tokenizer)
+
+
+# ---------------------------------------------------------------------------
+# Zero-shot rows: the pool prompt of a row and its prompt length
+# ---------------------------------------------------------------------------
+
+# The longest system prefix of any family, in UTF-8 bytes: the estimate stays an upper
+# bound whichever family's template renders the row.
+_PREFIX_BYTES = max(len(f.system_prefix.encode("utf-8")) for f in FAMILIES.values())
+# Why a row's walk passed a pool prompt by (the summary counts them).
+SKIP_SAME_TEXT = "its transcript is the row's text"
+SKIP_BOUNDARY = "the template's tokenisation merges it with the text"
+SKIP_TOO_LONG = "over --max_prompt_length with it"
+
+
+def zero_shot_messages(prompt_text: str, text: str, speech: Sequence[int]) -> list[dict[str, str]]:
+    """A zero-shot row's verl prompt: one user turn, the prompt's transcript then the text
+    (the chat template renders ``<|sos|>`` + system prefix + content + ``<|task_id|>``), and an
+    assistant turn holding the prompt's speech as ``<|s_N|>`` tokens, rendered verbatim after
+    task_id. The rollout continues that assistant turn: the response is the continuation only."""
+    return [{"role": "user", "content": prompt_text + text},
+            {"role": "assistant", "content": SpeechVocab.codes_to_text(speech)}]
+
+
+@dataclass
+class ZeroShotChoice:
+    """The pool prompt chosen for a row (its position in the id-sorted pool), the row's prompt
+    tokens with it, and why earlier candidates were passed by."""
+
+    position: int | None
+    tokens: int
+    skipped: list[str]
+
+
+class ZeroShotPrompts:
+    """Chooses each row's prompt from a pool and counts the row's prompt tokens.
+
+    Rule (stable for a pool, seed and input): row ``index`` of ``split`` (its 0-based
+    position in the output file) starts at ``prompt_pool.first_choice(seed, split, index)``
+    in the pool sorted by id and walks on, cyclically, past every prompt whose transcript is
+    the row's text (after ``normalise_for_dedup``), or with which the row's prompt would not
+    fit ``max_prompt_length``, or (with a tokenizer) for which the chat template's rendering,
+    tokenised as verl tokenises it (``apply_chat_template(..., tokenize=True)``, in one piece),
+    differs from CosyVoice's zero-shot input (transcript and text tokenised each on its own,
+    ``ttsrl.model.generate.build_input_ids``): a byte-level BPE can merge the transcript's
+    last characters with the text's first. No candidate left: the row is invalid.
+
+    Prompt length: with a tokenizer, the exact ids; without one, an upper bound (UTF-8 bytes
+    of the transcript and the text, the longest family system prefix, sos and task_id, one
+    token per speech code)."""
+
+    def __init__(self, pool, seed: int, tokenizer: Any, max_prompt_length: int):
+        self.pool = pool
+        self.seed = seed
+        self.max_prompt_length = max_prompt_length
+        self.tokenizer = tokenizer
+        self._forms = [normalise_for_dedup(p.prompt_text) for p in pool.prompts]
+        if tokenizer is not None:
+            from ttsrl.model import vocab as V
+
+            try:
+                self.vocab = V.vocab_of(tokenizer)
+            except ValueError as e:
+                raise DataError(f"--tokenizer: {e}") from None
+            self._prompt_ids: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def description(self) -> str:
+        if self.tokenizer is None:
+            return ("estimated as UTF-8 bytes of transcript and text + the longest system prefix + 2 + the speech "
+                    "tokens, an upper bound; --tokenizer counts exactly")
+        return "counted exactly: sos, transcript, text, task_id and the prompt's speech tokens"
+
+    def _enc(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False)) if text else ()
+
+    def exact_ids(self, prompt, text: str) -> list[int]:
+        """CosyVoice's zero-shot LLM input for ``text`` with ``prompt``, as stage 4 builds it
+        (``make_requests``: the family's system prefix and the transcript tokenised together,
+        the text on its own; ``build_input_ids``). The transcript's ids are kept per prompt:
+        ``make_requests`` itself reads the whole vocabulary on every call."""
+        from ttsrl.model.generate import Request, build_input_ids
+
+        head = self._prompt_ids.get(prompt.id)
+        if head is None:
+            head = self._prompt_ids[prompt.id] = self._enc(self.vocab.family.system_prefix + prompt.prompt_text)
+        return build_input_ids(self.vocab, Request(prompt.id, self._enc(text), head, prompt.speech))
+
+    def verl_ids(self, prompt, text: str) -> list[int]:
+        """The ids verl 0.9.1's agent loop gives the rollout for the row's messages."""
+        out = self.tokenizer.apply_chat_template(zero_shot_messages(prompt.prompt_text, text, prompt.speech),
+                                                 add_generation_prompt=True, tokenize=True)
+        if isinstance(out, Mapping) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+
+    def choose(self, split: str, index: int, text: str) -> ZeroShotChoice:
+        from ttsrl.data.prompt_pool import first_choice
+
+        n = len(self.pool)
+        start = first_choice(self.seed, split, index, n)
+        form = normalise_for_dedup(text)
+        skipped: list[str] = []
+        shortest = None
+        for k in range(n):
+            pos = (start + k) % n
+            prompt = self.pool.prompts[pos]
+            if self._forms[pos] == form:
+                skipped.append(SKIP_SAME_TEXT)
+                continue
+            if self.tokenizer is None:
+                tokens = (len(prompt.prompt_text.encode("utf-8")) + len(text.encode("utf-8")) + _PREFIX_BYTES
+                          + TEMPLATE_TOKENS + len(prompt.speech))
+            else:
+                ids = self.exact_ids(prompt, text)
+                tokens = len(ids)
+                if tokens <= self.max_prompt_length and self.verl_ids(prompt, text) != ids:
+                    skipped.append(SKIP_BOUNDARY)
+                    continue
+            if tokens > self.max_prompt_length:
+                skipped.append(SKIP_TOO_LONG)
+                shortest = tokens if shortest is None else min(shortest, tokens)
+                continue
+            return ZeroShotChoice(pos, tokens, skipped)
+        return ZeroShotChoice(None, shortest or 0, skipped)
+
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ kinds of value of every extra column. The rules themselves are in ``prepare``'s 
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +15,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ttsrl.data.rowchecks import ExtraColumn, PromptLength, extract_text, normalise_for_dedup, value_kind
+from ttsrl.data.rowchecks import (
+    ExtraColumn,
+    PromptLength,
+    ZeroShotPrompts,
+    extract_text,
+    normalise_for_dedup,
+    value_kind,
+)
 from ttsrl.jsonl import Invalid, RecordReader
 
 
@@ -55,6 +63,10 @@ class SplitScan:
     max_prompt_tokens: int = 0
     sum_prompt_tokens: int = 0
     seen: dict[int, int] = field(default_factory=dict, repr=False)  # text hash -> first line
+    # zero-shot rows: the pool position of output row i's prompt (4 bytes a row), and how
+    # often a row's walk passed a prompt by, by reason (rowchecks.ZeroShotPrompts)
+    prompt_positions: array = field(default_factory=lambda: array("i"), repr=False)
+    prompt_skips: Counter = field(default_factory=Counter)
 
     def extra_schema(self) -> list[pa.Field]:
         return [pa.field(c.name, c.arrow_type) for c in self.columns.values()]
@@ -62,11 +74,13 @@ class SplitScan:
 
 def scan_split(split: str, path: Path, length: PromptLength, *, max_prompt_length: int, drop_duplicates: bool,
                chunk_size: int, max_listed: int, train_seen: dict[int, int] | None = None,
-               on_progress: Callable[[int], None] | None = None) -> SplitScan:
+               on_progress: Callable[[int], None] | None = None,
+               zero_shot: ZeroShotPrompts | None = None) -> SplitScan:
     """Pass 1 over one file: validate every row, count prompt tokens (``chunk_size``
     texts at a time), find duplicates (dropped with ``drop_duplicates``), leaks
     (against ``train_seen``) and the types of the extra columns. Each kind of problem
-    lists its first ``max_listed`` lines."""
+    lists its first ``max_listed`` lines. With ``zero_shot`` every row is given its pool
+    prompt (by its output index) and counted with it; a row no prompt fits is invalid."""
     reader = RecordReader(path)
     scan = SplitScan(split, Path(path), invalid=ProblemList(max_listed),
                      duplicates=ProblemList(max_listed), leaks=ProblemList(max_listed))
@@ -77,8 +91,18 @@ def scan_split(split: str, path: Path, length: PromptLength, *, max_prompt_lengt
         scan.skip_lines.add(line)
 
     def flush(batch: list[tuple[int, str, dict]]) -> None:
-        counts = length.count([text for _, text, _ in batch])
+        counts = [0] * len(batch) if zero_shot else length.count([text for _, text, _ in batch])
         for (line, text, obj), n in zip(batch, counts):
+            position = None
+            if zero_shot is not None:  # the row's output index is the count of rows kept so far
+                choice = zero_shot.choose(split, scan.rows, text)
+                scan.prompt_skips.update(choice.skipped)
+                position, n = choice.position, choice.tokens
+                if position is None:
+                    why = ", ".join(f"{k} {c}" for k, c in Counter(choice.skipped).items())
+                    invalid(line, Invalid("no pool prompt", f"no prompt of the pool fits this row (passed by: "
+                                                            f"{why}; {zero_shot.description})"))
+                    continue
             if n > max_prompt_length:
                 invalid(line, Invalid("too long", f"prompt has {n} tokens, more than "
                                       f"--max_prompt_length {max_prompt_length} "
@@ -102,6 +126,8 @@ def scan_split(split: str, path: Path, length: PromptLength, *, max_prompt_lengt
                 kind = value_kind(v)
                 if kind is not None and kind not in col.kinds:
                     col.kinds[kind] = line
+            if position is not None:
+                scan.prompt_positions.append(position)
             scan.rows += 1
             scan.max_prompt_tokens = max(scan.max_prompt_tokens, n)
             scan.sum_prompt_tokens += n

@@ -1,0 +1,183 @@
+"""A prompt pool: the speakers zero-shot training rows continue, read and checked once.
+
+A pool is a folder ``DIR`` holding ``DIR/prompt_speech_tokens.jsonl`` (what
+``scripts/prompt_tokens.py`` writes), one JSON object per line::
+
+    {"id": ID, "prompt_text": TRANSCRIPT, "prompt_speech_tokens": [codes], "speaker": NAME}
+
+``id`` a non-empty string usable as a file stem (no ``/``, at most 255 UTF-8 bytes; the
+reward server finds ``DIR/<ID>.wav`` by it and refuses an id it does not know), unique;
+``prompt_text`` the wav's transcript (zero-shot training puts it before the row's text, as
+CosyVoice2's LLM input does); ``prompt_speech_tokens`` a non-empty list of speech codes in
+``0..SPEECH_TOKEN_SIZE-1`` (``ttsrl.model.vocab``); ``speaker`` optional (the embedded
+world's pools name the simulated speaker). For the real backends every id also has its wav,
+``DIR/<ID>.wav`` (``need_wavs``); the embedded world's pool has none.
+
+Every problem of the file is reported at once, each as FILE:LINE and what was expected, so a
+pool is fixed in one pass. The pool's identity is :func:`pool_sha1` over its ids: the same
+digest the reward server publishes as ``prompt_pool_sha1`` (a run can tell that its rows and
+its server name the same prompts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ttsrl.jsonl import DataError, RecordReader
+from ttsrl.model.vocab import SPEECH_TOKEN_SIZE, speech_token_name_in
+
+POOL_FILE = "prompt_speech_tokens.jsonl"  # the same name stage 4's test-set folders use
+MAX_ID_BYTES = 255  # a file stem (the reward server's PROMPT_ID limit)
+MAX_LISTED = 20  # problems listed in one error
+
+
+class PoolError(DataError):
+    """A pool folder that cannot be used (missing, or lines that break the format)."""
+
+
+@dataclass(frozen=True)
+class PoolPrompt:
+    """One prompt of the pool: its id (= wav stem), transcript, speech codes and speaker."""
+
+    id: str
+    prompt_text: str
+    speech: tuple[int, ...]
+    speaker: str | None = None
+    line: int = 0  # where it was read (messages)
+
+
+@dataclass(frozen=True)
+class PromptPool:
+    """A checked pool, its prompts sorted by id (assignment depends on the ids, not on the
+    order of the file's lines)."""
+
+    folder: Path
+    prompts: tuple[PoolPrompt, ...]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def path(self) -> Path:
+        return self.folder / POOL_FILE
+
+    @property
+    def sha1(self) -> str:
+        return pool_sha1(p.id for p in self.prompts)
+
+    def wav(self, prompt: PoolPrompt) -> Path:
+        return self.folder / f"{prompt.id}.wav"
+
+
+def pool_sha1(ids) -> str:
+    """sha1 of the sorted ids, one a line: the reward server's ``prompt_pool_sha1``
+    (``ttsrl.reward.backends.base.prompt_pool_sha1`` computes the same; tests check it)."""
+    return hashlib.sha1("".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")).hexdigest()
+
+
+def _id_problem(value) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return f"\"id\" must be a non-empty string, got {value!r}"
+    if value != value.strip() or "/" in value or "\\" in value or value in (".", "..") or "\x00" in value:
+        return f"\"id\" {value!r} is not usable as a file stem (no surrounding spaces, '/', '\\\\', NUL)"
+    if len(value.encode("utf-8")) > MAX_ID_BYTES:
+        return f"\"id\" is {len(value.encode('utf-8'))} UTF-8 bytes, more than {MAX_ID_BYTES} (a file stem)"
+    return None
+
+
+def _codes_problem(value) -> str | None:
+    if not isinstance(value, list) or not value:
+        return "\"prompt_speech_tokens\" must be a non-empty list of speech codes"
+    for c in value:
+        if not isinstance(c, int) or isinstance(c, bool):
+            return f"\"prompt_speech_tokens\" holds {c!r}, not an integer"
+        if not 0 <= c < SPEECH_TOKEN_SIZE:
+            return f"\"prompt_speech_tokens\" holds {c}, outside 0..{SPEECH_TOKEN_SIZE - 1}"
+    return None
+
+
+def _text_problem(value) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return f"\"prompt_text\" must be a non-empty string (the wav's transcript), got {value!r}"
+    name = speech_token_name_in(value)
+    if name:
+        return f"\"prompt_text\" holds {name!r}, a token of the speech vocabulary"
+    return None
+
+
+def read_pool(folder: str | Path, *, need_text: bool = True, need_wavs: bool = False) -> PromptPool:
+    """Read and check ``folder/prompt_speech_tokens.jsonl``; raises :class:`PoolError`
+    listing every bad line. ``need_text``: every prompt must have its transcript (zero-shot
+    training does); ``need_wavs``: ``folder/<id>.wav`` must exist for every id (the real
+    reward backends voice from it)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PoolError(f"prompt pool {folder}: not a folder (expected a folder holding {POOL_FILE})")
+    path = folder / POOL_FILE
+    if not path.is_file():
+        raise PoolError(f"prompt pool {folder}: no {POOL_FILE} (scripts/prompt_tokens.py writes it)")
+    problems: list[str] = []
+    first_line: dict[str, int] = {}
+    prompts: list[PoolPrompt] = []
+    untranscribed = 0
+    try:
+        reader = RecordReader(path)
+    except DataError as e:  # unreadable or empty: its own words name the file
+        raise PoolError(f"prompt pool {folder}: {path} has no prompts ({e})") from None
+    for rec in reader:
+        where = f"{path}:{rec.line}"
+        if rec.error is not None:
+            problems.append(f"{where}: {rec.error.message}")
+            continue
+        obj = rec.value
+        if not isinstance(obj, dict):
+            problems.append(f"{where}: expected a JSON object "
+                            "{\"id\": ..., \"prompt_text\": ..., \"prompt_speech_tokens\": [...]}")
+            continue
+        why = [w for w in (_id_problem(obj.get("id")), _codes_problem(obj.get("prompt_speech_tokens"))) if w]
+        text = obj.get("prompt_text")
+        if text is None:
+            untranscribed += 1
+            if need_text:
+                why.append("no \"prompt_text\" (the wav's transcript)")
+        elif (w := _text_problem(text)) is not None:
+            why.append(w)
+        speaker = obj.get("speaker")
+        if speaker is not None and (not isinstance(speaker, str) or not speaker.strip()):
+            why.append(f"\"speaker\" must be a non-empty string when given, got {speaker!r}")
+        if why:
+            problems.append(f"{where}: " + "; ".join(why))
+            continue
+        pid = obj["id"]
+        if pid in first_line:
+            problems.append(f"{where}: id {pid!r} already on line {first_line[pid]}")
+            continue
+        first_line[pid] = rec.line
+        prompts.append(PoolPrompt(pid, (text or "").strip(), tuple(obj["prompt_speech_tokens"]), speaker, rec.line))
+    if not problems and not prompts:
+        problems.append(f"{path}: no prompts (an empty file)")
+    if need_wavs and not problems:
+        missing = [p for p in prompts if not (folder / f"{p.id}.wav").is_file()]
+        problems += [f"{path}:{p.line}: id {p.id!r} has no wav {folder / (p.id + '.wav')}" for p in missing]
+    if problems:
+        head = f"prompt pool {folder}: {len(problems)} problem(s)"
+        if need_text and untranscribed:
+            head += (f"; {untranscribed} prompt(s) lack \"prompt_text\": zero-shot training needs each wav's "
+                     "transcript (scripts/prompt_tokens.py writes it from a Seed-TTS meta.lst, a kaldi-style "
+                     "prompt_text file or --texts)")
+        listed = problems[:MAX_LISTED]
+        if len(problems) > MAX_LISTED:
+            listed.append(f"... and {len(problems) - MAX_LISTED} more")
+        raise PoolError(head + ":\n  " + "\n  ".join(listed))
+    return PromptPool(folder, tuple(sorted(prompts, key=lambda p: p.id)))
+
+
+def first_choice(seed: int, split: str, index: int, n: int) -> int:
+    """Where a row's walk over the pool (sorted by id) starts: sha256 of
+    ``"SEED:SPLIT:INDEX"`` mod ``n``. Stable across processes, machines and Python versions."""
+    if n <= 0:
+        raise ValueError("an empty pool")
+    digest = hashlib.sha256(f"{seed}:{split}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n
