@@ -3,7 +3,11 @@
 Test-set layouts (``--test-set NAME=PATH``):
 
 * JSONL file: one object per line with ``text`` and optional ``id``, ``prompt_text``,
-  ``prompt_speech_tokens`` (list of speech codes 0..6560). Ids default to ``NAME_<line>``.
+  ``prompt_speech_tokens`` (list of speech codes 0..6560), ``prompt_id``. Ids default to
+  ``NAME_<line>``. ``prompt_id`` names the speaker token2wav voices and SIM is measured against:
+  an id of the scoring backend's prompt pool (``--prompt-dir``; the reward server's PROMPT_ID),
+  as the embedded zero-shot test set (``data/corpus/test_zeroshot.jsonl``) names the sim
+  backend's speakers, whose world has no wavs.
 * Seed-TTS (``test_zh``): a directory with ``meta.lst`` (or PATH = the ``.lst`` file),
   lines ``utt|prompt_text|prompt_wav|text``.
 * CosyVoice3 CV3-Eval (``zero_shot/zh``): a directory with Kaldi-style ``text``
@@ -25,8 +29,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttsrl.jsonl import iter_objects
-from ttsrl.jsonl import iter_text_lines
+from ttsrl.jsonl import iter_objects, iter_text_lines
 from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 
 PROMPT_TOKENS_FILE = "prompt_speech_tokens.jsonl"
@@ -45,6 +48,7 @@ class Utterance:
     prompt_text: str = ""
     prompt_speech: tuple[int, ...] | None = None
     prompt_wav: str | None = None  # speaker wav for token2wav (zero-shot directory layouts)
+    prompt_id: str | None = None  # the scoring backend's pool prompt token2wav voices (JSONL ``prompt_id``)
 
 
 @dataclass
@@ -60,7 +64,8 @@ class TestSet:
         h = hashlib.sha256()
         for u in self.utterances:
             h.update(json.dumps([u.id, u.text, u.prompt_text, u.prompt_speech]
-                                + ([u.prompt_wav] if u.prompt_wav else []), ensure_ascii=False).encode())
+                                + ([u.prompt_wav] if u.prompt_wav else [])
+                                + ([{"prompt_id": u.prompt_id}] if u.prompt_id else []), ensure_ascii=False).encode())
         return h.hexdigest()[:16]
 
 
@@ -97,7 +102,11 @@ def read_jsonl_test_set(name: str, path: Path) -> TestSet:
         if prompt_text and not speech:
             raise TestSetError(f"{where}: 'prompt_text' without 'prompt_speech_tokens' "
                                "(CosyVoice2's zero-shot prompt needs both)")
-        utts.append(Utterance(str(uid), text.strip(), prompt_text.strip(), speech))
+        prompt_id = obj.get("prompt_id")
+        if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id):
+            raise TestSetError(f"{where}: 'prompt_id' must be a non-empty string (an id of the scoring "
+                               f"backend's --prompt-dir pool), got {prompt_id!r}")
+        utts.append(Utterance(str(uid), text.strip(), prompt_text.strip(), speech, prompt_id=prompt_id))
     return _finish(TestSet(name, str(path), utts, "jsonl"))
 
 

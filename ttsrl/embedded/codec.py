@@ -17,14 +17,28 @@ ANY token stream into a toned-pinyin transcript the reward scores against the te
 The code book uses 249 of the 6561 codes, spread over the range by a fixed
 permutation (logical index k -> (k * _STRIDE + _OFFSET) mod SPEECH_TOKEN_SIZE), so it
 is the same in every process and Python version (no ``hash()``, no RNG).
+
+Speakers (issue 37: zero-shot TTS needs a voice to continue). Each of the ``SPEAKERS`` has its
+own book: speaker s's code for logical unit k is the permutation's code for k + s * NUM_CODES,
+so the four books are disjoint and a code names its speaker (a prompt's codes reveal its voice).
+Speaker 0, ``DEFAULT_SPEAKER``, owns today's book (text-only TTS speaks it; every figure
+from before the speakers keeps its meaning). ``decode`` reads every book, but the simulated
+ASR hears the default speaker best: a syllable whose final+tone code is another speaker's is
+read with a wrong tone with probability ``MISREAD_RATE``, decided by a hash of (speaker,
+position, syllable), so the same stream always reads the same and no model can learn which
+syllables will be misread. Drifting to the default voice therefore lowers the error rate, the
+way CER-only RL drifts the speaker of real TTS models; ``speaker_share`` (the simulated speaker
+model's SIM) sees the drift.
 """
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import re
+from dataclasses import dataclass
 from string import ascii_lowercase
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 from ttsrl.text import SYLLABLES_PER_SECOND, is_toned_syllable, pinyin, syllables
@@ -41,11 +55,6 @@ N_SILENCE = 4
 
 _STRIDE, _OFFSET = 1021, 1409  # 1021 is prime and not 3: k -> code is a permutation
 
-
-def _code(k: int) -> int:
-    return (k * _STRIDE + _OFFSET) % SPEECH_TOKEN_SIZE
-
-
 # logical layout: silences, initials, finals x tones, letters
 _SIL0 = 0
 _INI0 = _SIL0 + N_SILENCE
@@ -53,20 +62,122 @@ _FIN0 = _INI0 + len(INITIALS)
 _LET0 = _FIN0 + len(FINALS) * len(TONES)
 NUM_CODES = _LET0 + len(LETTERS)
 
-SILENCE_CODES: tuple[int, ...] = tuple(_code(_SIL0 + i) for i in range(N_SILENCE))
+SPEAKERS = ("spk0", "spk1", "spk2", "spk3")
+DEFAULT_SPEAKER = SPEAKERS[0]
+#: share of a non-default speaker's syllables the simulated ASR reads with a wrong tone
+MISREAD_RATE = 0.2
+assert len(SPEAKERS) * NUM_CODES <= SPEECH_TOKEN_SIZE  # disjoint books
+
+
+def _code(k: int, speaker: int = 0) -> int:
+    return ((k + speaker * NUM_CODES) * _STRIDE + _OFFSET) % SPEECH_TOKEN_SIZE
+
+
+@dataclass(frozen=True)
+class Book:
+    """One speaker's codes, by unit."""
+
+    speaker: str
+    silence: tuple[int, ...]
+    initials: dict
+    finals: dict
+    letters: dict
+    codes: frozenset
+
+
+def _book(s: int) -> Book:
+    return Book(speaker=SPEAKERS[s],
+                silence=tuple(_code(_SIL0 + i, s) for i in range(N_SILENCE)),
+                initials={ini: _code(_INI0 + i, s) for i, ini in enumerate(INITIALS)},
+                finals={(fin, tone): _code(_FIN0 + i * len(TONES) + j, s)
+                        for i, fin in enumerate(FINALS) for j, tone in enumerate(TONES)},
+                letters={ch: _code(_LET0 + i, s) for i, ch in enumerate(LETTERS)},
+                codes=frozenset(_code(k, s) for k in range(NUM_CODES)))
+
+
+BOOKS: dict[str, Book] = {name: _book(s) for s, name in enumerate(SPEAKERS)}
+ALL_CODES = frozenset().union(*(b.codes for b in BOOKS.values()))
+assert len(ALL_CODES) == len(SPEAKERS) * NUM_CODES
+
+# the default speaker's book under its historical names
+_DEFAULT = BOOKS[DEFAULT_SPEAKER]
+SILENCE_CODES: tuple[int, ...] = _DEFAULT.silence
 PAUSE, WORD_END = SILENCE_CODES[0], SILENCE_CODES[1]  # the other two are never emitted
-INITIAL_CODES = {ini: _code(_INI0 + i) for i, ini in enumerate(INITIALS)}
-FINAL_CODES = {(fin, tone): _code(_FIN0 + i * len(TONES) + j)
-               for i, fin in enumerate(FINALS) for j, tone in enumerate(TONES)}
-LETTER_CODES = {ch: _code(_LET0 + i) for i, ch in enumerate(LETTERS)}
-USED_CODES = frozenset(_code(k) for k in range(NUM_CODES))
+INITIAL_CODES = _DEFAULT.initials
+FINAL_CODES = _DEFAULT.finals
+LETTER_CODES = _DEFAULT.letters
+USED_CODES = _DEFAULT.codes
 assert len(USED_CODES) == NUM_CODES <= SPEECH_TOKEN_SIZE
 
-# code -> (kind, value) for the decoder
-_KIND: dict[int, tuple[str, object]] = {c: ("silence", None) for c in SILENCE_CODES}
-_KIND.update({c: ("initial", ini) for ini, c in INITIAL_CODES.items()})
-_KIND.update({c: ("final", ft) for ft, c in FINAL_CODES.items()})
-_KIND.update({c: ("letter", ch) for ch, c in LETTER_CODES.items()})
+# code -> (kind, value) for the decoder; code -> speaker; code -> logical index
+_KIND: dict[int, tuple[str, object]] = {}
+_SPEAKER_OF: dict[int, str] = {}
+_LOGICAL: dict[int, int] = {}
+for _s, _name in enumerate(SPEAKERS):
+    _b = BOOKS[_name]
+    _KIND.update({c: ("silence", None) for c in _b.silence})
+    _KIND.update({c: ("initial", ini) for ini, c in _b.initials.items()})
+    _KIND.update({c: ("final", ft) for ft, c in _b.finals.items()})
+    _KIND.update({c: ("letter", ch) for ch, c in _b.letters.items()})
+    _SPEAKER_OF.update({_code(k, _s): _name for k in range(NUM_CODES)})
+    _LOGICAL.update({_code(k, _s): k for k in range(NUM_CODES)})
+del _s, _name, _b
+
+
+def speaker_of_code(code: int) -> str | None:
+    """The speaker whose book holds ``code`` (None: a code of no book, noise)."""
+    return _SPEAKER_OF.get(code)
+
+
+def to_speaker(codes: Iterable[int], speaker: str) -> list[int]:
+    """The same units in ``speaker``'s voice: every book code mapped to that speaker's code for
+    its unit; codes of no book are kept."""
+    s = _speaker_index(speaker)
+    return [_code(_LOGICAL[c], s) if c in _LOGICAL else c for c in codes]
+
+
+def _speaker_index(speaker: str) -> int:
+    try:
+        return SPEAKERS.index(speaker)
+    except ValueError:
+        raise ValueError(f"unknown simulated speaker {speaker!r}; the speakers are {', '.join(SPEAKERS)}") from None
+
+
+def speaker_share(codes: Sequence[int], speaker: str) -> float:
+    """The simulated speaker model's SIM: the share of ``codes`` that lie in ``speaker``'s book,
+    in [0, 1] (0 for no codes). A stream wholly in the prompt's voice scores 1, one that drifted
+    to another speaker (or to noise) scores the share it kept."""
+    _speaker_index(speaker)
+    if not codes:
+        return 0.0
+    return sum(1 for c in codes if _SPEAKER_OF.get(c) == speaker) / len(codes)
+
+
+def dominant_speaker(codes: Iterable[int]) -> str | None:
+    """The speaker whose book holds the most of ``codes`` (ties: the earlier in ``SPEAKERS``);
+    None when no code is in any book. What a prompt's speech tokens reveal."""
+    counts = {name: 0 for name in SPEAKERS}
+    for c in codes:
+        who = _SPEAKER_OF.get(c)
+        if who is not None:
+            counts[who] += 1
+    best = max(SPEAKERS, key=lambda name: (counts[name], -SPEAKERS.index(name)))
+    return best if counts[best] else None
+
+
+def misread_tone(speaker: str, position: int, syllable: str, tone: int) -> int:
+    """The tone the simulated ASR hears for ``syllable`` + ``tone`` spoken by ``speaker`` as the
+    ``position``-th unit of a transcript: the tone itself for the default speaker; for another,
+    a wrong tone with probability MISREAD_RATE (sha256 of speaker, position and syllable: the same
+    stream always reads the same, in every process)."""
+    if speaker == DEFAULT_SPEAKER:
+        return tone
+    h = hashlib.sha256(f"{speaker}|{position}|{syllable}{tone}".encode()).digest()
+    if int.from_bytes(h[:8], "big") / 2**64 >= MISREAD_RATE:
+        return tone
+    others = [t for t in TONES if t != tone]
+    return others[h[8] % len(others)]
+
 
 #: nominal token rate to give ``ttsrl.reward.rewards.expected_tokens`` for this codec
 #: (2 codes per syllable at SYLLABLES_PER_SECOND syllables per second)
@@ -86,23 +197,25 @@ def split_syllable(syl: str) -> tuple[str, str]:
     raise ValueError(f"syllable {syl!r} has no initial/final split in the code book")
 
 
-def _unit_codes(token: str) -> list[int]:
+def _unit_codes(token: str, book: Book) -> list[int]:
     """Codes of one pinyin token; characters outside the code book are skipped."""
     if is_toned_syllable(token):
         ini, fin = split_syllable(token[:-1])
-        return [INITIAL_CODES[ini], FINAL_CODES[(fin, int(token[-1]))]]
-    letters = [LETTER_CODES[ch] for ch in token if ch in LETTER_CODES]
-    return letters + [WORD_END] if letters else []
+        return [book.initials[ini], book.finals[(fin, int(token[-1]))]]
+    letters = [book.letters[ch] for ch in token if ch in book.letters]
+    return letters + [book.silence[1]] if letters else []
 
 
-def encode(text: str) -> list[int]:
-    """Speech codes of ``text``: syllable and word patterns, PAUSE at punctuation.
+def encode(text: str, speaker: str = DEFAULT_SPEAKER) -> list[int]:
+    """Speech codes of ``text`` in ``speaker``'s voice (book): syllable and word patterns, PAUSE
+    at punctuation.
 
     Pauses go between punctuation-delimited phrases when the phrases' syllable counts
     add up to the whole sentence's (they always do unless a number straddles the
     punctuation); otherwise the sentence is encoded without pauses. Tokens with no
     code (kana, letters outside a-z) are skipped.
     """
+    book = BOOKS[SPEAKERS[_speaker_index(speaker)]]
     units = pinyin(text)
     counts = [len(pinyin(phrase)) for phrase in _PAUSE_RE.split(text)]
     counts = [n for n in counts if n]
@@ -112,9 +225,9 @@ def encode(text: str) -> list[int]:
     pos = 0
     for i, n in enumerate(counts):
         if i:
-            codes.append(PAUSE)
+            codes.append(book.silence[0])
         for token in units[pos:pos + n]:
-            codes += _unit_codes(token)
+            codes += _unit_codes(token, book)
         pos += n
     return codes
 
@@ -122,9 +235,10 @@ def encode(text: str) -> list[int]:
 def decode(tokens: Iterable[int]) -> str:
     """Space-separated toned-pinyin transcript of ANY token stream; never raises.
 
-    Greedy left to right: an initial code waits for a final+tone code and the pair
-    becomes a syllable if it is a real one; letters collect into a word until any
-    other code. Silence ends a pending initial and emits nothing. Unknown codes,
+    Greedy left to right, over every speaker's book: an initial code waits for a final+tone
+    code and the pair becomes a syllable if it is a real one; letters collect into a word until
+    any other code. Silence ends a pending initial and emits nothing. The tone of a final of a
+    non-default speaker may be misheard (``misread_tone``). Unknown codes,
     out-of-range or non-integer values (floats, strings, None), lone finals, invalid pairs and an initial
     not followed by a final are noise and are skipped.
     """
@@ -134,7 +248,8 @@ def decode(tokens: Iterable[int]) -> str:
     letters: list[str] = []
     for tok in tokens:
         try:
-            kind, value = _KIND[operator.index(tok)]
+            code = operator.index(tok)
+            kind, value = _KIND[code]
         except (KeyError, TypeError, ValueError, OverflowError):
             continue
         if kind == "letter":
@@ -152,7 +267,7 @@ def decode(tokens: Iterable[int]) -> str:
             fin, tone = value  # type: ignore[misc]
             syl = pending + fin
             if syl in valid:
-                out.append(f"{syl}{tone}")
+                out.append(f"{syl}{misread_tone(_SPEAKER_OF[code], len(out), syl, tone)}")
             pending = None
     if letters:
         out.append("".join(letters))

@@ -78,7 +78,8 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
         part = live[start:start + chunk]
         results = score_codes(pipeline, [gens[i].codes for i in part], [utts[i].text for i in part],
                               reward=reward, length_guard=length_guard,
-                              prompt_wavs=[utts[i].prompt_wav for i in part])  # zero-shot: own speaker
+                              prompt_wavs=[utts[i].prompt_wav for i in part],  # zero-shot: own speaker
+                              prompt_ids=[utts[i].prompt_id for i in part])  # or the backend pool's
         for i, r in zip(part, results):
             scored[i] = r
             if wav_dir is not None and r.audio is not None and r.audio.waveform is not None:

@@ -7,6 +7,7 @@ tests get a :class:`SpeechPipeline`. Backend presets:
 ``backend``    token2wav                  ASR
 =============  =========================  ==================================
 ``sim``        simulated codec (no audio) ``ttsrl.embedded.codec.decode``
+               (speakers: ``--prompt-dir``)
 ``whisper``    espeak-ng on sim pinyin    Whisper (faster-whisper)
 ``cosyvoice2`` CosyVoice2 flow + HiFT     Whisper, or sherpa-onnx (``asr``)
 ``cosyvoice3`` CosyVoice3 DiT + HiFT      Whisper, or sherpa-onnx (``asr``)
@@ -59,7 +60,8 @@ class BackendConfig:
     prompt_dir: str | None = option(None, metavar="DIR", help="speaker prompts for token2wav: *.wav (>= 16 kHz, "
                                     "<= 30 s), one chosen per text, or the one a reward request names by its "
                                     "stem (PROMPT_ID: the prompt pool); zero-shot test sets use their own "
-                                    "(backends cosyvoice2, cosyvoice3)")
+                                    "(backends cosyvoice2, cosyvoice3); backend sim: the embedded world's pool "
+                                    "(DIR/prompt_speech_tokens.jsonl: its ids, its speakers, SIM)")
     cosyvoice_batch_flow: bool = option(False, help="run CosyVoice2's flow over each batch at once (padded, "
                                                     "masked; the same audio up to float error) instead of one "
                                                     "utterance at a time (backend cosyvoice2)")
@@ -124,7 +126,7 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
     if cfg.backend == "sim":
         from ttsrl.reward.backends.sim import SimToken2Wav
 
-        t2w: Token2Wav = SimToken2Wav()
+        t2w: Token2Wav = SimToken2Wav(cfg.prompt_dir)
         asr_name = "sim"
     elif cfg.backend == "whisper":
         from ttsrl.reward.backends.sim import EspeakToken2Wav

@@ -106,7 +106,8 @@ class Token2Wav(ABC):
     def prompt_pool(self) -> Mapping[str, SpeakerPrompt]:
         """The speaker prompts a request may name by id (the wire's PROMPT_ID), by id: the stems of
         the prompt folder's wavs for a backend that clones voices (cosyvoice2, cosyvoice3 with
-        ``--prompt-dir``); empty for one that cannot (sim, espeak), which then refuses every id."""
+        ``--prompt-dir``), the ids of the embedded world's pool (sim with ``--prompt-dir``); empty
+        for one that cannot (espeak, sim without a pool), which then refuses every id."""
         return {}
 
     def prompt_from_wav(self, path: str) -> SpeakerPrompt | None:
@@ -271,8 +272,10 @@ def unknown_prompt_message(prompt_id: str, backend: str, known: Sequence[str]) -
     """What a request naming an unknown prompt id is told: the id, how many ids there are, a few of them."""
     if not known:
         return (f"unknown prompt id {prompt_id!r}: this server knows 0 prompt ids (backend {backend} "
-                + ("cannot voice a speaker prompt: PROMPT_ID needs backend cosyvoice2 or cosyvoice3 with --prompt-dir)"
-                   if backend not in ("cosyvoice2", "cosyvoice3") else "was started without --prompt-dir)"))
+                + ("cannot voice a speaker prompt: PROMPT_ID needs backend cosyvoice2, cosyvoice3 or sim with "
+                   "--prompt-dir)" if backend not in ("cosyvoice2", "cosyvoice3", "sim")
+                   else "was started without --prompt-dir)"))
     some = ", ".join(repr(k) for k in known[:5]) + (", ..." if len(known) > 5 else "")
-    return (f"unknown prompt id {prompt_id!r}: this server knows {len(known)} prompt ids "
-            f"(the *.wav stems of its --prompt-dir: {some})")
+    where = ("the ids of its --prompt-dir's prompt_speech_tokens.jsonl" if backend == "sim"
+             else "the *.wav stems of its --prompt-dir")
+    return f"unknown prompt id {prompt_id!r}: this server knows {len(known)} prompt ids ({where}: {some})"

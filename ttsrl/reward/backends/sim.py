@@ -2,7 +2,10 @@
 
 * :class:`SimToken2Wav` + :class:`SimASR`: the simulated codec of ``ttsrl.embedded.codec``;
   the "audio" carries only its codes and the ASR decodes them to toned pinyin.
-  This is the embedded preset's reward path.
+  This is the embedded preset's reward path. With a prompt pool (``--prompt-dir DIR``:
+  ``DIR/prompt_speech_tokens.jsonl``, ``ttsrl.embedded.speakers``) it knows the pool's ids
+  (the wire's PROMPT_ID) and has a speaker model: SIM = the share of an utterance's codes in
+  its prompt speaker's code book (``ttsrl.embedded.speakers.similarity``).
 * :class:`EspeakToken2Wav`: renders the same decoded pinyin as real audio with
   espeak-ng's ``cmn-latn-pinyin`` voice, so a real ASR (Whisper) can listen to
   the simulated codec's output on a CPU-only machine.
@@ -23,18 +26,46 @@ from ttsrl.reward.backends.base import ASR, Audio, SpeakerPrompt, Token2Wav
 
 
 class SimToken2Wav(Token2Wav):
-    """Passes the codes through: the simulated codec has no waveform."""
+    """Passes the codes through: the simulated codec has no waveform. The speaker is in the codes
+    themselves (each simulated speaker has its own code book), so "voicing with a prompt" only
+    records which prompt the utterance answers; the speaker model compares the two.
+
+    ``prompt_dir``: a prompt pool folder (``DIR/prompt_speech_tokens.jsonl``); its ids are the
+    ``prompt_pool`` a request may name, a request naming none gets one chosen by its text (as
+    the cosyvoice backends choose a wav), and ``speaker_similarity`` measures SIM. Without it
+    the backend has no speakers to compare with (no SIM, no prompt ids), as before issue 37."""
 
     name = "sim"
 
-    def __init__(self):
-        from ttsrl.embedded import codec
+    def __init__(self, prompt_dir: str | None = None):
+        from ttsrl.embedded import codec, speakers
 
         self.token_rate = float(codec.TOKEN_RATE)
+        pool = speakers.read_pool(prompt_dir) if prompt_dir else {}
+        self._pool = {pid: SpeakerPrompt(pid, p) for pid, p in sorted(pool.items())}
+        self.has_speaker_model = bool(self._pool)
+
+    @property
+    def prompts(self):
+        return tuple(self._pool.values()) or super().prompts
+
+    @property
+    def prompt_pool(self):
+        return self._pool
 
     def synthesize(self, batch, prompts):
         return [Audio(waveform=None, sample_rate=0, codes=tuple(int(c) for c in codes),
                       token_rate=self.token_rate) for codes in batch]
+
+    def speaker_similarity(self, audios, prompts):
+        """SIM of each audio's codes to its prompt's speaker (``speakers.similarity``); None
+        without a pool (no speaker model) and for a prompt that is not the pool's."""
+        from ttsrl.embedded import speakers
+
+        if not self.has_speaker_model:
+            return None
+        return [speakers.similarity(a.codes, p.data.speaker) if isinstance(p.data, speakers.PoolPrompt) else None
+                for a, p in zip(audios, prompts)]
 
 
 class SimASR(ASR):
