@@ -120,10 +120,14 @@ if stage 0 && head_only 0; then
   fi
   LEAK=()  # ALLOW_LEAK=1: keep test texts that are training texts too
   if [[ $ALLOW_LEAK == 1 ]]; then LEAK=(--allow-leak); fi
+  POOL=()  # PROMPT_POOL=DIR: zero-shot rows, each with a speaker prompt of DIR (empty: text-only rows)
+  if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
-    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" \
+    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" \
     || { echo "stage 0 failed (above: each row and why). A prompt over the budget: MAX_PROMPT_LENGTH=N bash run.sh 0 0" \
-              "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer);" \
+              "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer" \
+              "${PROMPT_POOL:+and each pool prompt (transcript and speech tokens)}); a pool prompt none fits:" \
+              "a larger MAX_PROMPT_LENGTH or shorter prompts;" \
               "test texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them" >&2; exit 1; }
   done_stage 0
 fi

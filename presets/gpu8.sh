@@ -6,6 +6,16 @@
 #   $COSYVOICE2_DIR   released CosyVoice2-0.5B: llm.pt cosyvoice2.yaml flow.pt hift.pt campplus.onnx
 #                     speech_tokenizer_v2.onnx CosyVoice-BlankEN/
 #   $PROMPT_DIR       reward speaker prompts *.wav (>= 16 kHz, <= 30 s; one chosen per text)
+#   $PROMPT_POOL      zero-shot training (issue 37; empty: text-only rows, as the reference recipe):
+#                     a folder of speaker prompt wavs, <ID>.wav, and prompt_speech_tokens.jsonl with
+#                     each id's transcript and CosyVoice2 speech tokens. The reference recipe draws its
+#                     prompts from aishell's test speakers; e.g. a few utterances each of aishell-1's 20
+#                     test speakers, listed as "ID PATH" with a kaldi-style transcript file:
+#                       .venv/bin/python scripts/prompt_tokens.py wavs.scp --texts prompt_text \
+#                           --model-dir "$COSYVOICE2_DIR" --copy-wavs-to data/prompt_pool
+#                     Stage 0 gives every row one prompt of it (PROMPT_SEED; docs/gpu.md), the reward
+#                     server voices each rollout with its row's prompt and measures SIM against that wav:
+#                     PROMPT_DIR defaults to PROMPT_POOL then (one folder; run.sh refuses two).
 #   $ASR_MODEL_DIR    sherpa-onnx Paraformer (model[.int8].onnx + tokens.txt)
 #   $TRAIN_FILE       training texts (JSONL, "text")     $TEST_FILE  held-out texts (JSONL)
 #   $SEEDTTS_ZH_DIR   Seed-TTS test_zh (meta.lst + prompt wavs) and its prompt_speech_tokens.jsonl,
@@ -39,7 +49,8 @@
 
 : "${REWARD_BACKEND:=cosyvoice2}"
 : "${ASR_MODEL_DIR:=pretrained_models/sherpa-onnx-paraformer-zh}"
-: "${PROMPT_DIR:=data/speaker_prompts}"   # *.wav; one is chosen per text
+: "${PROMPT_POOL:=}"   # zero-shot rows from this pool (see the top); empty: text-only rows
+: "${PROMPT_DIR:=${PROMPT_POOL:-data/speaker_prompts}}"   # *.wav; the row's own prompt, or one chosen per text
 # how long stage 1 waits for the server: one replica per GPU, each loading flow + HiFT, its ASR and
 # its ONNX sessions on its own GPU (prompt features are extracted once and shared); a server that
 # dies stops the wait at once, so the margin costs nothing when start-up fails
@@ -77,5 +88,5 @@ EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEED
   --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20 --batch-size 64)
 
 CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "$PROMPT_DIR" --sherpa-model-dir "$ASR_MODEL_DIR"
-  --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR"
+  --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR" ${PROMPT_POOL:+--prompt-pool "$PROMPT_POOL"}
   ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})

@@ -14,6 +14,8 @@
 #                     tokenizer: python scripts/prompt_tokens.py --model-dir "$COSYVOICE2_DIR" \
 #                       --cosyvoice-checkout "$COSYVOICE_ROOT" data/seedtts_testset/zh
 #   $PROMPT_DIR, $ASR_MODEL_DIR, $TRAIN_FILE, $TEST_FILE   as in gpu8.sh
+#   $PROMPT_POOL      zero-shot training, as in gpu8.sh, its speech tokens made by CosyVoice3's own
+#                     tokenizer (scripts/prompt_tokens.py --model-dir "$COSYVOICE2_DIR" --cosyvoice-checkout ...)
 # Each value is a default, `: "${VAR:=value}"`: the environment wins.
 : "${MODEL_FAMILY:=cosyvoice3}"
 : "${EXP_DIR:=exp/gpu8_cosyvoice3}"

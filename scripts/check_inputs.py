@@ -28,6 +28,7 @@ MODEL_DIRS = {
 COSYVOICE3_CODE = (("cosyvoice/cli/model.py", "CosyVoice3Model"), ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
                    ("cosyvoice/flow/DiT/dit.py", "DiT"), ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ttsrl.data.prompt_pool import PoolError, read_pool  # noqa: E402 - stdlib-only import
 from ttsrl.reward.wavcheck import prompt_wav_header_problem, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
 
@@ -53,6 +54,13 @@ def problems(a) -> list[str]:
         if not wavs:
             out.append(f"speaker prompts (PROMPT_DIR): no *.wav in {d}")
         out += [f"speaker prompt {m}" for m in filter(None, map(_wav_problem, wavs))]
+    if a.prompt_pool:  # zero-shot training: transcripts, tokens and a usable wav for every id
+        try:
+            pool = read_pool(a.prompt_pool, need_wavs=True)
+        except PoolError as e:
+            out.append(f"prompt pool (PROMPT_POOL): {e}")
+        else:
+            out += [f"prompt pool wav {m}" for m in filter(None, map(_wav_problem, map(pool.wav, pool.prompts)))]
     if a.sherpa_model_dir:
         d = Path(a.sherpa_model_dir)
         if not ((d / "model.onnx").is_file() or (d / "model.int8.onnx").is_file()) or not (d / "tokens.txt").is_file():
@@ -106,6 +114,9 @@ def main(argv=None) -> int:
     for flag in ("--model-dir", "--prompt-dir", "--sherpa-model-dir", "--train-file", "--test-file",
                  "--seedtts-dir", "--cosyvoice-checkout"):
         ap.add_argument(flag, default=None)
+    ap.add_argument("--prompt-pool", default=None, metavar="DIR",
+                    help="zero-shot training's pool (PROMPT_POOL): DIR/prompt_speech_tokens.jsonl valid, with "
+                         "transcripts, and DIR/<id>.wav for every id within the prompt-wav limits")
     ap.add_argument("--backend", choices=tuple(MODEL_DIRS), default="cosyvoice2",
                     help="whose model folder --model-dir is (and, cosyvoice3, that --cosyvoice-checkout has it)")
     a = ap.parse_args(argv)

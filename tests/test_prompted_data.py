@@ -336,3 +336,59 @@ def test_a_prompt_whose_transcript_merges_with_the_text_is_passed_by(tmp_path):
     sv = V.vocab_of(tok)
     assert verl_ids(tok, rows["train"][0]["prompt"]) == ([sv.sos_id] + enc("很好吗") + enc(text) + [sv.task_id]
                                                          + sv.codes_to_ids([5, 6]))
+
+
+# ---------------------------------------------------------------------------
+# run.sh's PROMPT_POOL and the up-front input check
+
+
+def test_prompt_pool_setting_reaches_stage_0_and_the_reward_server(tmp_path):
+    """PROMPT_POOL (bash run.sh --config shows it) becomes the reward server's --prompt-dir; a preset's
+    other --prompt-dir is refused; a run from stage 0 needs the folder and its jsonl; gpu8's PROMPT_DIR
+    follows the pool, so a user writes the path once."""
+    from test_run_sh_settings import _config
+
+    from ttsrl.launch import settings
+
+    pool = write_pool(tmp_path / "pool", 2)
+    got = _config({"PROMPT_POOL": str(pool), "PROMPT_SEED": "7"})
+    assert got["PROMPT_POOL"] == str(pool) and got["PROMPT_SEED"] == "7"
+    assert got["REWARD_ARGS"][-2:] == ["--prompt-dir", str(pool)]
+    assert _config()["PROMPT_POOL"] == "" and "--prompt-dir" not in _config()["REWARD_ARGS"]
+    gpu = _config({"PROMPT_POOL": str(pool)}, preset="presets/gpu8.sh")
+    assert gpu["REWARD_ARGS"].count("--prompt-dir") == 1
+    assert gpu["REWARD_ARGS"][gpu["REWARD_ARGS"].index("--prompt-dir") + 1] == str(pool)
+    assert gpu["CHECK_INPUTS_ARGS"][-2:] == ["--prompt-pool", str(pool)]
+    r = _config({"PROMPT_POOL": str(pool), "PROMPT_DIR": str(tmp_path)}, preset="presets/gpu8.sh", ok=False)
+    assert r.returncode != 0 and f"PROMPT_POOL={pool} but REWARD_ARGS voice from --prompt-dir {tmp_path}" in r.stderr
+
+    env = {"DEVICE": "cpu", "EXP_DIR": "exp/e", "COSYVOICE2_DIR": "b", "TRAIN_FILE": "t.jsonl", "TEST_FILE": "s.jsonl",
+           "MAX_PROMPT_LENGTH": "32", "REWARD_BACKEND": "sim", "EVAL_NPROC": "1"}
+    arrays = {"REWARD_ARGS": [], "GRPO_ARGS": [], "EVAL_ARGS": []}
+    with pytest.raises(settings.SettingsError, match="no such folder"):
+        settings.resolve({**env, "PROMPT_POOL": str(tmp_path / "none")}, arrays, ["0", "2"])
+    with pytest.raises(settings.SettingsError, match="no prompt_speech_tokens.jsonl in it"):
+        settings.resolve({**env, "PROMPT_POOL": str(tmp_path)}, arrays, ["1", "5"])
+    settings.resolve({**env, "PROMPT_POOL": str(tmp_path / "none")}, arrays, ["-1", "5"])  # stage -1 may build it
+    with pytest.raises(settings.SettingsError, match="PROMPT_SEED=x"):
+        settings.resolve({**env, "PROMPT_SEED": "x"}, arrays, ["0", "0"])
+
+
+def test_check_inputs_checks_the_pool_and_its_wavs(tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    pool = write_pool(tmp_path / "pool", 2)
+    cmd = [sys.executable, str(ROOT / "scripts" / "check_inputs.py"), "--prompt-pool", str(pool)]
+    import subprocess
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "prompt pool (PROMPT_POOL)" in r.stderr and "has no wav" in r.stderr
+    sf.write(pool / "spk0_00.wav", np.zeros(16000, dtype=np.float32), 16000)
+    sf.write(pool / "spk1_01.wav", np.zeros(8000, dtype=np.float32), 8000)  # under 16 kHz
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "prompt pool wav" in r.stderr and "spk1_01.wav" in r.stderr
+    assert "spk0_00.wav" not in r.stderr
+    sf.write(pool / "spk1_01.wav", np.zeros(16000, dtype=np.float32), 16000)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

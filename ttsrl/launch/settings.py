@@ -69,6 +69,10 @@ Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL 
   Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training by
   stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE: no dev set,
   and stage 5 needs EXPORT_STEP. ALLOW_LEAK=1: keep test texts that are training texts too.
+  Zero-shot rows: PROMPT_POOL=DIR (DIR/prompt_speech_tokens.jsonl: ids, transcripts, speech tokens)
+  gives every stage-0 row a speaker prompt (seeded by PROMPT_SEED, default 0; prepare_data.py
+  --help has the rule); the reward server voices from the same DIR (its --prompt-dir). Empty:
+  text-only rows.
 
 Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedded.sh) sets what
   differs between runs, each value as a default, `: "${{VAR:=value}}"`; a setting given in the
@@ -261,7 +265,7 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
                           ("CKPT_DIR", f"{exp}/checkpoints"), ("REWARD_PORT", "8000"),
                           ("REWARD_START_TIMEOUT_S", "300"), ("REWARD_ANY_SERVER", "0"), ("DEV_FILE", ""),
                           ("DEV_SIZE", "0"), ("USER_PAIRS", ""), ("ALLOW_LEAK", "0"), ("EXPORT_STEP", ""),
-                          ("LLM_FILE", "llm.pt")):
+                          ("LLM_FILE", "llm.pt"), ("PROMPT_POOL", ""), ("PROMPT_SEED", "0")):
         get(name, default)
     exp_abs = exp if exp.startswith("/") else str(ROOT / exp)
     get("TENSORBOARD_DIR", f"{exp_abs}/tensorboard")
@@ -290,6 +294,7 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     else:
         v["DEV_SET"], v["TRAIN_TEXTS"] = "", v["TRAIN_FILE"]
     resolve_nodes(r, env)
+    resolve_pool(r)
     resolve_reward(r, env)
     resolve_paths(r)
     r.lists["GRPO_ARGS"] = grpo_args(r) + extras["GRPO_EXTRA"]
@@ -389,6 +394,46 @@ def _count_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(line.startswith("GPU") for line in out.splitlines())
+
+
+def _flag_values(words_: list[str], flag: str) -> list[str]:
+    """Every value of ``flag`` in an argument list (``--flag V`` and ``--flag=V``)."""
+    out = []
+    for i, w in enumerate(words_):
+        if w == flag and i + 1 < len(words_):
+            out.append(words_[i + 1])
+        elif w.startswith(flag + "="):
+            out.append(w.split("=", 1)[1])
+    return out
+
+
+def resolve_pool(r: Resolved) -> None:
+    """PROMPT_POOL (zero-shot rows; empty: text-only): stage 0 gives every row a prompt of it, and
+    the reward server voices each rollout with the row's prompt from the same folder, so the
+    folder reaches the server as its ``--prompt-dir`` (added to REWARD_ARGS; a preset's
+    ``--prompt-dir`` must name the same folder). A run that starts at stage 0, 1 or 2 needs the
+    folder and its prompt_speech_tokens.jsonl to exist (stage -1 may build the embedded world's)."""
+    v = r.values
+    pool = v["PROMPT_POOL"]
+    if not re.fullmatch(r"-?\d+", v["PROMPT_SEED"]):
+        raise SettingsError([f"PROMPT_SEED={v['PROMPT_SEED']}: expected an integer (the prompt assignment's seed)"])
+    if not pool:
+        return
+    given = _flag_values(r.lists["REWARD_ARGS"], "--prompt-dir")
+    other = [d for d in given if os.path.normpath(d) != os.path.normpath(pool)]
+    if other:
+        raise SettingsError([f"PROMPT_POOL={pool} but REWARD_ARGS voice from --prompt-dir {other[0]}: the server must "
+                             "voice every rollout with its row's prompt, so both name one folder (presets/gpu8.sh: "
+                             "PROMPT_DIR defaults to PROMPT_POOL; unset PROMPT_DIR or set it to the pool)"])
+    if not given:
+        r.lists["REWARD_ARGS"] += ["--prompt-dir", pool]
+    if 0 <= r.start <= 2:
+        if not os.path.isdir(pool):
+            raise SettingsError([f"PROMPT_POOL={pool}: no such folder (a prompt pool: prompt_speech_tokens.jsonl made "
+                                 "by scripts/prompt_tokens.py, and the wavs it names; docs/gpu.md)"])
+        if not os.path.isfile(os.path.join(pool, "prompt_speech_tokens.jsonl")):
+            raise SettingsError([f"PROMPT_POOL={pool}: no prompt_speech_tokens.jsonl in it (make it with "
+                                 "scripts/prompt_tokens.py; docs/gpu.md)"])
 
 
 def resolve_reward(r: Resolved, env: Mapping[str, str]) -> None:
