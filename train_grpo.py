@@ -127,7 +127,21 @@ def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, li
             if asked is not None and meta.get(key) != asked:
                 problems.append(f"the reward server at {url} serves {key} {meta.get(key)!r}, but this run asks for "
                                 f"{asked!r} (--{field.replace('_', '-')})")
-    return {"reward": cfg.reward, "backend": cfg.reward_backend, "urls": list(urls), "served": served}, problems
+        weight = cfg.expected_sim_weight
+        if weight is not None and meta.get("sim_weight") != weight:
+            problems.append(f"the reward server at {url} serves SIM weight {meta.get('sim_weight')!r}, but this run "
+                            f"asks for {weight:g} (--sim-weight / --reward-weights)")
+    return {"reward": cfg.reward, "backend": cfg.reward_backend, "sim_weight": cfg.expected_sim_weight,
+            "reward_weights": cfg.reward_weights, "gdpo_reward_keys": gdpo_keys(cfg),
+            "urls": list(urls), "served": served}, problems
+
+
+def gdpo_keys(cfg: GRPOConfig) -> list[str] | None:
+    """The reward components ``--algorithm gdpo`` trains on (None for another algorithm)."""
+    for o in cfg.algorithm_overrides() + list(cfg.extra):
+        if o.lstrip("+").startswith("algorithm.gdpo_reward_keys="):
+            return o.split("=", 1)[1].strip("[]").split(",")
+    return None
 
 
 def write_run_record(run: Run, environ: Mapping[str, str], resumes_from: int | None = None,

@@ -2,7 +2,7 @@
 
 No training: verl's own ``ppo_trainer.yaml`` is composed with our overrides, and verl's own
 ``compute_advantage`` (the legacy trainer's call, ``trainer/ppo/ray_trainer.py:1667-1675``) runs
-on a batch whose extra info is what ``compute_score`` returns (``score``, ``sim``): the keys we
+on a batch whose extra info is what ``compute_score`` returns (the terms ``cer``, ``sim``, ``length``): the keys we
 name must be the ones it finds, and each component must move the advantages.
 """
 
@@ -27,12 +27,12 @@ def test_gdpo_composes_with_the_legacy_trainer_and_our_reward_keys():
                                                           algorithm="gdpo")):
         cfg = composed(c.to_overrides())
         assert cfg.algorithm.adv_estimator == "gdpo"
-        assert list(cfg.algorithm.gdpo_reward_keys) == ["score", "sim"]
+        assert list(cfg.algorithm.gdpo_reward_keys) == ["cer", "sim", "length"]
         assert set(cfg.algorithm.gdpo_reward_keys) <= set(_result(0.5, 0.1, "x", False, 0.7))
         # the v1 trainer fetches neither the extra info nor the prompts for the estimator
         assert cfg.trainer.use_v1 is False
-    weighted = composed(gpu(algorithm="gdpo", extra=["+algorithm.gdpo_reward_weights=[1.0,0.5]"]).to_overrides())
-    assert list(weighted.algorithm.gdpo_reward_weights) == [1.0, 0.5]
+    weighted = composed(gpu(algorithm="gdpo", extra=["+algorithm.gdpo_reward_weights=[1.0,0.5,1.0]"]).to_overrides())
+    assert list(weighted.algorithm.gdpo_reward_weights) == [1.0, 0.5, 1.0]
 
 
 def _batch(results: list[dict], group: int):
@@ -53,7 +53,7 @@ def _batch(results: list[dict], group: int):
     return DataProto.from_dict(tensors=batch, non_tensors={**extra, "uid": uid})
 
 
-def test_verl_gdpo_estimator_reads_score_and_sim_from_our_extra_info():
+def test_verl_gdpo_estimator_reads_our_terms_from_our_extra_info():
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     cfg = composed(gpu(algorithm="gdpo").to_overrides()).algorithm
@@ -66,8 +66,8 @@ def test_verl_gdpo_estimator_reads_score_and_sim_from_our_extra_info():
     # two groups of four; the same error-rate rewards, speaker similarity differs in group 2 only
     scores = [0.9, 0.5, 0.5, 0.1, 0.7, 0.7, 0.7, 0.7]
     sims = [0.6, 0.6, 0.6, 0.6, 0.2, 0.8, 0.5, 0.5]
-    flat = [_result(s, 0.1, "t", False, 0.6) for s in scores]
-    mixed = [_result(s, 0.1, "t", False, m) for s, m in zip(scores, sims)]
+    flat = [_result(s, 0.1, "t", False, 0.6, cer=s, length=1.0) for s in scores]
+    mixed = [_result(s, 0.1, "t", False, m, cer=s, length=1.0) for s, m in zip(scores, sims)]
     a, b = advantages(flat), advantages(mixed)
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
     # group 2: equal rewards, equal SIM: one advantage for all four (the batch whitening shifts it)
@@ -75,8 +75,13 @@ def test_verl_gdpo_estimator_reads_score_and_sim_from_our_extra_info():
     assert b[5, 0] > b[6, 0] > b[4, 0] and b[6, 0] == b[7, 0]  # ... until SIM differs: the higher SIM gains
     assert b[0, -2:].abs().sum() == 0  # nothing past a response's end
     # an unmeasured SIM (failed request, empty response) is 0.0, never NaN in the estimator
-    failed = [_result(s, 0.1, "t", i == 0, float("nan")) for i, s in enumerate(scores)]
+    failed = [_result(s, 0.1, "t", i == 0, float("nan"), cer=s, length=1.0) for i, s in enumerate(scores)]
     assert failed[0]["sim"] == 0.0 and torch.isfinite(advantages(failed)).all()
+    # the length term moves them too: in group 2 (all else equal) an unfinished rollout falls behind
+    cut = [_result(s, 0.1, "t", False, 0.6, cer=s, length=0.0 if i == 5 else 1.0, finished=i != 5)
+           for i, s in enumerate(scores)]
+    c = advantages(cut)
+    assert c[5, 0] < c[4, 0] and torch.allclose(c[4:, 0][[0, 2, 3]], c[4, 0].expand(3))
 
 
 def test_gdpo_without_our_keys_is_refused_by_verl():
@@ -109,8 +114,12 @@ def test_gdpo_trains_on_the_cpu_path(grpo_workspace, sim_server_url):
                           stderr=subprocess.STDOUT, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-6000:]
     steps = parse_steps(proc.stdout)
-    assert steps[0]["val-aux/tiny_tts/sim/mean@1"] == 0.0  # validation logs the extra info
+    assert "val-aux/tiny_tts/sim/mean@1" in steps[0]  # validation logs the extra info
     for s in (1, 2):
         m = steps[s]
-        assert m["gdpo/sim/mean"] == 0.0 and 0.0 < m["gdpo/score/mean"] < 1.0, m
+        assert 0.0 < m["gdpo/cer/mean"] <= 1.0 and 0.0 <= m["gdpo/length/mean"] <= 1.0, m
         assert 0.0 < m["critic/score/mean"] < 1.0
+        # the plugin's per-step terms (ttsrl.verl_plugin.reward_metrics) agree with verl's gdpo ones
+        for key in ("cer", "sim", "length"):
+            assert m[f"reward/{key}/mean"] == pytest.approx(m[f"gdpo/{key}/mean"], abs=1e-6), (key, m)
+        assert 0.0 <= m["reward/unfinished/mean"] <= 1.0

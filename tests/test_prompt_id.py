@@ -188,10 +188,10 @@ def test_the_sim_backend_refuses_every_prompt_id(sim_server_url):
     assert r.status_code == 200 and "prompt_id" not in r.json()["parameters"]
     assert r.json()["outputs"][0]["data"][0] == pytest.approx(1.0)
     meta = requests.get(f"{sim_server_url}/v2/models/token2wav_asr", timeout=10).json()
-    assert meta["inputs"][-1] == {"name": "PROMPT_ID", "datatype": "BYTES", "shape": [1, 1], "optional": True}
+    assert meta["inputs"][3] == {"name": "PROMPT_ID", "datatype": "BYTES", "shape": [1, 1], "optional": True}
     assert meta["prompt_ids"] == 0
     cfg = requests.get(f"{sim_server_url}/v2/models/token2wav_asr/config", timeout=10).json()
-    assert [(t["name"], t["optional"]) for t in cfg["input"]][-1] == ("PROMPT_ID", True)
+    assert [(t["name"], t["optional"]) for t in cfg["input"]][3] == ("PROMPT_ID", True)
     assert cfg["parameters"]["prompt_ids"] == {"string_value": "0"}
 
 

@@ -59,7 +59,7 @@ def test_server_and_evaluator_give_the_same_rewards(reward):
             assert r.status_code == 200, r.text
             served.append(parse_response(r.json()))
     assert len({round(x[0], 6) for x in served}) > 3  # the cases really differ
-    for (reward_s, _, transcript_s, _), row in zip(served, rows):
+    for (reward_s, _, transcript_s, *_), row in zip(served, rows):
         assert row["reward"] == pytest.approx(reward_s, abs=1e-12)
         assert row["transcript"] == transcript_s
 
@@ -132,9 +132,9 @@ def test_protocol_round_trip():
     full = build_response("m", 0.25, "ni3 hao3", 0.5)
     assert parse_response(full)[:3] == (0.25, 0.5, "ni3 hao3") and math.isnan(parse_response(full).sim)
     measured = build_response("m", 0.25, "ni3 hao3", 0.5, sim=0.75)  # SIMS survives a JSON round trip
-    assert parse_response(json.loads(json.dumps(measured))) == (0.25, 0.5, "ni3 hao3", 0.75)
+    assert parse_response(json.loads(json.dumps(measured)))[:4] == (0.25, 0.5, "ni3 hao3", 0.75)
     # not measured: SIMS left out (the body stays strict JSON), NaN only when asked for by name
-    assert [o["name"] for o in full["outputs"]] == [n for n, _, _ in OUTPUT_SPECS if n != "SIMS"]
+    assert [o["name"] for o in full["outputs"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES"]  # the terms: by name only
     json.dumps(full, allow_nan=False)
     asked = build_response("m", 0.25, "", 0.5, wanted=["REWARDS", "SIMS"])["outputs"]
     assert [o["name"] for o in asked] == ["REWARDS", "SIMS"] and math.isnan(asked[1]["data"][0])
@@ -142,8 +142,8 @@ def test_protocol_round_trip():
         with pytest.raises(ResponseError, match="speaker similarity|output SIMS is inf"):
             parse_response(build_response("m", 0.25, "", 0.5, sim=bad))
     meta = model_metadata("m")
-    assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS] + ["PROMPT_ID"]
-    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True]  # issue 37
+    assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS] + ["PROMPT_ID", "FINISHED"]
+    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True, True]  # issue 37
     assert [o["name"] for o in meta["outputs"]][0] == OUTPUT_SPECS[0][0] == "REWARDS"
 
 

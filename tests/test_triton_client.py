@@ -47,7 +47,7 @@ def test_tritonclient_binary_and_json_give_the_json_paths_rewards(sim_server_url
             rsp = requests.post(sim_server_url + infer_path(), json=build_payload(codes, text), timeout=30)
             assert rsp.status_code == 200 and "Inference-Header-Content-Length" not in rsp.headers
             assert rsp.headers["Content-Type"] == "application/json; charset=utf-8"
-            reward, err, transcript, _ = parse_response(rsp.json())
+            reward, err, transcript, *_ = parse_response(rsp.json())
             want = (float(np.float32(reward)), float(np.float32(err)), transcript)  # FP32 outputs, exactly
             # the client's defaults: binary inputs, no outputs named -> binary_data_output
             got = client.infer(DEFAULT_MODEL_NAME, _inputs(codes, text, True))
@@ -107,9 +107,10 @@ def test_tritonclient_reads_model_config_statistics_and_repository_index():
         assert cfg["name"] == DEFAULT_MODEL_NAME and cfg["max_batch_size"] == 8
         assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [
             ("TOKENS", "TYPE_INT32", ["-1"]), ("TOKEN_LENS", "TYPE_INT32", ["1"]), ("GT_TEXT", "TYPE_STRING", ["1"]),
-            ("PROMPT_ID", "TYPE_STRING", ["1"])]
-        assert [t["optional"] for t in cfg["input"]] == [False, False, False, True]  # PROMPT_ID (issue 37)
-        assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS"]
+            ("PROMPT_ID", "TYPE_STRING", ["1"]), ("FINISHED", "TYPE_INT32", ["1"])]
+        assert [t["optional"] for t in cfg["input"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED (issue 37)
+        assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS", "CER_REWARDS",
+                                                      "LENGTH_REWARDS"]
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "30000"
         assert cfg["parameters"]["reward"] == {"string_value": "exp_toneless"}
         assert cfg["parameters"]["backend"]["string_value"].startswith("sim")

@@ -11,8 +11,11 @@ through this filter::
 Every byte goes to ``--log`` (appended, so a resumed run keeps the killed run's
 log). The terminal gets ``[train_grpo]`` lines (the exact verl command) and, per
 step, one line: step/total, mean reward (``critic/score/mean``, the reward
-function's score), mean response length, step time, ETA, and the validation
-reward at the steps that validate. SIGINT is ignored here so that after Ctrl-C
+function's score), the reward's terms when the step logs them (``cer``, ``sim``, ``length``
+and the share of rollouts ``unfinished``: ``reward/<key>/mean``, which our verl plugin adds,
+``ttsrl.verl_plugin.reward_metrics``; else ``gdpo/<key>/mean``, which verl logs for
+``--algorithm gdpo``; ``sim`` only where it was measured), mean response length, step time, ETA,
+and the validation reward at the steps that validate. SIGINT is ignored here so that after Ctrl-C
 verl's shutdown output still reaches the log; the filter ends at end of input.
 """
 
@@ -37,6 +40,10 @@ REWARD_KEY = "critic/score/mean"
 LENGTH_KEY = "response_length/mean"
 STEP_TIME_KEY = "timing_s/step"
 VAL_REWARD_RE = re.compile(r"^val-core/.*/reward/mean@\d+$")
+TERM_KEYS = ("cer", "sim", "length")  # the reward's terms (ttsrl.reward.rewards), shown in this order
+TERM_SOURCES = ("reward/{}/mean", "gdpo/{}/mean")  # ttsrl's plugin's metric, else verl's gdpo one
+UNFINISHED_KEY = "reward/unfinished/mean"
+SIM_MEASURED_KEY = "reward/sim_measured/mean"
 _NP_RE = re.compile(r"^np\.\w+\((.*)\)$")  # np.float64(0.5) -> 0.5
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 # Ray's prefix on output forwarded from an actor: "(TaskRunnerV1 pid=42)", "(pid=7, ip=10.0.0.2)"
@@ -131,6 +138,7 @@ class StepConsole:
         if REWARD_KEY in metrics:
             self.rewards.append((step, metrics[REWARD_KEY]))
             parts.append(f"reward {metrics[REWARD_KEY]:.3f}")
+        parts += self.terms(metrics)
         if LENGTH_KEY in metrics:
             parts.append(f"len {metrics[LENGTH_KEY]:5.1f}")
         val = [v for k, v in metrics.items() if VAL_REWARD_RE.match(k)]
@@ -146,6 +154,21 @@ class StepConsole:
         if step == 0 or REWARD_KEY not in metrics and val:
             parts.append("(validation)")
         return "  ".join(parts)
+
+    @staticmethod
+    def terms(metrics: dict[str, float]) -> list[str]:
+        """``cer 0.612  sim 0.284  length 0.973  unfinished 3%`` for the terms the step logged; SIM
+        left out when no rollout of the step had it measured (its 0.0 would read as a value)."""
+        out = []
+        for key in TERM_KEYS:
+            if key == "sim" and metrics.get(SIM_MEASURED_KEY, 1.0) == 0.0:
+                continue
+            value = next((metrics[s.format(key)] for s in TERM_SOURCES if s.format(key) in metrics), None)
+            if value is not None:
+                out.append(f"{key} {value:.3f}")
+        if UNFINISHED_KEY in metrics:
+            out.append(f"unfinished {100 * metrics[UNFINISHED_KEY]:.0f}%")
+        return out
 
     def summary(self) -> Optional[str]:
         if not self.rewards:

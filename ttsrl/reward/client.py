@@ -48,14 +48,20 @@ selected group has any (``replay_buffer.py:505-509``). With ``trainer.use_v1=Fal
 way the sample of a raised error is not trained on.
 
 Keys of the returned dict are the same for every sample (verl builds its extra-info
-columns from the first sample's keys): ``score``, ``error_rate``, ``transcript``
+columns from the first sample's keys), all finite: ``score`` (the combined reward the run
+trains on, the server's REWARDS), the reward's terms ``cer`` (the error-rate term, no length
+guard), ``length`` (the length/finish term: 0 for a response that hit the budget without end
+of speech, see :func:`is_finished`) and ``sim`` (definitions: ``ttsrl.reward.rewards``),
+``unfinished`` (1.0 for such a response), ``error_rate``, ``transcript``
 (a string; verl's metric code skips strings), ``reward_failed`` and ``sim``: the speaker
 similarity the server measured (its ``SIMS`` output: ``--want-sim`` or ``--sim-weight``), 0.0
 where none was measured (a server that does not, an empty response, a failed request) so the
 column stays finite, and ``sim_measured`` (1.0 or 0.0), which tells such a 0.0 from a measured
-one: anything that averages or prints SIM reads it first (``reward_tts.py`` prints ``sim -``). ``score`` and ``sim`` are the two components of ``--algorithm gdpo``
+one: anything that averages or prints SIM reads it first (``reward_tts.py`` prints ``sim -``).
+``cer``, ``sim`` and ``length`` (``TERM_KEYS``) are the three components of ``--algorithm gdpo``
 (``algorithm.gdpo_reward_keys``; verl reads them from the extra info,
-``verl/trainer/ppo/core_algos.py:413-430``).
+``verl/trainer/ppo/core_algos.py:413-430``). A failed request or an empty response has every
+term 0.
 
 Speakers (issue 37): verl hands ``compute_score`` each row's ``extra_info``; a zero-shot row's
 ``extra_info["prompt_id"]`` goes to the server as the optional PROMPT_ID input, so the response is
@@ -81,6 +87,7 @@ from ttsrl import knobs
 from ttsrl.model.vocab import SpeechVocab
 from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
+    CLIENT_OUTPUTS,
     DEFAULT_MODEL_NAME,
     DEFAULT_URL,
     Reply,
@@ -119,6 +126,8 @@ class RewardClientConfig:
     url: str = DEFAULT_URL  # one base URL or a comma-separated list (see ``urls``)
     model: str = DEFAULT_MODEL_NAME
     reward: str | None = None  # the reward variant asked for: an answer scored by another is refused
+    sim_weight: float | None = None  # the SIM weight asked for: an answer combined with another is refused
+    max_response_length: int | None = None  # the rollout's response budget: a response this long never ended
     max_fail_fraction: float = knobs.default(ENV_MAX_FAIL)
     fail_window: int = knobs.default(ENV_FAIL_WINDOW)  # the fraction is judged over this process's last this-many requests
     retries: int = knobs.default(ENV_RETRIES)  # waits for a usable server when none is left (each up to the backoff)
@@ -128,15 +137,19 @@ class RewardClientConfig:
     max_connections: int = knobs.default(ENV_MAX_CONN)  # concurrent requests per event loop
 
     @classmethod
-    def from_env(cls, urls: str | None = None, reward: str | None = None) -> "RewardClientConfig":
-        """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only); ``urls``
-        and ``reward`` (verl's ``reward_kwargs``, which a run sets) win over the environment."""
+    def from_env(cls, urls: str | None = None, reward: str | None = None, sim_weight: float | None = None,
+                 max_response_length: int | None = None) -> "RewardClientConfig":
+        """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only); ``urls``,
+        ``reward``, ``sim_weight`` and ``max_response_length`` (verl's ``reward_kwargs``, which a
+        run sets) win over the environment."""
         g = knobs.get
         for old, new in ENV_OBSOLETE.items():
             if g(old) is not None and old not in _WARNED:
                 _WARNED.add(old)
                 log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
         cfg = cls(url=urls or g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME, reward=reward,
+                  sim_weight=None if sim_weight is None else float(sim_weight),
+                  max_response_length=None if max_response_length is None else int(max_response_length),
                   max_fail_fraction=g(ENV_MAX_FAIL), fail_window=g(ENV_FAIL_WINDOW), retries=g(ENV_RETRIES),
                   backoff_s=g(ENV_BACKOFF), timeout_s=g(ENV_TIMEOUT), max_connections=g(ENV_MAX_CONN))
         try:
@@ -147,6 +160,10 @@ class RewardClientConfig:
             raise ValueError(f"{ENV_MAX_FAIL} must be in [0, 1], got {cfg.max_fail_fraction}")
         if cfg.fail_window < 1:
             raise ValueError(f"{ENV_FAIL_WINDOW} must be >= 1, got {cfg.fail_window}")
+        if cfg.max_response_length is not None and cfg.max_response_length < 1:
+            raise ValueError(f"max_response_length must be >= 1, got {cfg.max_response_length}")
+        if cfg.sim_weight is not None and not (math.isfinite(cfg.sim_weight) and cfg.sim_weight >= 0):
+            raise ValueError(f"expect_sim_weight must be a finite number >= 0, got {cfg.sim_weight}")
         if cfg.retries < 0 or cfg.backoff_s < 0 or cfg.timeout_s <= 0 or cfg.max_connections < 1:
             raise ValueError("reward client: retries/backoff must be >= 0, timeout > 0, max connections >= 1")
         return cfg
@@ -201,13 +218,31 @@ def failure_window(cfg: RewardClientConfig) -> FailureWindow:
 # one reward
 
 
-async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig, prompt_id: str | None = None) -> Reply:
-    """One reward (reward, error rate, transcript, sim) from the servers of ``cfg``; raises :class:`RequestFailed`.
-    ``prompt_id``: the speaker prompt to voice it with (PROMPT_ID); an answer that does not carry it
-    back (voiced by another speaker) is refused."""
-    return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text, prompt_id), cfg.policy,
-                               accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward,
-                                                        prompt_id=prompt_id))
+async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig, prompt_id: str | None = None,
+                         finished: bool | None = None) -> Reply:
+    """One reward (reward, error rate, transcript, sim, the terms) from the servers of ``cfg``; raises
+    :class:`RequestFailed`. ``prompt_id``: the speaker prompt to voice it with (PROMPT_ID); an answer
+    that does not carry it back (voiced by another speaker) is refused. ``finished``: FINISHED."""
+    return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text, prompt_id, finished, CLIENT_OUTPUTS),
+                               cfg.policy, accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward,
+                                                                    prompt_id=prompt_id, sim_weight=cfg.sim_weight))
+
+
+def is_finished(n_codes: int, max_response_length: int | None) -> bool | None:
+    """Whether a response of ``n_codes`` speech codes ended with end of speech, for a rollout
+    budget of ``max_response_length`` tokens (None: not known). verl 0.9.1 hands the reward
+    function the decoded response only, with ``skip_special_tokens=True``
+    (``experimental/reward_loop/reward_manager/naive.py:54-56``), and the stop tokens are special
+    (``ttsrl.model.vocab``): ``solution_str`` never shows one. But the agent loop cuts every
+    response to ``rollout.response_length`` (= ``data.max_response_length``,
+    ``trainer/config/rollout/rollout.yaml:39``; ``experimental/agent_loop/single_turn_agent_loop.py:96``)
+    and a stop token takes one of those places, so a response that ended holds fewer than
+    ``max_response_length`` speech codes and one that did not holds exactly that many: unfinished
+    = ``n_codes >= max_response_length``. (A response that also held other non-speech tokens would
+    be judged finished: the tokenizer's text rows are never sampled by the speech head.)"""
+    if max_response_length is None:
+        return None
+    return n_codes < max_response_length
 
 
 def row_prompt_id(extra_info: dict | None) -> str | None:
@@ -230,24 +265,36 @@ def row_prompt_id(extra_info: dict | None) -> str | None:
 _warned_empty = False
 
 
-def _result(score: float, error_rate: float, transcript: str, failed: bool, sim: float = math.nan) -> dict:
+#: the reward's terms among compute_score's keys (ttsrl.reward.rewards): --algorithm gdpo's components
+TERM_KEYS = ("cer", "sim", "length")
+
+
+def _result(score: float, error_rate: float, transcript: str, failed: bool, sim: float = math.nan,
+            cer: float = 0.0, length: float = 0.0, finished: bool | None = None) -> dict:
     measured = math.isfinite(sim)
     return {"score": float(score), "error_rate": float(error_rate), "transcript": transcript,
             "reward_failed": 1.0 if failed else 0.0, "sim": float(sim) if measured else 0.0,
-            "sim_measured": 1.0 if measured else 0.0}
+            "sim_measured": 1.0 if measured else 0.0,
+            "cer": float(cer) if math.isfinite(cer) else 0.0, "length": float(length) if math.isfinite(length) else 0.0,
+            "unfinished": 1.0 if finished is False else 0.0}
 
 
 async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                         extra_info: dict | None = None, *, config: RewardClientConfig | None = None,
-                        urls: str | None = None, expect_reward: str | None = None, **kwargs) -> dict:
+                        urls: str | None = None, expect_reward: str | None = None,
+                        expect_sim_weight: float | None = None, max_response_length: int | None = None,
+                        **kwargs) -> dict:
     """Reward of one generated response (a string of ``<|s_N|>`` tokens) for ``ground_truth``.
     ``urls`` and ``expect_reward`` come from verl's ``reward.custom_reward_function.reward_kwargs``
     (``GRPOConfig.reward_urls``/``reward``): the servers to ask, and the reward variant every
     answer must name (an answer scored by another takes its server out of rotation).
+    ``expect_sim_weight``: the SIM weight of the combined reward every answer must have been scored
+    with (``GRPOConfig.sim_weight``); ``max_response_length``: the rollout's response budget, which
+    tells an unfinished response (:func:`is_finished`; sent as FINISHED).
     ``extra_info["prompt_id"]`` (a zero-shot row's speaker prompt): the server voices the response
     with that prompt and measures its SIM against it; rows without one are scored as before."""
     global _warned_empty
-    cfg = config or RewardClientConfig.from_env(urls, expect_reward)
+    cfg = config or RewardClientConfig.from_env(urls, expect_reward, expect_sim_weight, max_response_length)
     prompt_id = row_prompt_id(extra_info)
     try:
         codes = SpeechVocab.parse_speech_text(solution_str or "")
@@ -262,9 +309,10 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                         "decodes with skip_special_tokens=True, which drops them.")
         return _result(0.0, 1.0, "", False)
 
+    finished = is_finished(len(codes), cfg.max_response_length)
     window = failure_window(cfg)
     try:
-        reply = await request_reward(codes, ground_truth, cfg, prompt_id)
+        reply = await request_reward(codes, ground_truth, cfg, prompt_id, finished)
     except RequestFailed as e:
         failed = window.record(True)
         if failed > cfg.max_fail_fraction * window.size:
@@ -279,9 +327,10 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
         log.warning("reward request failed (%d of the last %d, within the %.0f%% limit); "
                     "scoring this sample 0 and flagging reward_failed: %s",
                     failed, window.size, 100 * cfg.max_fail_fraction, e)
-        return _result(0.0, 1.0, "", True)
+        return _result(0.0, 1.0, "", True, finished=finished)
     window.record(False)
-    return _result(reply.reward, reply.error_rate, reply.transcript, False, reply.sim)
+    return _result(reply.reward, reply.error_rate, reply.transcript, False, reply.sim, reply.cer_term,
+                   reply.length_term, finished)
 
 
 async def score_all(rows: Iterable[tuple[list[int], str]], config: RewardClientConfig | None = None) -> list[dict]:

@@ -22,10 +22,19 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
                                       request with PROMPT_ID carries it back in ``parameters.prompt_id``
                                       (the client checks it). Without PROMPT_ID the speaker is chosen
                                       from the text as before, and the answer is unchanged byte for byte.
+              FINISHED INT32 [1,1]    optional (issue 37 item 3): 1 = the rollout ended with end of
+                                      speech, 0 = it hit the response limit without (unfinished: its
+                                      length term and, with the length guard on, its reward are 0).
+                                      Without it the rollout is judged by its length only, as before.
       outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1],
               SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), sent by a server
                                with --want-sim/--sim-weight (NaN where nothing was voiced);
                                another server sends it only when asked for by name (NaN)
+              CER_REWARDS FP32 [1,1]     the error-rate term r of the reward (no length guard), in [0, 1]
+              LENGTH_REWARDS FP32 [1,1]  the length/finish term l, in [0, 1] (0: unfinished or empty)
+                               these two only when asked for by name (``outputs``), so an old
+                               client's answer is unchanged; REWARDS = l r + w SIMS for a finished
+                               rollout, 0 for an unfinished one (``ttsrl.reward.rewards``)
               (REWARDS first: the reference client reads outputs[0].data[0])
     GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
     GET /v2/models[/{name}]/stats  Triton's statistics ({"model_stats": [...]}), ttsrl's own counters
@@ -60,11 +69,16 @@ DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 MODEL_VERSION = "1"
 INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("GT_TEXT", "BYTES", [1, 1]))
 #: inputs a request may leave out (listed with ``"optional": true`` in the metadata and config)
-OPTIONAL_INPUT_SPECS = (("PROMPT_ID", "BYTES", [1, 1]),)
+OPTIONAL_INPUT_SPECS = (("PROMPT_ID", "BYTES", [1, 1]), ("FINISHED", "INT32", [1, 1]))
 PROMPT_ID = "PROMPT_ID"
+FINISHED = "FINISHED"
 MAX_PROMPT_ID_BYTES = 255  # a file name's limit on Linux: the ids are wav stems
 OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]),
-                ("SIMS", "FP32", [1, 1]))
+                ("SIMS", "FP32", [1, 1]), ("CER_REWARDS", "FP32", [1, 1]), ("LENGTH_REWARDS", "FP32", [1, 1]))
+#: the reward's terms (issue 37): sent only when a request names them in ``outputs``
+TERM_OUTPUTS = ("CER_REWARDS", "LENGTH_REWARDS")
+#: what ttsrl's own client asks for: every output, the terms included
+CLIENT_OUTPUTS = tuple(n for n, _, _ in OUTPUT_SPECS)
 MAX_GT_CHARS = 2000
 READY_PATH = "/v2/health/ready"
 
@@ -95,9 +109,11 @@ class ResponseError(ValueError):
     """An infer response that does not have the outputs this protocol promises."""
 
 
-def build_payload(codes: list[int], text: str, prompt_id: str | None = None) -> dict:
+def build_payload(codes: list[int], text: str, prompt_id: str | None = None, finished: bool | None = None,
+                  outputs: tuple[str, ...] | None = None) -> dict:
     """The KServe v2 body the reference recipe's client sends (nested [1,N] data); with
-    ``prompt_id``, also the optional PROMPT_ID input (None: the reference body exactly)."""
+    ``prompt_id``, also the optional PROMPT_ID input; with ``finished``, FINISHED (1/0); with
+    ``outputs``, the outputs asked for by name (all None: the reference body exactly)."""
     body = {"inputs": [
         {"name": "TOKENS", "shape": [1, len(codes)], "datatype": "INT32", "data": [list(codes)]},
         {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[len(codes)]]},
@@ -105,6 +121,10 @@ def build_payload(codes: list[int], text: str, prompt_id: str | None = None) -> 
     ]}
     if prompt_id is not None:
         body["inputs"].append({"name": PROMPT_ID, "shape": [1, 1], "datatype": "BYTES", "data": [prompt_id]})
+    if finished is not None:
+        body["inputs"].append({"name": FINISHED, "shape": [1, 1], "datatype": "INT32", "data": [[int(bool(finished))]]})
+    if outputs is not None:
+        body["outputs"] = [{"name": n} for n in outputs]
     return body
 
 
@@ -115,6 +135,8 @@ class Reply(NamedTuple):
     error_rate: float
     transcript: str
     sim: float = math.nan
+    cer_term: float = math.nan  # CER_REWARDS
+    length_term: float = math.nan  # LENGTH_REWARDS
 
 
 #: what every reward variant's error-rate term gives (ttsrl.reward.rewards; the length guard only
@@ -142,11 +164,13 @@ def _number(outs: dict, name: str, allow_nan: bool = False) -> float:
 
 
 def parse_response(body: Any, model: str | None = None, reward: str | None = None,
-                   prompt_id: str | None = None) -> Reply:
+                   prompt_id: str | None = None, sim_weight: float | None = None) -> Reply:
     """The :class:`Reply` of an infer response; raises :class:`ResponseError` for an answer that
     is malformed, from another model than ``model`` (when given), scored by another reward
     variant than ``reward`` (when given: the answer must name it), voiced with another speaker
-    prompt than ``prompt_id`` (when given: the answer must carry it back), or impossible: a reward that is
+    prompt than ``prompt_id`` (when given: the answer must carry it back), combined with another SIM
+    weight than ``sim_weight`` (when given: the ``reward_range`` it advertises must be that weight's),
+    or impossible: a reward that is
     not a finite number within the ``reward_range`` the server advertises (a server that
     advertises none: that of SIM weight 0), an error rate that is not a finite number >= 0, a
     SIM outside [-1, 1], a transcript that is not a string."""
@@ -165,6 +189,7 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
         reward = _number(outs, "REWARDS")
         err = _number(outs, "ERROR_RATES") if "ERROR_RATES" in outs else math.nan
         sim = _number(outs, "SIMS", allow_nan=True) if "SIMS" in outs else math.nan
+        terms = [_number(outs, n) if n in outs else math.nan for n in TERM_OUTPUTS]
         transcript = outs.get("TRANSCRIPTS", [""])[0]
     except (KeyError, IndexError, TypeError) as e:
         raise ResponseError(f"malformed response from reward server: {e!r}: {str(body)[:200]}") from None
@@ -173,6 +198,9 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in advertised)
             and advertised[0] <= advertised[1]):
         raise ResponseError(f"the answer advertises reward_range {advertised!r}, not [low, high]")
+    if sim_weight is not None and [float(x) for x in advertised] != [float(x) for x in reward_range(sim_weight)]:
+        raise ResponseError(f"the answer advertises reward_range {advertised!r}, the range of another SIM weight than "
+                            f"the {sim_weight:g} this run trains on ({list(reward_range(sim_weight))})")
     lo, hi = advertised
     if not lo <= reward <= hi:
         raise ResponseError(f"reward server returned a reward {reward} outside the range it advertises [{lo:g}, {hi:g}]")
@@ -180,9 +208,12 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
         raise ResponseError(f"reward server returned an error rate {err} below 0")
     if not (math.isnan(sim) or -1.0 - SIM_SLACK <= sim <= 1.0 + SIM_SLACK):
         raise ResponseError(f"reward server returned a speaker similarity {sim} outside [-1, 1]")
+    for name, v in zip(TERM_OUTPUTS, terms):
+        if not (math.isnan(v) or 0.0 <= v <= 1.0):
+            raise ResponseError(f"reward server returned {name} {v} outside [0, 1]")
     if not isinstance(transcript, str):
         raise ResponseError(f"output TRANSCRIPTS is {transcript!r}, not a string")
-    return Reply(reward, err, transcript, sim)
+    return Reply(reward, err, transcript, sim, *terms)
 
 
 # ---------------------------------------------------------------------------
@@ -191,16 +222,20 @@ def parse_response(body: Any, model: str | None = None, reward: str | None = Non
 
 def build_response(model_name: str, reward: float, transcript: str, error_rate: float,
                    rid: str | None = None, wanted: list[str] | None = None, sim: float | None = None,
-                   sim_weight: float = 0.0, reward_name: str | None = None, prompt_id: str | None = None) -> dict:
+                   sim_weight: float = 0.0, reward_name: str | None = None, prompt_id: str | None = None,
+                   cer_term: float = math.nan, length_term: float = math.nan) -> dict:
     """The infer response. ``sim`` None: this server does not measure speaker similarity, and
     SIMS is left out unless the request names it (then NaN); a measuring server passes NaN
     where there was nothing to measure. So a server without SIM sends strict JSON, as before.
     ``reward_name``: the reward variant that scored it, in ``parameters.reward`` (a client that
     asks for one variant refuses an answer scored by another). ``prompt_id``: the speaker prompt
-    the request named (PROMPT_ID), in ``parameters.prompt_id``; None (no PROMPT_ID): left out."""
+    the request named (PROMPT_ID), in ``parameters.prompt_id``; None (no PROMPT_ID): left out.
+    ``cer_term``, ``length_term``: the reward's terms (CER_REWARDS, LENGTH_REWARDS), sent only
+    when ``wanted`` names them."""
     values = {"REWARDS": reward, "TRANSCRIPTS": transcript, "ERROR_RATES": error_rate,
-              "SIMS": math.nan if sim is None else float(sim)}
-    default = [n for n, _, _ in OUTPUT_SPECS if n != "SIMS" or sim is not None]
+              "SIMS": math.nan if sim is None else float(sim), "CER_REWARDS": float(cer_term),
+              "LENGTH_REWARDS": float(length_term)}
+    default = [n for n, _, _ in OUTPUT_SPECS if n not in TERM_OUTPUTS and (n != "SIMS" or sim is not None)]
     outputs = [{"name": n, "datatype": d, "shape": s, "data": [values[n]]}
                for n, d, s in OUTPUT_SPECS if n in (default if wanted is None else wanted)]
     resp = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": outputs,
@@ -411,6 +446,7 @@ class InferRequest:
     wanted: list[str] | None = None  # outputs asked for, in order; None = all
     binary_outputs: frozenset[str] = frozenset()  # outputs to answer as binary tensor data
     prompt_id: str | None = None  # the speaker prompt asked for (PROMPT_ID); None: chosen from the text
+    finished: bool | None = None  # FINISHED: ended with end of speech (None: not said)
 
 
 def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> bool | None:
@@ -479,6 +515,12 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
             raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
     text = _text(by_name["GT_TEXT"])
     prompt_id = _prompt_id(by_name[PROMPT_ID]) if PROMPT_ID in by_name else None
+    finished = None
+    if FINISHED in by_name:
+        flag, _ = _ints(by_name[FINISHED], FINISHED, 1, fixed=[1, 1])
+        if flag[0] not in (0, 1):
+            raise RequestError(f"input {FINISHED}: {flag[0]} is not 0 (hit the response limit) or 1 (ended)")
+        finished = bool(flag[0])
 
     all_binary = bool(_flag(req.get("parameters"), "binary_data_output", "request"))
     wanted = None
@@ -498,4 +540,4 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
     rid = req.get("id")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("'id' must be a string")
-    return InferRequest(codes, text, rid, wanted, frozenset(binary), prompt_id)
+    return InferRequest(codes, text, rid, wanted, frozenset(binary), prompt_id, finished)

@@ -5,6 +5,28 @@
     length_ratio                    -> generated / expected tokens (stage 4 reports its mean)
     compute_reward(name, ...)       -> a RewardResult for one of the variants in REWARDS
                                        (a Reward each: its function and what it needs)
+    length_term                     -> the length/finish term (0 for a rollout that never ended)
+    WEIGHTS / sim_weight_of         -> the named weightings of the combined reward (issue 37)
+
+The reward terms (issue 37 item 3), per rollout, each reported on its own (the server's
+CER_REWARDS, SIMS, LENGTH_REWARDS outputs; ``compute_score``'s keys ``cer``, ``sim``, ``length``):
+
+    cer     r = the variant's error-rate reward (``RewardResult.raw_reward``), in [0, 1], no length guard
+    sim     s = speaker similarity to the prompt (campplus cosine, in [-1, 1]; measured by the backend)
+    length  l = 0 for a rollout that hit the response limit without end of speech (unfinished);
+                0 for an empty one; else the length guard's factor min(1, ratio/0.5, 2/ratio)^2
+                (1 inside the band [0.5, 2] of generated / expected codes)
+
+and the combined reward the run trains on (``score``, the server's REWARDS), with SIM weight w:
+
+    score = l * r + w * s     for a finished rollout (today's reward: the guarded error-rate reward + w SIM)
+    score = 0                 for an unfinished one (Magpie-TTS: zero reward for an unfinished output)
+
+With the length guard off (``--no-length-guard``: the reference recipe exactly) the score is r + w s
+whatever the length or finish (the length term is still reported). Named weightings (``WEIGHTS``):
+``cer`` (w = 0, the default: the CosyVoice2 reference recipe's CER-only reward) and ``glm_tts``
+(w = 0.1: GLM-TTS's CER weight 1, SIM weight 0.1). ``--algorithm gdpo`` trains on the three terms
+instead (each normalised in its group, then summed), not on the score.
 
 Everything here is a pure function of its arguments.
 """
@@ -29,6 +51,7 @@ from ttsrl.text import SYLLABLES_PER_SECOND, cer, is_cjk, is_toned_syllable, pin
 # length plausibility
 
 LENGTH_BAND = (0.5, 2.0)     # plausible actual/expected token-count ratios
+UNFINISHED_LENGTH_TERM = 0.0  # the length term (and the score) of a rollout that never ended
 
 
 def _syllable_count(token: str) -> int:
@@ -70,6 +93,55 @@ def length_factor(n_tokens: int, expected: float,
     ratio = max(0, n_tokens) / expected
     factor = min(1.0, ratio / lo, hi / ratio if ratio > 0 else 1.0) ** 2
     return factor, ratio, lo <= ratio <= hi
+
+
+def length_term(n_tokens: int, expected: float, finished: bool | None = None,
+                band: tuple[float, float] = LENGTH_BAND) -> float:
+    """The length/finish term of a rollout of ``n_tokens`` speech codes for a text expecting
+    ``expected`` of them: ``UNFINISHED_LENGTH_TERM`` (0) when it hit the response limit without
+    end of speech (``finished`` False); 0 when empty (nothing was said); otherwise the length
+    guard's factor (:func:`length_factor`: 1 inside ``band``, falling off outside it; 1 for a
+    text with no expected length). ``finished`` None: not known (an old client), judged by
+    length only."""
+    if finished is False:
+        return UNFINISHED_LENGTH_TERM
+    if n_tokens <= 0:
+        return 0.0
+    return length_factor(n_tokens, expected, band)[0]
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """A named weighting of the combined reward: the SIM weight w in l * r + w * s (the CER
+    term's weight is 1 in every one), and where it comes from."""
+    sim_weight: float
+    source: str
+
+
+#: name -> weighting; the reward server's --weights and train_grpo.py's --reward-weights choices
+WEIGHTS: dict[str, Weighting] = {
+    "cer": Weighting(0.0, "the error-rate reward alone (the CosyVoice2 reference GRPO recipe; ttsrl's default)"),
+    "glm_tts": Weighting(0.1, "CER 1 + SIM 0.1 (GLM-TTS, Zhipu AI 2025: its multi-reward GRPO weighs CER 1 and "
+                              "speaker similarity 0.1)"),
+}
+
+
+def sim_weight_of(weights: str | None, sim_weight: float | None) -> float | None:
+    """The SIM weight a named weighting and/or an explicit weight ask for (None: neither given).
+    Both given and different: ValueError naming both; an unknown name: ValueError naming the choices."""
+    if weights is not None and weights not in WEIGHTS:
+        raise ValueError(f"unknown reward weights {weights!r}; choose one of {sorted(WEIGHTS)}")
+    named = WEIGHTS[weights].sim_weight if weights is not None else None
+    if sim_weight is not None and not (math.isfinite(sim_weight) and sim_weight >= 0):
+        raise ValueError(f"sim_weight must be a finite number >= 0, got {sim_weight}")
+    if named is not None and sim_weight is not None and sim_weight != named:
+        raise ValueError(f"reward weights {weights!r} mean SIM weight {named:g}, but SIM weight {sim_weight:g} "
+                         "is also given: give one of them")
+    return named if named is not None else sim_weight
+
+
+def weights_help() -> str:
+    return "; ".join(f"{name}: SIM weight {w.sim_weight:g}, {w.source}" for name, w in WEIGHTS.items())
 
 
 # ---------------------------------------------------------------------------

@@ -17,11 +17,18 @@ evaluator stops).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ttsrl.reward.backends.base import Audio, SpeechPipeline
-from ttsrl.reward.rewards import RewardResult, compute_reward, length_ratio
+from ttsrl.reward.rewards import (
+    UNFINISHED_LENGTH_TERM,
+    RewardResult,
+    compute_reward,
+    expected_tokens,
+    length_ratio,
+    length_term,
+)
 from ttsrl.text import error_counts
 
 NO_CODES = "no speech codes generated"
@@ -36,6 +43,9 @@ class Scored:
     detail: RewardResult | None = None
     audio: Audio | None = None  # what the ASR heard (for saving wavs)
     sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim); None = not measured
+    cer_term: float = 0.0  # the variant's error-rate reward, no length guard (ttsrl.reward.rewards: r)
+    length_term: float = 0.0  # the length/finish term (ttsrl.reward.rewards: l); 0 for a failure
+    finished: bool | None = None  # ended with end of speech (None: not known)
 
 
 def combined_reward(cer_reward: float, sim: float | None, sim_weight: float) -> float:
@@ -48,12 +58,28 @@ def combined_reward(cer_reward: float, sim: float | None, sim_weight: float) -> 
     return cer_reward + sim_weight * sim
 
 
+def finish(scored: Scored, finished: bool | None, length_guard: bool = True) -> Scored:
+    """``scored`` for a rollout whose end is known: ``finished`` False (it hit the response limit
+    without end of speech) makes its length term ``UNFINISHED_LENGTH_TERM`` (0) and, with the
+    length guard on, its reward 0 (no SIM term either: an unending rollout earns nothing). True or
+    None (not known): unchanged. The one place the finish rule is applied (the reward server,
+    for the FINISHED input)."""
+    if finished is None:
+        return scored
+    if finished:
+        return replace(scored, finished=True)
+    return replace(scored, finished=False, length_term=UNFINISHED_LENGTH_TERM,
+                   reward=0.0 if length_guard else scored.reward)
+
+
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
                 reward: str = "tanh", length_guard: bool = True, sim_weight: float = 0.0,
                 prompt_wavs: Sequence[str | None] | None = None,
                 prompt_ids: Sequence[str | None] | None = None) -> list[Scored]:
-    """Transcribe a batch of code sequences and score each against its text.
-    ``sim_weight``: see :func:`combined_reward` (needs the pipeline's ``want_sim``).
+    """Transcribe a batch of code sequences and score each against its text: the reward (the
+    guarded error-rate reward plus ``sim_weight`` x SIM) and its terms (``cer_term``, ``sim``,
+    ``length_term``; their definitions: ``ttsrl.reward.rewards``), for a rollout not known to be
+    unfinished (:func:`finish` applies that). ``sim_weight``: see :func:`combined_reward` (needs the pipeline's ``want_sim``).
     ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets);
     ``prompt_ids``: per sequence, the prompt pool's speaker (the reward server's PROMPT_ID)."""
     wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
@@ -70,7 +96,10 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
         value = combined_reward(float(r.reward), tr.sim, sim_weight)
         if not math.isfinite(value):
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
-        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim))
+        length = (r.length_factor if length_guard  # the guard's factor, already computed
+                  else length_term(len(c), expected_tokens(text, pipeline.token_rate)))
+        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim,
+                          cer_term=float(r.raw_reward), length_term=float(length)))
     return out
 
 

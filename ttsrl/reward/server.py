@@ -52,8 +52,8 @@ from ttsrl.reward.protocol import (
     parse_infer,
     reward_range,
 )
-from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
-from ttsrl.reward.scoring import Scored, score_codes
+from ttsrl.reward.rewards import REWARDS, WEIGHTS, reward_choices_help, reward_variant, sim_weight_of, weights_help
+from ttsrl.reward.scoring import Scored, finish, score_codes
 from ttsrl.reward.triton_admin import model_config, repository_index
 from ttsrl.reward.triton_binary import EXTENSION, HEADER, encode_response
 
@@ -79,6 +79,8 @@ class ServerConfig:
     sim_weight: float = option(0.0, metavar="W",
                                help="reward = error-rate reward + W x SIM (GLM-TTS uses 0.1; implies --want-sim; "
                                     "needs a backend with a speaker model; 0: the error-rate reward alone)")
+    weights: str | None = option(None, choices=WEIGHTS, help="a named weighting of the combined reward, which sets "
+                                                            "the SIM weight: " + weights_help())
     max_batch: int = option(32, help="most requests in one backend batch")
     max_delay_ms: float = option(10.0, help="longest wait after the oldest queued request before a batch runs")
     max_queue: int = option(4096, help="requests that may wait; beyond it the server answers 503 + Retry-After")
@@ -107,6 +109,8 @@ class ServerConfig:
             raise ValueError("idle_timeout_s and body_timeout_s must be > 0")
         if not (math.isfinite(self.sim_weight) and self.sim_weight >= 0):
             raise ValueError(f"sim_weight must be a finite number >= 0, got {self.sim_weight}")
+        if self.weights is not None:  # the named weighting sets the weight; a different explicit one is refused
+            self.sim_weight = sim_weight_of(self.weights, self.sim_weight or None)
         self.backend.validate()
 
     @property
@@ -456,11 +460,12 @@ class RewardServer:
             raise RequestError(f"input GT_TEXT: {why}", 422)
         if req.prompt_id is not None:  # never voiced by another speaker: refused before it is queued
             self.check_prompt_id(req.prompt_id)
-        result: Scored = await self.batcher.submit(req.codes, req.text, req.prompt_id)
+        result: Scored = finish(await self.batcher.submit(req.codes, req.text, req.prompt_id), req.finished,
+                                self.cfg.length_guard)
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight,
-                              self.cfg.reward, req.prompt_id)
+                              self.cfg.reward, req.prompt_id, result.cer_term, result.length_term)
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON

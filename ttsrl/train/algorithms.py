@@ -32,9 +32,11 @@ from typing import Optional
 #   gspo         GSPO (Zheng et al. 2025, arXiv:2507.18071, sec. 5.1): sequence-level importance ratio,
 #                clip range 3e-4 left / 4e-4 right; verl's recipe/gspo: loss_agg_mode seq-mean-token-mean
 #   gdpo         GDPO, verl 0.9.1's multi-reward estimator (core_algos.py:361-455): each reward component
-#                (the client's keys score = the error-rate reward, sim = speaker similarity: a server
-#                with --want-sim and --sim-weight 0) normalised in its group, then summed (equal weights;
-#                -- +algorithm.gdpo_reward_weights=[1.0,0.5] to change). The legacy trainer: verl 0.9.1's
+#                (the client's term keys, ttsrl.reward.rewards: cer = the error-rate term, sim = speaker
+#                similarity (a server with --want-sim), length = the length/finish term) normalised in
+#                its group, then summed (equal weights, as NeMo Magpie-TTS weighs CER and SIM alike;
+#                -- +algorithm.gdpo_reward_weights=[1.0,0.5,1.0] to change); the combined score is not
+#                one of them. verl logs each as gdpo/<key>/mean. The legacy trainer: verl 0.9.1's
 #                v1 trainer hands the estimator neither the extra info nor the prompts
 #                (v1/trainer_base.py:1745-1746); the legacy one does (ray_trainer.py:1635-1636, 260-262)
 # Any of them takes the KL loss (--use-kl-loss --kl-loss-coef X, low_var_kl): its keys are the recipe's.
@@ -65,7 +67,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
         "actor_rollout_ref.actor.clip_ratio_low=0.0003",
         "actor_rollout_ref.actor.clip_ratio_high=0.0004",
     ),
-    "gdpo": ("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[score,sim]", "trainer.use_v1=False"),
+    "gdpo": ("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[cer,sim,length]", "trainer.use_v1=False"),
 }
 DAPO_OVERLONG_SHARE = 4096 / 20480  # DAPO's L_cache / L_max (sec. 3.4; verl's dapo recipe: 4k of 20k)
 

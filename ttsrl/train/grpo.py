@@ -26,7 +26,7 @@ from typing import Mapping, Optional
 
 from ttsrl.cli import option, option_fields
 from ttsrl.reward.backends import BACKENDS
-from ttsrl.reward.rewards import REWARDS
+from ttsrl.reward.rewards import REWARDS, WEIGHTS, sim_weight_of, weights_help
 from ttsrl.train import cluster
 from ttsrl.train.algorithms import ALGORITHMS, DAPO_OVERLONG_SHARE, SAMPLINGS, own_policy_loss
 
@@ -124,6 +124,15 @@ class GRPOConfig:
                                    help="the reward variant this run trains on (REWARDS in ttsrl/reward/rewards.py): "
                                         "every server must serve it, checked before verl starts, and the reward "
                                         "function refuses an answer scored by another; none: what the servers serve")
+    reward_weights: Optional[str] = option(None, choices=WEIGHTS,
+                                           help="the named weighting of the combined reward this run trains on "
+                                                "(REWARD_WEIGHTS; the servers' --weights): " + weights_help()
+                                                + "; none: what the servers serve")
+    sim_weight: Optional[float] = option(None, metavar="W",
+                                         help="the SIM weight of the combined reward this run trains on (the servers' "
+                                              "--sim-weight): every server must serve it, checked before verl starts, "
+                                              "and the reward function refuses an answer combined with another; none: "
+                                              "--reward-weights', else what the servers serve")
     reward_backend: Optional[str] = option(None, choices=BACKENDS,
                                            help="the speech backend the reward servers must serve; none: any")
     reward_urls: Optional[str] = option(None, help="the reward servers, comma-separated (one road: verl's reward_kwargs "
@@ -221,6 +230,7 @@ class GRPOConfig:
                              f"ray_address={self.ray_address!r}) resolves it in each worker's own working "
                              "directory: use an absolute path on a filesystem every node mounts")
 
+        sim_weight_of(self.reward_weights, self.sim_weight)  # ValueError: unknown name, bad or conflicting weight
         shadowed = self.shadowed_overrides()
         if shadowed:
             raise ValueError("; ".join(shadowed))
@@ -257,6 +267,11 @@ class GRPOConfig:
                            f"{flag} VALUE (run.sh: GRPO_EXTRA=\"{flag} VALUE\"), so its checks and ttsrl_run.json "
                            "see it")
         return out
+
+    @property
+    def expected_sim_weight(self) -> Optional[float]:
+        """The SIM weight the run asks for (``sim_weight``, else ``reward_weights``'); None: any."""
+        return sim_weight_of(self.reward_weights, self.sim_weight)
 
     @property
     def multi_node(self) -> bool:
@@ -323,7 +338,10 @@ class GRPOConfig:
             f"reward.custom_reward_function.path={v(self.reward_file)}",
             f"reward.custom_reward_function.name={v(self.reward_function)}",
             *(f"+reward.custom_reward_function.reward_kwargs.{key}={v(value)}"
-              for key, value in (("urls", self.reward_urls), ("expect_reward", self.reward)) if value is not None),
+              for key, value in (("urls", self.reward_urls), ("expect_reward", self.reward),
+                                 ("expect_sim_weight", self.expected_sim_weight),
+                                 # the budget tells the reward function an unfinished response (client.is_finished)
+                                 ("max_response_length", self.max_response_length)) if value is not None),
             f"reward.reward_manager.name={self.reward_manager}",
             "algorithm.use_kl_in_reward=False",
             f"algorithm.rollout_correction.bypass_mode={v(self.bypass_old_log_prob)}",

@@ -8,8 +8,9 @@ repository root). No verl file is edited. Importing this package itself installs
 nothing (reading ``cpu_env`` does not pull in verl or Ray).
 
 * always: the ``cpu`` platform is registered (inert unless chosen), the ``hf``
-  rollout (``actor_rollout_ref.rollout.name=hf``), and verl is kept from importing a
-  value-head class that TRL 1.16 no longer has (``trl_compat``).
+  rollout (``actor_rollout_ref.rollout.name=hf``), verl is kept from importing a
+  value-head class that TRL 1.16 no longer has (``trl_compat``), and each reward term
+  becomes a training metric per step (``reward_metrics``: ``reward/cer/mean``, ...).
 * with ``VERL_PLATFORM=cpu``: the gloo backend-string fix and no-op pinning
   (``patches``). ``VERL_ENGINE_DEVICE=cuda`` must also be set so verl's FSDP
   engine, registered for cuda/npu only, is found (``cpu_env`` gives all three).
@@ -85,6 +86,9 @@ def install() -> None:
 
     trl_compat.install()  # TRL 1.16 (DPO/KTO) beside verl 0.9.1: see trl_compat
     hf_rollout.register()
+    from ttsrl.verl_plugin import reward_metrics
+
+    reward_metrics.install()  # the reward's terms per training step (reward/<key>/mean)
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.PLATFORM_NAME:
         from ttsrl.verl_plugin.patches import install_cpu_patches
 
