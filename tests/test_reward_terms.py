@@ -1,0 +1,276 @@
+"""The reward's terms of their own (issue 37 item 3): cer, sim and the length/finish term.
+
+Real pieces throughout: the ``sim`` backend's reward server on a loopback port (JSON, Triton's
+binary extension through NVIDIA's own ``tritonclient.http``), verl's own ``compute_data_metrics``
+and console format, ``compute_score`` as verl calls it. No fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as http
+from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+from ttsrl.console import StepConsole
+from ttsrl.embedded import codec
+from ttsrl.reward.backends import BackendConfig
+from ttsrl.reward.client import TERM_KEYS, RewardClientConfig, compute_score, is_finished
+from ttsrl.reward.protocol import (
+    DEFAULT_MODEL_NAME,
+    ResponseError,
+    build_payload,
+    build_response,
+    infer_path,
+    parse_response,
+)
+from ttsrl.reward.rewards import LENGTH_BAND, WEIGHTS, expected_tokens, length_factor, length_term, sim_weight_of
+from ttsrl.reward.scoring import Scored, finish
+from ttsrl.reward.server import BackgroundServer, ServerConfig
+from ttsrl.train.grpo import GRPOConfig
+from ttsrl.verl_plugin.reward_metrics import LOGGED_KEYS, _patch_legacy, term_metrics
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。"]
+
+
+# ---------------------------------------------------------------------------
+# the length/finish term
+
+
+def test_length_term_edge_cases():
+    exp = 40.0
+    lo, hi = LENGTH_BAND
+    assert length_term(40, exp) == 1.0 and length_term(40, exp, finished=True) == 1.0  # inside the band
+    assert length_term(int(lo * exp), exp) == 1.0 and length_term(int(hi * exp), exp) == 1.0  # its edges
+    assert length_term(120, exp) == pytest.approx((2 / 3) ** 2)  # 3x too long: the guard's factor
+    assert length_term(120, exp) == length_factor(120, exp)[0]
+    assert length_term(10, exp) == pytest.approx((10 / 40 / lo) ** 2)  # too short
+    assert length_term(40, exp, finished=False) == 0.0  # never ended: 0 whatever its length
+    assert length_term(0, exp) == 0.0 and length_term(0, exp, finished=True) == 0.0  # empty: nothing said
+    assert length_term(5, 0.0) == 1.0  # a text with no expected length: not judged
+    # unknown (None) is judged by length alone, like a finished rollout
+    assert [length_term(n, exp, None) for n in (3, 40, 200)] == [length_term(n, exp, True) for n in (3, 40, 200)]
+
+
+def test_finish_rule_and_the_verl_budget():
+    s = Scored("t", 0.7, 0.1, cer_term=0.8, length_term=0.875, sim=0.3)
+    assert finish(s, None) is s and finish(s, True).reward == 0.7 and finish(s, True).finished is True
+    cut = finish(s, False)
+    assert cut.reward == 0.0 and cut.length_term == 0.0 and cut.cer_term == 0.8 and cut.sim == 0.3
+    assert finish(s, False, length_guard=False).reward == 0.7  # the reference recipe exactly: no finish rule
+    # verl cuts a response to the budget and a stop token takes one place: a full budget never ended
+    assert is_finished(63, 64) is True and is_finished(64, 64) is False and is_finished(0, 64) is True
+    assert is_finished(64, None) is None
+
+
+# ---------------------------------------------------------------------------
+# weights
+
+
+def test_named_weights_and_bad_ones():
+    assert WEIGHTS["cer"].sim_weight == 0.0 and WEIGHTS["glm_tts"].sim_weight == 0.1
+    assert sim_weight_of("glm_tts", None) == 0.1 and sim_weight_of("glm_tts", 0.1) == 0.1
+    assert sim_weight_of(None, 0.5) == 0.5 and sim_weight_of(None, None) is None
+    with pytest.raises(ValueError, match="unknown reward weights 'glm'.*cer.*glm_tts"):
+        sim_weight_of("glm", None)
+    with pytest.raises(ValueError, match="'glm_tts' mean SIM weight 0.1, but SIM weight 0.5"):
+        sim_weight_of("glm_tts", 0.5)
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="sim_weight must be a finite number >= 0"):
+            sim_weight_of(None, bad)
+    cfg = ServerConfig(backend=BackendConfig(backend="sim"), weights="glm_tts")
+    cfg.validate()
+    assert cfg.sim_weight == 0.1
+    with pytest.raises(ValueError, match="give one of them"):
+        ServerConfig(backend=BackendConfig(backend="sim"), weights="cer", sim_weight=0.1).validate()
+    # the run asks for its weight and budget through verl's reward_kwargs
+    g = GRPOConfig(model_path="m", train_files="t", val_files="v", reward_weights="glm_tts", max_response_length=77)
+    kw = [o for o in g.to_overrides({}) if ".reward_kwargs." in o]
+    assert "+reward.custom_reward_function.reward_kwargs.expect_sim_weight=0.1" in kw
+    assert "+reward.custom_reward_function.reward_kwargs.max_response_length=77" in kw
+    plain = GRPOConfig(model_path="m", train_files="t", val_files="v")
+    assert not any("expect_sim_weight" in o for o in plain.to_overrides({}))  # not asked: any server's
+    with pytest.raises(ValueError, match="give one of them"):
+        GRPOConfig(model_path="m", train_files="t", val_files="v", reward_weights="cer", sim_weight=0.1)
+
+
+def test_an_answer_of_another_sim_weight_is_refused():
+    ok = build_response("m", 0.5, "t", 0.1, sim=0.2, sim_weight=0.1)
+    assert parse_response(ok, sim_weight=0.1).reward == 0.5
+    with pytest.raises(ResponseError, match="another SIM weight than the 0.1"):
+        parse_response(build_response("m", 0.5, "t", 0.1), sim_weight=0.1)  # a CER-only server
+    with pytest.raises(ResponseError, match="another SIM weight than the 0"):
+        parse_response(ok, sim_weight=0.0)
+    for bad in (1.5, -0.1):
+        with pytest.raises(ResponseError, match="CER_REWARDS"):
+            parse_response(build_response("m", 0.5, "t", 0.1, wanted=["REWARDS", "CER_REWARDS"], cer_term=bad))
+
+
+# ---------------------------------------------------------------------------
+# the wire, on a real loopback server
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer(ServerConfig(backend=BackendConfig(backend="sim"), port=0, max_batch=4)) as srv:
+        yield srv
+
+
+def _post(url: str, body: dict) -> dict:
+    r = requests.post(url + infer_path(), json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_terms_over_json_and_the_old_request_unchanged(server):
+    text = TEXTS[0]
+    good = codec.encode(text)
+    long = good * 3  # 3x the expected length: the guard's factor, well below 1
+    old = requests.post(server.url + infer_path(), json=build_payload(good, text), timeout=60)
+    assert [o["name"] for o in old.json()["outputs"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES"]
+    outs = ("REWARDS", "CER_REWARDS", "LENGTH_REWARDS", "ERROR_RATES")
+    seen = []
+    for codes in (good, long):
+        done = {o["name"]: o["data"][0] for o in _post(server.url, build_payload(codes, text, outputs=outs))["outputs"]}
+        said = {o["name"]: o["data"][0] for o in _post(server.url, build_payload(codes, text, finished=True,
+                                                                                  outputs=outs))["outputs"]}
+        cut = {o["name"]: o["data"][0] for o in _post(server.url, build_payload(codes, text, finished=False,
+                                                                                 outputs=outs))["outputs"]}
+        want_len = length_factor(len(codes), expected_tokens(text, server.server.pipelines[0].token_rate))[0]
+        assert done == said  # FINISHED 1 is what an old request was judged as
+        assert done["LENGTH_REWARDS"] == pytest.approx(want_len, abs=1e-6)
+        assert done["REWARDS"] == pytest.approx(done["LENGTH_REWARDS"] * done["CER_REWARDS"], abs=1e-6)
+        assert cut["REWARDS"] == 0.0 and cut["LENGTH_REWARDS"] == 0.0 and cut["CER_REWARDS"] == done["CER_REWARDS"]
+        seen.append(done)
+    assert seen[0]["LENGTH_REWARDS"] == 1.0 and seen[0]["CER_REWARDS"] > 0.5  # the text's own codes
+    assert seen[1]["LENGTH_REWARDS"] < 0.5  # three times as long: implausible
+    # the old request's answer, byte for byte, after all this
+    again = requests.post(server.url + infer_path(), json=build_payload(good, text), timeout=60)
+    assert again.content == old.content
+    # FINISHED is validated like the other inputs
+    for value, why in ((2, "is not 0"), ("1", "INT32 data must be integers")):
+        body = build_payload(good, text)
+        body["inputs"].append({"name": "FINISHED", "shape": [1, 1], "datatype": "INT32", "data": [[value]]})
+        r = requests.post(server.url + infer_path(), json=body, timeout=60)
+        assert r.status_code == 400 and "FINISHED" in r.json()["error"] and why in r.json()["error"], r.text
+    # an empty response: every term 0
+    empty = _post(server.url, build_payload([], text, finished=True, outputs=outs))
+    assert {o["name"]: o["data"][0] for o in empty["outputs"]} == {"REWARDS": 0.0, "CER_REWARDS": 0.0,
+                                                                   "LENGTH_REWARDS": 0.0, "ERROR_RATES": 1.0}
+
+
+def test_terms_over_tritonclient_binary(server):
+    text = TEXTS[1]
+    codes = codec.encode(text) * 3
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        def infer(finished: int, binary: bool) -> dict:
+            ins = [http.InferInput("TOKENS", [1, len(codes)], "INT32"), http.InferInput("TOKEN_LENS", [1, 1], "INT32"),
+                   http.InferInput("GT_TEXT", [1, 1], "BYTES"), http.InferInput("FINISHED", [1, 1], "INT32")]
+            ins[0].set_data_from_numpy(np.array(codes, dtype=np.int32).reshape(1, -1), binary_data=binary)
+            ins[1].set_data_from_numpy(np.array([[len(codes)]], dtype=np.int32), binary_data=binary)
+            ins[2].set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_), binary_data=binary)
+            ins[3].set_data_from_numpy(np.array([[finished]], dtype=np.int32), binary_data=binary)
+            names = ("REWARDS", "CER_REWARDS", "LENGTH_REWARDS")
+            res = client.infer(DEFAULT_MODEL_NAME, ins,
+                               outputs=[http.InferRequestedOutput(n, binary_data=binary) for n in names])
+            return {n: float(res.as_numpy(n)[0, 0]) for n in names}
+
+        json_said, bin_said, bin_cut = infer(1, False), infer(1, True), infer(0, True)
+        assert bin_said == pytest.approx(json_said, abs=1e-6)
+        assert 0.0 < bin_said["LENGTH_REWARDS"] < 1.0 and bin_cut == {**bin_said, "REWARDS": 0.0, "LENGTH_REWARDS": 0.0}
+    finally:
+        client.close()
+
+
+def test_compute_score_keys_and_the_budget(server):
+    text = TEXTS[0]
+    codes = codec.encode(text)
+    solution = "".join(f"<|s_{c}|>" for c in codes)
+    cfg = dict(urls=server.url, expect_reward="tanh", expect_sim_weight=0.0)
+
+    async def score(budget, sol=solution):
+        return await compute_score("d", sol, text, {}, max_response_length=budget, **cfg)
+
+    ended = asyncio.run(score(len(codes) + 1))
+    cut = asyncio.run(score(len(codes)))  # the response filled the budget: never ended
+    unknown = asyncio.run(score(None))
+    empty = asyncio.run(score(64, ""))
+    results = (ended, cut, unknown, empty)
+    assert len({frozenset(r) for r in results}) == 1 and set(TERM_KEYS) <= set(ended)
+    assert all(math.isfinite(v) for r in results for k, v in r.items() if k != "transcript")
+    assert ended["unfinished"] == 0.0 and cut["unfinished"] == 1.0 and unknown["unfinished"] == 0.0
+    assert cut["score"] == 0.0 and cut["length"] == 0.0 and cut["cer"] == ended["cer"] > 0.5
+    assert ended["score"] == pytest.approx(ended["cer"] * ended["length"], abs=1e-6) and ended == unknown
+    assert empty["score"] == empty["cer"] == empty["length"] == 0.0
+    # a run that asked for another SIM weight never trains on this server's answers
+    wrong = RewardClientConfig.from_env(server.url, "tanh", 0.1, 64)
+    wrong.max_fail_fraction, wrong.retries = 1.0, 0
+    r = asyncio.run(compute_score("d", solution, text, {}, config=wrong))
+    assert r["reward_failed"] == 1.0 and r["score"] == 0.0
+
+
+# ---------------------------------------------------------------------------
+# logged per step: the verl plugin's metrics and the console line
+
+
+def test_term_metrics_from_our_keys():
+    rows = [{"cer": 0.5, "sim": 0.2, "length": 1.0, "unfinished": 0.0, "transcript": "x"},
+            {"cer": 0.7, "sim": 0.4, "length": 0.0, "unfinished": 1.0, "transcript": "y"}]
+    m = term_metrics(rows)
+    assert m == pytest.approx({"reward/cer/mean": 0.6, "reward/sim/mean": 0.3, "reward/length/mean": 0.5,
+                               "reward/unfinished/mean": 0.5})
+    assert term_metrics([]) == {} and "reward/sim/mean" not in term_metrics([{"sim": 0.1}, {"sim": math.nan}])
+    assert set(TERM_KEYS) <= set(LOGGED_KEYS)
+
+
+def test_the_legacy_trainers_metrics_carry_the_terms():
+    """verl's own compute_data_metrics on a batch as the legacy trainer holds it (extra info in the
+    non-tensor batch), wrapped by the plugin's patch."""
+    import types
+
+    from test_gdpo import _batch
+    from verl.trainer.ppo import metric_utils
+
+    from ttsrl.reward.client import _result
+
+    results = [_result(0.5, 0.1, "t", False, 0.3, cer=0.6, length=1.0, finished=True),
+               _result(0.0, 0.1, "t", False, 0.5, cer=0.8, length=0.0, finished=False)]
+    module = types.SimpleNamespace(compute_data_metrics=metric_utils.compute_data_metrics)
+    _patch_legacy(module)
+    _patch_legacy(module)  # idempotent
+    batch = _batch(results, 2)
+    t = batch.batch
+    t["token_level_scores"] = t["token_level_rewards"]
+    t["advantages"] = t["returns"] = t["token_level_rewards"].clone()
+    t["responses"] = t["response_mask"].clone()
+    m = module.compute_data_metrics(batch=batch, use_critic=False)
+    assert m["critic/score/mean"] == pytest.approx(0.25)  # verl's own metrics still there
+    assert m["reward/cer/mean"] == pytest.approx(0.7) and m["reward/sim/mean"] == pytest.approx(0.4)
+    assert m["reward/length/mean"] == 0.5 and m["reward/unfinished/mean"] == 0.5
+
+
+def test_console_line_shows_the_terms():
+    console = StepConsole(total_steps=80)
+    base = {"critic/score/mean": 0.4, "response_length/mean": 50.0, "timing_s/step": 5.0}
+    terms = {"reward/cer/mean": 0.612, "reward/sim/mean": 0.284, "reward/length/mean": 0.973,
+             "reward/unfinished/mean": 0.03, "reward/sim_measured/mean": 1.0}
+    line = console.feed(concat_dict_to_str({**base, **terms}, step=10))
+    assert line == ("step 10/80  reward 0.400  cer 0.612  sim 0.284  length 0.973  unfinished 3%  len  50.0"
+                    "    5.0 s/step  ETA 5m50s"), line
+    # SIM not measured by any rollout: left out, not shown as 0
+    unmeasured = console.feed(concat_dict_to_str({**base, **terms, "reward/sim_measured/mean": 0.0}, step=11))
+    assert "sim" not in unmeasured and "cer 0.612" in unmeasured
+    # --algorithm gdpo without the plugin's metrics: verl's own gdpo/<key>/mean
+    gdpo = console.feed(concat_dict_to_str({**base, "gdpo/cer/mean": 0.5, "gdpo/sim/mean": 0.25,
+                                            "gdpo/length/mean": 1.0}, step=12))
+    assert "cer 0.500  sim 0.250  length 1.000" in gdpo
+    assert "cer" not in console.feed(concat_dict_to_str(base, step=13))  # none logged: none shown
