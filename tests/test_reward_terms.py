@@ -274,3 +274,20 @@ def test_console_line_shows_the_terms():
                                             "gdpo/length/mean": 1.0}, step=12))
     assert "cer 0.500  sim 0.250  length 1.000" in gdpo
     assert "cer" not in console.feed(concat_dict_to_str(base, step=13))  # none logged: none shown
+
+
+def test_the_plugin_patches_verls_trainers_when_verl_imports_them():
+    """In a fresh process with the plugin selected as verl selects it (VERL_USE_EXTERNAL_MODULES):
+    both trainers' metric code is wrapped once verl imports it (the v1 trainer's method included)."""
+    import os
+    import subprocess
+
+    from ttsrl.verl_plugin import PLUGIN_MODULE
+
+    code = ("import verl.trainer.ppo.v1.trainer_base as tb, verl.trainer.ppo.ray_trainer as rt\n"
+            "print(getattr(tb.PPOTrainer._compute_metrics, '_ttsrl_reward_metrics', False),"
+            " getattr(rt.compute_data_metrics, '_ttsrl_reward_metrics', False))")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "PYTHONPATH": str(root)}
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["True", "True"], p.stderr[-2000:]
