@@ -20,16 +20,26 @@ fam_tag=${family#cosyvoice2}; fam_tag=${fam_tag:+_$fam_tag}  # "" for cosyvoice2
 # stage 0
 : "${TRAIN_FILE:=data/corpus/train.jsonl}"
 : "${TEST_FILE:=data/corpus/test.jsonl}"
+# zero-shot (issue 37): every row continues a speaker prompt of the embedded world's pool (four
+# simulated speakers, 16 short prompts: docs/embedded.md), the reward server voices and judges
+# each rollout with its row's prompt (SIM), stage 4 scores the zero-shot test set (the same
+# held-out texts, each with a pool prompt) and reports SIM. PROMPT_POOL= (empty): text-only,
+# as before (`=`, not `:=`: an empty value given in the environment stays empty)
+: "${PROMPT_POOL=data/corpus/prompt_pool}"
+: "${TEST_ZEROSHOT_FILE:=data/corpus/test_zeroshot.jsonl}"  # ids of PROMPT_POOL's prompts
 # dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
 : "${DEV_SIZE:=64}"
 # the corpus's prompts: 20 tokens at most (stage 0 prints it; CosyVoice3's instruction adds 29 on the
-# tiny per-character tokenizer); verl pads every prompt to this
+# tiny per-character tokenizer; a pool prompt at most 3 + 6: its text and speech); verl pads every
+# prompt to this
 prompt_budget=32; [[ $family == cosyvoice2 ]] || prompt_budget=64
 : "${MAX_PROMPT_LENGTH:=$prompt_budget}"
 
 # stage 1
 : "${REWARD_BACKEND:=sim}"
 REWARD_ARGS=()
+# zero-shot: measure SIM against each row's prompt (logged; it enters the reward only with a SIM weight)
+[[ -z $PROMPT_POOL ]] || REWARD_ARGS=(--want-sim)
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
@@ -47,4 +57,7 @@ PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
 # codec, so CosyVoice2's minimum length (2x the text tokens) is switched off; sampling
 # is CosyVoice's current rule (upstream since 2026-02; ttsrl's default since 2026-12-01, commit
 # 18d30af): cosyvoice2-2024 reproduces ttsrl sweeps made before 2026-12-01
-EVAL_ARGS=(--backend sim --test-set "embedded_test=$TEST_FILE" --min-token-text-ratio 0 --sampling-rule "$family-2026")
+# zero-shot: the test set with prompts, and the pool as the sim backend's speakers (SIM column)
+eval_set=(--test-set "embedded_test=$TEST_FILE")
+[[ -z $PROMPT_POOL ]] || eval_set=(--test-set "embedded_test=$TEST_ZEROSHOT_FILE" --prompt-dir "$PROMPT_POOL")
+EVAL_ARGS=(--backend sim "${eval_set[@]}" --min-token-text-ratio 0 --sampling-rule "$family-2026")

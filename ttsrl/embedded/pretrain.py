@@ -8,6 +8,14 @@ Held-out error then starts well above zero and GRPO has room to lower it. Tone
 errors are what real Mandarin TTS models get wrong most, which is also why the
 reference reward counts tones.
 
+It learns CosyVoice's zero-shot task too (issue 37): a share of its examples (``prompt_prob``)
+are in the zero-shot layout ``[sos] + prompt_text + text + [task_id] + prompt_speech`` ->
+target speech, the prompt a short corpus span spoken in a random simulated speaker's voice
+(``codec.SPEAKERS``) and the target in the same voice; the rest are text-only, in the default
+voice. A share of a prompted target's codes (``speaker_leak``) is the default voice's instead,
+so the model follows its prompt's speaker imperfectly: RL can then raise SIM, or (rewarded on
+CER only) drift further to the default voice the simulated ASR reads best.
+
 Deterministic from a seed on one machine; cached: the output folder records a
 fingerprint of the corpus and config (the inputs) and ``weights_sha256``, a hash of the
 built weights (the output), and a second call with the same inputs returns at once.
@@ -61,6 +69,13 @@ class PretrainConfig:
     weight_decay: float = option(0.01, cli=False, help="weight decay")
     tone_noise: float = option(0.4, help="share of training syllables given a wrong tone")
     initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
+    prompt_prob: float = option(0.5, help="share of examples in CosyVoice's zero-shot layout: a prompt (a 2-3 "
+                                          "character corpus span in a random simulated speaker's voice) before "
+                                          "the text, the target in that voice (0: text-only, the pre-issue-37 "
+                                          "build)")
+    speaker_leak: float = option(0.15, help="share of a prompted target's codes spoken in the default voice "
+                                            "instead of the prompt's (the model follows its prompt imperfectly)")
+    prompt_chars: tuple[int, int] = option((2, 3), cli=False, help="shortest and longest prompt, in characters")
     seed: int = option(1234, help="seed of the data and the initial weights")
     family: str = option("cosyvoice2", choices=tuple(V.FAMILIES),
                          help="model family whose layout the base model has (cosyvoice3: specials in the speech "
@@ -70,6 +85,9 @@ class PretrainConfig:
 
     def __post_init__(self):
         V.family(self.family)
+        for name in ("prompt_prob", "speaker_leak"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0 (0: the cores free now), got {self.threads}")
 
@@ -139,30 +157,42 @@ def sentence_spans(text: str, min_len: int) -> list[str]:
 
 def noisy_codes(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> list[int]:
     """Corrupt the simulated codes the way a sloppy speaker would: wrong tones, a few
-    wrong initials. Silence and letters are left alone."""
+    wrong initials (in the code's own speaker's book). Silence and letters are left alone."""
     out = list(codes)
-    initials = list(codec.INITIAL_CODES.values())
     for i, c in enumerate(out):
         kind, value = codec._KIND.get(c, (None, None))
         if kind == "final" and rng.random() < cfg.tone_noise:
             fin, tone = value
             other = rng.choice([t for t in codec.TONES if t != tone])
-            out[i] = codec.FINAL_CODES[(fin, other)]
+            out[i] = codec.BOOKS[codec.speaker_of_code(c)].finals[(fin, other)]
         elif kind == "initial" and rng.random() < cfg.initial_noise:
-            out[i] = rng.choice(initials)
+            out[i] = rng.choice(list(codec.BOOKS[codec.speaker_of_code(c)].initials.values()))
     return out
 
 
-def batch_loss(model: Qwen2LM, batch: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+def leaky_voice(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> list[int]:
+    """A prompted target as the imperfect speaker-follower says it: each code, with probability
+    ``speaker_leak``, the default voice's code for the same unit."""
+    default = codec.to_speaker(codes, codec.DEFAULT_SPEAKER)
+    return [d if rng.random() < cfg.speaker_leak else c for c, d in zip(codes, default)]
+
+
+def batch_loss(model: Qwen2LM, batch: list[tuple]) -> torch.Tensor:
     """Teacher-forced loss of a right-padded batch: targets speech + eos, IGNORE elsewhere
     (the same layout as ``Qwen2LM.loss``, batched). The 6,564-way decoder runs on the target
     positions only: text and padding positions (about 40% of a batch) have no target, and the
     decoder with its softmax was the larger part of a step (on 2 threads, 200 steps of the preset:
-    0.315 s a step before, 0.185 s after)."""
+    0.315 s a step before, 0.185 s after).
+
+    An example is ``(text_ids, speech)`` or ``(text_ids, speech, n_prompt)``: the first ``n_prompt``
+    codes of ``speech`` are the zero-shot prompt's (input only, no target), as CosyVoice's
+    ``[sos] + prompt_text + text + [task_id] + prompt_speech`` continues into the target."""
     embeds, targets = [], []
-    for text_ids, speech in batch:
+    for text_ids, speech, *rest in batch:
+        n_prompt = rest[0] if rest else 0
         embeds.append(model.build_inputs(text_ids, speech)[0])
-        targets.append([IGNORE_ID] * (len(text_ids) + 1) + list(speech) + [model.family.eos_index])
+        targets.append([IGNORE_ID] * (len(text_ids) + 1 + n_prompt) + list(speech[n_prompt:])
+                       + [model.family.eos_index])
     T = max(e.shape[0] for e in embeds)
     H = embeds[0].shape[1]
     x = torch.zeros(len(batch), T, H)
@@ -200,6 +230,29 @@ def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed:
     return errs / max(total, 1)
 
 
+def heldout_zero_shot(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, seed: int = 0,
+                      sampling: SamplingConfig | None = None) -> tuple[float, float]:
+    """(micro-averaged error rate, mean SIM) of sampled zero-shot continuations: each row
+    ({"text", "prompt_id"}) prompted by ``pool[prompt_id]`` (``ttsrl.embedded.speakers.PoolPrompt``)
+    as ``make_requests`` builds it, SIM the share of the output's codes in the prompt's book."""
+    from ttsrl.embedded.speakers import similarity
+    from ttsrl.text import error_counts
+
+    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=DEFAULT_RULE[model.family.name])
+    g = torch.Generator().manual_seed(seed)
+    errs = total = 0
+    sims = []
+    for row in rows:
+        p = pool[row["prompt_id"]]
+        ids = tokenizer.encode(row["text"], add_special_tokens=False)
+        ptext = tokenizer.encode(model.family.system_prefix + p.prompt_text, add_special_tokens=False)
+        codes = list(model.inference(ids, ptext, p.prompt_speech_tokens, sampling=sampling, generator=g))
+        e, n = error_counts(row["text"], codec.decode(codes), unit="char")
+        errs, total = errs + e, total + n
+        sims.append(similarity(codes, p.speaker))
+    return errs / max(total, 1), sum(sims) / max(len(sims), 1)
+
+
 def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     """The build's inputs. Not the thread count: 1 and 2 threads built bit-identical weights
     (the 40-step build on the shipped corpus, same weights_sha256), so it only sets the speed.
@@ -208,6 +261,9 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     inputs = {k: v for k, v in asdict(cfg).items() if k != "threads"}
     if inputs["family"] == "cosyvoice2":  # the inputs of the builds from before families: same cache
         del inputs["family"]
+    if inputs["prompt_prob"] == 0:  # a text-only build trains as before the zero-shot fields: same cache
+        for k in ("prompt_prob", "speaker_leak", "prompt_chars"):
+            del inputs[k]
     h = hashlib.sha256(json.dumps({"texts": texts, "cfg": inputs, "v": 2}, ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 
@@ -265,11 +321,26 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     sentences = [example(t) for t in texts]
     # Spans and random character strings teach reading character by character (a
     # monotonic text -> speech alignment) instead of memorising whole sentences.
-    spans = [example(s) for t in texts for s in sentence_spans(t, cfg.min_span)]
+    span_texts = [s for t in texts for s in sentence_spans(t, cfg.min_span)]
+    spans = [example(s) for s in span_texts]
     chars = sorted(set(ch for t in texts for ch in t if "\u4e00" <= ch <= "\u9fff"))
+    lo, hi = cfg.prompt_chars
+    # the prompts: short spans, tokenised and encoded once (CosyVoice3: the prefix opens the prompt
+    # text, as ``ttsrl.model.generate.make_requests`` tokenises it)
+    prompts = [(tok.encode(fam.system_prefix + s, add_special_tokens=False), codec.encode(s))
+               for s in sorted({s for s in span_texts if lo <= len(s) <= hi})]
 
     def drill() -> tuple[list[int], list[int]]:
         return example("".join(rng.choice(chars) for _ in range(rng.randint(cfg.min_span, cfg.max_random))))
+
+    def prompted(text_ids: list[int], codes: list[int]) -> tuple[list[int], list[int], int]:
+        """The example in the zero-shot layout: a clean prompt in a random voice, the noisy target
+        in the same voice with some default-voice codes."""
+        speaker = rng.choice(codec.SPEAKERS)
+        ptext_ids, pcodes = rng.choice(prompts)
+        pspeech = codec.to_speaker(pcodes, speaker)
+        target = leaky_voice(noisy_codes(codec.to_speaker(codes, speaker), cfg, rng), cfg, rng)
+        return ptext_ids + text_ids[len(prefix):], pspeech + target, len(pspeech)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
                                                 pct_start=warmup_share(cfg.steps))
@@ -286,7 +357,10 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
                 text_ids, codes = drill()
             else:
                 text_ids, codes = rng.choice(spans if u < cfg.random_prob + cfg.span_prob else sentences)
-            batch.append((text_ids, noisy_codes(codes, cfg, rng)))
+            if cfg.prompt_prob > 0 and rng.random() < cfg.prompt_prob:  # no draw at 0: the text-only build
+                batch.append(prompted(text_ids, codes))
+            else:
+                batch.append((text_ids, noisy_codes(codes, cfg, rng)))
         loss = batch_loss(model, batch)
         opt.zero_grad()
         loss.backward()
