@@ -128,11 +128,11 @@ class GRPOConfig:
                                            help="the named weighting of the combined reward this run trains on "
                                                 "(REWARD_WEIGHTS; the servers' --weights): " + weights_help()
                                                 + "; none: what the servers serve")
-    sim_weight: Optional[float] = option(None, metavar="W",
+    sim_weight: Optional[float] = option(None,
                                          help="the SIM weight of the combined reward this run trains on (the servers' "
                                               "--sim-weight): every server must serve it, checked before verl starts, "
-                                              "and the reward function refuses an answer combined with another; none: "
-                                              "--reward-weights', else what the servers serve")
+                                              "and the reward function refuses an answer combined with another; none: the "
+                                              "weight of --reward-weights, else what the servers serve")
     reward_backend: Optional[str] = option(None, choices=BACKENDS,
                                            help="the speech backend the reward servers must serve; none: any")
     reward_urls: Optional[str] = option(None, help="the reward servers, comma-separated (one road: verl's reward_kwargs "
