@@ -27,6 +27,15 @@ Output columns (verl's RL schema):
   reward_model  {"style": "rule", "ground_truth": text}
   extra_info    {"split": "train"/"test", "index": 0-based row number in the file,
                  "text": text}
+With --prompt-pool DIR (zero-shot rows) every row also gets one speaker prompt of
+DIR/prompt_speech_tokens.jsonl: prompt = [{"role": "user", "content": prompt_text + text},
+{"role": "assistant", "content": the prompt's <|s_N|> tokens}], rendered as CosyVoice2's
+zero-shot input <|sos|> prompt_text text <|task_id|> prompt_speech (the rollout continues
+it), extra_info adds "prompt_id" and "prompt_text". Rule: row INDEX of SPLIT starts at
+sha256("SEED:SPLIT:INDEX") mod the pool size (pool sorted by id; SEED = --prompt-seed) and
+walks on past a prompt whose transcript is the row's text, that would exceed
+--max_prompt_length, or (with --tokenizer) that verl's one-piece tokenisation would merge
+with the text; the same seed, pool and input give the same prompts.
 Every other input key is kept as a column (null where a row lacks it): all-bool
 -> bool, all-integer -> int64, integers/floats -> float64, all-string -> string;
 any other column (lists, objects, mixed kinds) is a string column: strings as they

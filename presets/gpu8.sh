@@ -15,7 +15,7 @@
 #                           --model-dir "$COSYVOICE2_DIR" --copy-wavs-to data/prompt_pool
 #                     Stage 0 gives every row one prompt of it (PROMPT_SEED; docs/gpu.md), the reward
 #                     server voices each rollout with its row's prompt and measures SIM against that wav:
-#                     PROMPT_DIR defaults to PROMPT_POOL then (one folder; run.sh refuses two).
+#                     its --prompt-dir is the pool then (PROMPT_DIR is not used).
 #   $ASR_MODEL_DIR    sherpa-onnx Paraformer (model[.int8].onnx + tokens.txt)
 #   $TRAIN_FILE       training texts (JSONL, "text")     $TEST_FILE  held-out texts (JSONL)
 #   $SEEDTTS_ZH_DIR   Seed-TTS test_zh (meta.lst + prompt wavs) and its prompt_speech_tokens.jsonl,
@@ -49,8 +49,8 @@
 
 : "${REWARD_BACKEND:=cosyvoice2}"
 : "${ASR_MODEL_DIR:=pretrained_models/sherpa-onnx-paraformer-zh}"
-: "${PROMPT_POOL:=}"   # zero-shot rows from this pool (see the top); empty: text-only rows
-: "${PROMPT_DIR:=${PROMPT_POOL:-data/speaker_prompts}}"   # *.wav; the row's own prompt, or one chosen per text
+# PROMPT_POOL (run.sh's setting, default empty: text-only rows): zero-shot rows from that pool (see the top)
+: "${PROMPT_DIR:=data/speaker_prompts}"   # *.wav; one is chosen per text (with PROMPT_POOL: the pool instead)
 # how long stage 1 waits for the server: one replica per GPU, each loading flow + HiFT, its ASR and
 # its ONNX sessions on its own GPU (prompt features are extracted once and shared); a server that
 # dies stops the wait at once, so the margin costs nothing when start-up fails
@@ -58,7 +58,7 @@
 : "${SEEDTTS_ZH_DIR:=data/seedtts_testset/zh}"
 # argument lists are bash arrays: a path with a space stays one argument
 SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"
-  --prompt-dir "$PROMPT_DIR" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
+  --prompt-dir "${PROMPT_POOL:-$PROMPT_DIR}" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
 REWARD_ARGS=("${SPEECH_ARGS[@]}")
 
 GRPO_ARGS=(--preset gpu8 --loggers "$LOGGERS")  # PRESETS["gpu8"] in ttsrl/train/grpo.py
@@ -87,6 +87,6 @@ PREF_LAUNCH=(-m accelerate.commands.launch --num_processes 8 --use_fsdp --fsdp_s
 EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEEDTTS_ZH_DIR"
   --sampling-rule cosyvoice2-2026 --min-token-text-ratio 2 --max-token-text-ratio 20 --batch-size 64)
 
-CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "$PROMPT_DIR" --sherpa-model-dir "$ASR_MODEL_DIR"
+CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "${PROMPT_POOL:-$PROMPT_DIR}" --sherpa-model-dir "$ASR_MODEL_DIR"
   --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR" ${PROMPT_POOL:+--prompt-pool "$PROMPT_POOL"}
   ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})

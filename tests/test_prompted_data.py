@@ -354,12 +354,16 @@ def test_prompt_pool_setting_reaches_stage_0_and_the_reward_server(tmp_path):
     got = _config({"PROMPT_POOL": str(pool), "PROMPT_SEED": "7"})
     assert got["PROMPT_POOL"] == str(pool) and got["PROMPT_SEED"] == "7"
     assert got["REWARD_ARGS"][-2:] == ["--prompt-dir", str(pool)]
-    assert _config()["PROMPT_POOL"] == "" and "--prompt-dir" not in _config()["REWARD_ARGS"]
+    plain = _config(preset="presets/gpu8.sh")  # no pool by default: text-only rows, the reference's speakers
+    assert plain["PROMPT_POOL"] == "" and plain["CHECK_INPUTS_ARGS"][-2:] != ["--prompt-pool", ""]
+    assert plain["REWARD_ARGS"][plain["REWARD_ARGS"].index("--prompt-dir") + 1] == "data/speaker_prompts"
     gpu = _config({"PROMPT_POOL": str(pool)}, preset="presets/gpu8.sh")
     assert gpu["REWARD_ARGS"].count("--prompt-dir") == 1
     assert gpu["REWARD_ARGS"][gpu["REWARD_ARGS"].index("--prompt-dir") + 1] == str(pool)
     assert gpu["CHECK_INPUTS_ARGS"][-2:] == ["--prompt-pool", str(pool)]
-    r = _config({"PROMPT_POOL": str(pool), "PROMPT_DIR": str(tmp_path)}, preset="presets/gpu8.sh", ok=False)
+    gpu = _config({"PROMPT_POOL": str(pool), "PROMPT_DIR": str(tmp_path)}, preset="presets/gpu8.sh")
+    assert gpu["REWARD_ARGS"][gpu["REWARD_ARGS"].index("--prompt-dir") + 1] == str(pool)  # the pool wins
+    r = _config({"PROMPT_POOL": str(pool), "REWARD_EXTRA": f"--prompt-dir {tmp_path}"}, ok=False)
     assert r.returncode != 0 and f"PROMPT_POOL={pool} but REWARD_ARGS voice from --prompt-dir {tmp_path}" in r.stderr
 
     env = {"DEVICE": "cpu", "EXP_DIR": "exp/e", "COSYVOICE2_DIR": "b", "TRAIN_FILE": "t.jsonl", "TEST_FILE": "s.jsonl",
@@ -392,3 +396,22 @@ def test_check_inputs_checks_the_pool_and_its_wavs(tmp_path):
     sf.write(pool / "spk1_01.wav", np.zeros(16000, dtype=np.float32), 16000)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_prompt_tokens_reads_transcripts_from_meta_lst_cv3_and_texts(tmp_path):
+    """scripts/prompt_tokens.py's inputs carry the transcripts a pool needs (the speech tokenizer itself
+    needs CosyVoice2's ONNX model, which cannot be had here)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import prompt_tokens
+
+    (tmp_path / "meta.lst").write_text("u1|希望你以后能够做的比我还好呦。|wavs/u1.wav|收到好友的礼物。\n", encoding="utf-8")
+    items, base, texts = prompt_tokens.read_wav_list(tmp_path)
+    assert items == [("u1", tmp_path / "wavs" / "u1.wav")] and texts == {"u1": "希望你以后能够做的比我还好呦。"}
+    cv3 = tmp_path / "cv3"
+    cv3.mkdir()
+    (cv3 / "prompt_wav.scp").write_text("a x/a.wav\nb x/b.wav\n", encoding="utf-8")
+    (cv3 / "prompt_text").write_text("a 今天 天气\n", encoding="utf-8")
+    assert prompt_tokens.read_wav_list(cv3)[2] == {"a": "今天 天气"}
+    (tmp_path / "texts").write_text("a 你好\n\nb\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"texts:3: expected 'ID transcript'"):
+        prompt_tokens.read_texts(tmp_path / "texts")

@@ -15,6 +15,25 @@ Every valid input row becomes one row of verl's RL schema::
 
 ``text`` is stripped of surrounding whitespace; everything else is taken as given.
 
+Zero-shot rows (``prompt_pool``: a folder holding ``prompt_speech_tokens.jsonl``, see
+``ttsrl.data.prompt_pool``)
+    Every row of both files gets one prompt of the pool, so that the policy is trained as
+    CosyVoice2 is used: continuing a speaker prompt. ``prompt`` is then
+    ``[{"role": "user", "content": prompt_text + text}, {"role": "assistant", "content":
+    "<|s_N|>..." (the prompt's speech tokens)}]``; the chat template renders it, unchanged, as
+    ``<|sos|>`` + system prefix + prompt_text + text + ``<|task_id|>`` + prompt speech, and verl's
+    rollout continues the assistant turn (the response is the continuation only).
+    ``extra_info`` adds ``prompt_id`` (the reward client sends it: the server voices the rollout
+    with that prompt) and ``prompt_text``. Assignment: output row ``index`` of ``split`` starts at
+    sha256("SEED:SPLIT:INDEX") mod pool size in the pool sorted by id and walks on, cyclically,
+    past a prompt whose transcript is the row's text, one with which the row would exceed
+    ``max_prompt_length``, and (with a tokenizer) one whose transcript the one-piece tokenisation
+    verl applies would merge with the text, so that every row's ids are CosyVoice's zero-shot
+    input exactly (``rowchecks.ZeroShotPrompts``); one prompt a row for the whole run (every epoch).
+    A row no prompt fits is invalid. Prompt lengths count sos, transcript, text, task_id and the
+    speech tokens (estimated without a tokenizer as UTF-8 bytes + the longest system prefix + 2 +
+    the speech tokens, an upper bound).
+
 Input
     A file whose first non-blank character is ``[`` is one JSON array of objects
     (read whole: use JSONL for a corpus that does not fit in memory; JSONL is

@@ -423,8 +423,8 @@ def resolve_pool(r: Resolved) -> None:
     other = [d for d in given if os.path.normpath(d) != os.path.normpath(pool)]
     if other:
         raise SettingsError([f"PROMPT_POOL={pool} but REWARD_ARGS voice from --prompt-dir {other[0]}: the server must "
-                             "voice every rollout with its row's prompt, so both name one folder (presets/gpu8.sh: "
-                             "PROMPT_DIR defaults to PROMPT_POOL; unset PROMPT_DIR or set it to the pool)"])
+                             "voice every rollout with its row's prompt, so both name one folder (a preset's --prompt-dir "
+                             "must be the pool when PROMPT_POOL is set, as presets/gpu8.sh does)"])
     if not given:
         r.lists["REWARD_ARGS"] += ["--prompt-dir", pool]
     if 0 <= r.start <= 2:
