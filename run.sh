@@ -69,7 +69,7 @@ reward_servers() {  # this machine's server started (or adopted, or used) and ev
   local ours=()
   if (( STARTED_SERVER )); then ours=(--ours); fi
   launch server up "${ours[@]}" -- "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" \
-    --reward "$REWARD" --port "$REWARD_PORT" "${REWARD_ARGS[@]}"
+    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" "${REWARD_ARGS[@]}"
   [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1  # the pid file names the server this run stops
 }
 on_exit() {
@@ -104,7 +104,8 @@ if stage -1 && head_only -1; then
   need_venv
   if [[ $BUILD_BASE_MODEL == 1 ]]; then
     banner -1 "build the tiny $MODEL_FAMILY-format base model (cached)" "$COSYVOICE2_DIR"
-    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR" --family "$MODEL_FAMILY"  # step 0 of stage 4
+    "$PY" build_base_model.py --corpus "$TRAIN_FILE" --out "$COSYVOICE2_DIR" --family "$MODEL_FAMILY" \
+      "${BASE_MODEL_ARGS[@]}"  # step 0 of stage 4
   fi
   banner -1 "convert llm.pt -> Hugging Face checkpoint" "$HF_MODEL_DIR"
   "$PY" pretrained_to_huggingface.py --pretrained-cosyvoice2-path "$COSYVOICE2_DIR" --save-path "$HF_MODEL_DIR" \

@@ -11,22 +11,27 @@
 # (run.sh's setting, default cosyvoice2: `bash run.sh --help`)
 family=${MODEL_FAMILY:-cosyvoice2}
 fam_tag=${family#cosyvoice2}; fam_tag=${fam_tag:+_$fam_tag}  # "" for cosyvoice2, else _FAMILY
-: "${EXP_DIR:=exp/embedded$fam_tag}"
+# zero-shot (issue 37), a setting: PROMPT_POOL=data/corpus/prompt_pool bash run.sh. Every row then
+# continues a speaker prompt of the embedded world's pool (four simulated speakers, 16 short prompts:
+# docs/embedded.md), the base model is pretrained on CosyVoice's zero-shot layout too, the reward
+# server voices and judges each rollout with its row's prompt (SIM), and stage 4 scores the zero-shot
+# test set (the same held-out texts, each with a pool prompt) and reports SIM. Not yet the default:
+# its start model reads far worse than the text-only one (docs/embedded.md, "Speakers"), so a run
+# would not show what the text-only run shows. Empty (the default): text-only rows, as before.
+: "${PROMPT_POOL=}"
+zs_tag=${PROMPT_POOL:+_zeroshot}
+: "${EXP_DIR:=exp/embedded$fam_tag$zs_tag}"
 
-# stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1)
+# stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1);
+# build_base_model.py's options (`python build_base_model.py --help`)
 : "${BUILD_BASE_MODEL:=1}"
+BASE_MODEL_ARGS=()
+[[ -z $PROMPT_POOL ]] || BASE_MODEL_ARGS=(--prompt-prob 0.5)
 : "${COSYVOICE2_DIR:=$EXP_DIR/cosyvoice2_base}"  # llm.pt + CosyVoice-BlankEN/
 
 # stage 0
 : "${TRAIN_FILE:=data/corpus/train.jsonl}"
 : "${TEST_FILE:=data/corpus/test.jsonl}"
-# zero-shot (issue 37): every row continues a speaker prompt of the embedded world's pool (four
-# simulated speakers, 16 short prompts: docs/embedded.md), the reward server voices and judges
-# each rollout with its row's prompt (SIM), stage 4 scores the zero-shot test set (the same
-# held-out texts, each with a pool prompt) and reports SIM. PROMPT_POOL= (empty): text-only,
-# as before (`=`, not `:=`: an empty value given in the environment stays empty)
-: "${PROMPT_POOL=data/corpus/prompt_pool}"
-: "${TEST_ZEROSHOT_FILE:=data/corpus/test_zeroshot.jsonl}"  # ids of PROMPT_POOL's prompts
 # dev set (stage 5 chooses the step on it): 64 training texts held out of GRPO by stage 0
 : "${DEV_SIZE:=64}"
 # the corpus's prompts: 20 tokens at most (stage 0 prints it; CosyVoice3's instruction adds 29 on the
@@ -59,5 +64,7 @@ PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)
 # 18d30af): cosyvoice2-2024 reproduces ttsrl sweeps made before 2026-12-01
 # zero-shot: the test set with prompts, and the pool as the sim backend's speakers (SIM column)
 eval_set=(--test-set "embedded_test=$TEST_FILE")
-[[ -z $PROMPT_POOL ]] || eval_set=(--test-set "embedded_test=$TEST_ZEROSHOT_FILE" --prompt-dir "$PROMPT_POOL")
+# (TEST_ZEROSHOT_FILE: its prompt ids are PROMPT_POOL's)
+[[ -z $PROMPT_POOL ]] ||
+  eval_set=(--test-set "embedded_test=${TEST_ZEROSHOT_FILE:-data/corpus/test_zeroshot.jsonl}" --prompt-dir "$PROMPT_POOL")
 EVAL_ARGS=(--backend sim "${eval_set[@]}" --min-token-text-ratio 0 --sampling-rule "$family-2026")

@@ -41,7 +41,7 @@ DEFINING = {
     "gspo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo",
              "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
              "actor_rollout_ref.actor.clip_ratio_low": 0.0003, "actor_rollout_ref.actor.clip_ratio_high": 0.0004},
-    "gdpo": {"algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ["score", "sim"],
+    "gdpo": {"algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ["cer", "sim", "length"],
              "trainer.use_v1": False},
 }
 

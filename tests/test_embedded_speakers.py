@@ -325,7 +325,7 @@ def test_a_briefly_pretrained_model_continues_its_prompts_speaker(tmp_path):
 
     cfg = PretrainConfig(model=TinyConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, tokenizer_vocab=1024),
-                         steps=300, batch_size=16, lr=5e-3, threads=1)
+                         steps=300, batch_size=16, lr=5e-3, threads=1, prompt_prob=0.5)
     pool = speakers.read_pool(speakers.POOL_DIR)
     rows = [{"text": r["text"], "prompt_id": r["prompt_id"]} for r in load(speakers.ZERO_SHOT_TEST_FILE)[:32]]
     corpus = CORPUS / "train.jsonl"

@@ -73,7 +73,7 @@ class PromptPool:
 
 def pool_sha1(ids) -> str:
     """sha1 of the sorted ids, one a line: the reward server's ``prompt_pool_sha1``
-    (``ttsrl.reward.backends.base.prompt_pool_sha1`` computes the same; tests check it)."""
+    (``ttsrl.reward.backends.base.prompt_pool_sha1`` is this function)."""
     return hashlib.sha1("".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")).hexdigest()
 
 

@@ -69,10 +69,10 @@ class PretrainConfig:
     weight_decay: float = option(0.01, cli=False, help="weight decay")
     tone_noise: float = option(0.4, help="share of training syllables given a wrong tone")
     initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
-    prompt_prob: float = option(0.5, help="share of examples in CosyVoice's zero-shot layout: a prompt (a 2-3 "
+    prompt_prob: float = option(0.0, help="share of examples in CosyVoice's zero-shot layout: a prompt (a 2-3 "
                                           "character corpus span in a random simulated speaker's voice) before "
                                           "the text, the target in that voice (0: text-only, the pre-issue-37 "
-                                          "build)")
+                                          "build; the embedded preset's zero-shot mode sets 0.5)")
     speaker_leak: float = option(0.15, help="share of a prompted target's codes spoken in the default voice "
                                             "instead of the prompt's (the model follows its prompt imperfectly)")
     prompt_chars: tuple[int, int] = option((2, 3), cli=False, help="shortest and longest prompt, in characters")

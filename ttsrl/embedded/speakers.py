@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ttsrl.atomic import atomic_write_text
+from ttsrl.cli import add_fields, given, option
 from ttsrl.embedded import codec
 from ttsrl.jsonl import iter_objects
 from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
@@ -143,14 +144,20 @@ def write_files(pool_dir: Path = POOL_DIR, test_in: Path = TEST_FILE, test_out: 
     atomic_write_text(test_out, jsonl(zero_shot_rows(test, pool)))
 
 
+@dataclass
+class WriteFiles:
+    """Where the committed pool and zero-shot test set are written from."""
+    pool_dir: str = option(str(POOL_DIR), help="pool folder (writes prompt_speech_tokens.jsonl)")
+    test_in: str = option(str(TEST_FILE), help="held-out sentences, JSONL {id, text}")
+    test_out: str = option(str(ZERO_SHOT_TEST_FILE), help="the zero-shot test set to write")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description="Rewrite the embedded world's prompt pool and its zero-shot test set (committed files; "
                     "deterministic: the codec's speaker books, the prompt texts of this module).")
-    p.add_argument("--pool-dir", default=str(POOL_DIR), help="pool folder (writes prompt_speech_tokens.jsonl)")
-    p.add_argument("--test-in", default=str(TEST_FILE), help="held-out sentences, JSONL {id, text}")
-    p.add_argument("--test-out", default=str(ZERO_SHOT_TEST_FILE), help="the zero-shot test set to write")
-    a = p.parse_args(argv)
+    add_fields(p, WriteFiles)
+    a = WriteFiles(**given(p.parse_args(argv), WriteFiles))
     try:
         write_files(Path(a.pool_dir), Path(a.test_in), Path(a.test_out))
     except (OSError, ValueError) as e:
@@ -158,7 +165,6 @@ def main(argv=None) -> int:
         return 2
     print(f"wrote {Path(a.pool_dir) / POOL_FILE} ({len(PROMPT_TEXTS)} prompts) and {a.test_out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,7 +43,8 @@ LISTS = {"REWARD_ARGS": None, "GRPO_ARGS": None, "EVAL_ARGS": None,
          "PREF_ARGS": ["--lr", "1e-5", "--batch-size", "8", "--epochs", "1"],
          "PREF_LAUNCH": [],  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
          "CHECK_INPUTS_ARGS": None,  # presets with user-provided files (gpu8): checked up front
-         "RAY_START_ARGS": []}
+         "RAY_START_ARGS": [],
+         "BASE_MODEL_ARGS": []}  # stage -1's build_base_model.py options (the embedded world)
 #: words a user adds to a list: NAME_EXTRA -> the list it extends
 EXTRAS = {"REWARD_EXTRA": "REWARD_ARGS", "GRPO_EXTRA": "GRPO_ARGS", "EVAL_EXTRA": "EVAL_ARGS"}
 
@@ -95,6 +96,10 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
   estimator and loss, ttsrl/train/algorithms.py; default grpo), SAMPLING (stage 2's rollout
   sampling, reference or mairhub; empty: the preset's), SEED (stage 2's prompt order and rollout
   seed; empty: verl's defaults). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
+  REWARD_WEIGHTS (WEIGHTS in ttsrl/reward/rewards.py; default cer = the error-rate reward alone;
+  glm_tts = + 0.1 SIM): the combined reward's weighting, passed to the server (--weights) and to
+  stage 2 (--reward-weights), which refuses servers that combine with another SIM weight.
+  ALGORITHM=gdpo trains on the terms cer, sim, length apart (SIM needs a server with --want-sim).
 
 The reward: stages 1, 2 (and DPO mining) use the reward servers of REWARD_URLS (default this
   machine's, http://127.0.0.1:REWARD_PORT); stage 1 starts the local one when the list holds it.
@@ -248,7 +253,8 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
             r.lists[target] += extras[extra]
     r.lists["EXTRA_OVERRIDES"] = overrides
     # one road for the reward's identity: REWARD, REWARD_BACKEND, REWARD_PORT, never also a flag
-    owned = {"--reward": "REWARD", "--backend": "REWARD_BACKEND", "--port": "REWARD_PORT"}
+    owned = {"--reward": "REWARD", "--backend": "REWARD_BACKEND", "--port": "REWARD_PORT",
+             "--weights": "REWARD_WEIGHTS", "--sim-weight": "REWARD_WEIGHTS"}
     for word in r.lists["REWARD_ARGS"]:
         flag = word.split("=", 1)[0]
         if flag in owned:
@@ -265,7 +271,8 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
                           ("CKPT_DIR", f"{exp}/checkpoints"), ("REWARD_PORT", "8000"),
                           ("REWARD_START_TIMEOUT_S", "300"), ("REWARD_ANY_SERVER", "0"), ("DEV_FILE", ""),
                           ("DEV_SIZE", "0"), ("USER_PAIRS", ""), ("ALLOW_LEAK", "0"), ("EXPORT_STEP", ""),
-                          ("LLM_FILE", "llm.pt"), ("PROMPT_POOL", ""), ("PROMPT_SEED", "0")):
+                          ("LLM_FILE", "llm.pt"), ("PROMPT_POOL", ""), ("PROMPT_SEED", "0"),
+                          ("REWARD_WEIGHTS", "cer")):
         get(name, default)
     exp_abs = exp if exp.startswith("/") else str(ROOT / exp)
     get("TENSORBOARD_DIR", f"{exp_abs}/tensorboard")
@@ -476,7 +483,8 @@ def grpo_args(r: Resolved) -> list[str]:
     out += ["--model-path", v["HF_MODEL_DIR"], "--train-files", f"{v['DATA_DIR']}/train.parquet",
             "--val-files", f"{v['DATA_DIR']}/test.parquet", "--checkpoint-dir", v["CKPT_DIR"],
             "--max-prompt-length", v["MAX_PROMPT_LENGTH"],
-            "--reward", v["REWARD"], "--reward-backend", v["REWARD_BACKEND"], "--reward-urls", v["REWARD_URLS"]]
+            "--reward", v["REWARD"], "--reward-weights", v["REWARD_WEIGHTS"],
+            "--reward-backend", v["REWARD_BACKEND"], "--reward-urls", v["REWARD_URLS"]]
     if r.multi_node:
         out += ["--nnodes", v["NNODES"], "--n-gpus-per-node", v["GPUS_PER_NODE"]]
     return out

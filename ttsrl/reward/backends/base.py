@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ttsrl.atomic import atomic_path
+from ttsrl.data.prompt_pool import pool_sha1
 from ttsrl.model.vocab import TOKEN_RATE_HZ
 
 
@@ -164,10 +165,10 @@ class UnknownPromptId(ValueError):
     """A prompt id the pipeline's token2wav does not know (the server answers 422)."""
 
 
-def prompt_pool_sha1(ids) -> str:
-    """sha1 of the sorted ids, one a line: what a server publishes so a run can tell that its rows'
-    prompt ids and the server's pool are the same set (``prompt_pool`` in the model metadata)."""
-    return hashlib.sha1("".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")).hexdigest()
+#: sha1 of the sorted ids, one a line: what a server publishes so a run can tell that its rows'
+#: prompt ids and the server's pool are the same set (``prompt_pool`` in the model metadata);
+#: the pool's own digest (ttsrl.data.prompt_pool), one function for both sides
+prompt_pool_sha1 = pool_sha1
 
 
 def stable_index(key: str, n: int) -> int:
