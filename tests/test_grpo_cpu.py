@@ -62,6 +62,11 @@ def test_training_steps_and_metrics(run):
         # below what stale rollout weights give (4.6e-3 after two steps, test_grpo_world2)
         assert m["training/rollout_probs_diff_max"] < 1e-3, m
         assert 0.0 < m["critic/score/mean"] < 1.0 and m["response_length/max"] <= 32
+        # the reward's terms reach the step's metrics (ttsrl/verl_plugin/reward_metrics.py's patch of
+        # the v1 trainer): each a mean over the step's rollouts, each in [0, 1]
+        for key in ("cer", "length", "unfinished", "sim_measured", "reward_failed"):
+            assert 0.0 <= m[f"reward/{key}/mean"] <= 1.0, (key, m)
+        assert m["reward/reward_failed/mean"] == 0.0 and m["reward/cer/mean"] > 0.0, m
     # every rollout was scored by the server: 3 steps x 4 prompts x n=4, plus 2 validations of 4
     assert stats["ok"] >= STEPS * 4 * 4 + 2 * 4, stats
     assert (ws / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
