@@ -171,9 +171,9 @@ def test_the_committed_pool_and_zero_shot_test_set_are_current_and_valid():
 
 
 @pytest.mark.parametrize("line, message", [
-    ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": [-1]}, "token -1 outside 0..6560"),
-    ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": "12"}, "a non-empty list of integers"),
-    ({"prompt_text": "你好", "prompt_speech_tokens": [1]}, "non-empty string 'id'"),
+    ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": [-1]}, "holds -1, outside 0..6560"),
+    ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": "12"}, "must be a non-empty list of speech codes"),
+    ({"prompt_text": "你好", "prompt_speech_tokens": [1]}, "\"id\" must be a non-empty string"),
     ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": NOISE[:3]}, "no token lies in a simulated speaker"),
     ({"id": "a", "prompt_text": "你好", "prompt_speech_tokens": codec.encode("你好", "spk1"), "speaker": "spk2"},
      "says speaker 'spk2' but its tokens are 'spk1'"),
@@ -186,11 +186,11 @@ def test_a_bad_pool_line_is_refused_naming_file_and_line(tmp_path, line, message
 
 
 def test_a_pool_with_an_id_twice_or_no_file_is_refused(tmp_path):
-    with pytest.raises(speakers.PoolError, match="no such file"):
+    with pytest.raises(speakers.PoolError, match="no prompt_speech_tokens.jsonl"):
         speakers.read_pool(tmp_path)
     row = {"id": "x", "prompt_text": "好", "prompt_speech_tokens": codec.encode("好", "spk3")}
     (tmp_path / speakers.POOL_FILE).write_text(speakers.jsonl([row, row]), encoding="utf-8")
-    with pytest.raises(speakers.PoolError, match=":2: prompt id 'x' appears twice"):
+    with pytest.raises(speakers.PoolError, match=":2: id 'x' already on line 1"):
         speakers.read_pool(tmp_path)
 
 

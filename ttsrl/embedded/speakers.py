@@ -34,12 +34,12 @@ from typing import Sequence
 
 from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given, option
+from ttsrl.data import prompt_pool
+from ttsrl.data.prompt_pool import POOL_FILE, PoolError
 from ttsrl.embedded import codec
 from ttsrl.jsonl import iter_objects
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-POOL_FILE = "prompt_speech_tokens.jsonl"  # the name ttsrl.data.testsets.PROMPT_TOKENS_FILE gives it
 POOL_DIR = ROOT / "data" / "corpus" / "prompt_pool"
 TEST_FILE = ROOT / "data" / "corpus" / "test.jsonl"
 ZERO_SHOT_TEST_FILE = ROOT / "data" / "corpus" / "test_zeroshot.jsonl"
@@ -50,10 +50,6 @@ PROMPT_TEXTS = ("早上好", "晚安", "再见了", "没问题",
                 "慢走", "别急", "当然", "请进",
                 "明白了", "我来了", "听我说", "一起走")
 PER_SPEAKER = len(PROMPT_TEXTS) // len(codec.SPEAKERS)
-
-
-class PoolError(ValueError):
-    """A prompt pool file that cannot be used (the message names the file and line)."""
 
 
 @dataclass(frozen=True)
@@ -93,39 +89,22 @@ def jsonl(rows: Sequence[dict]) -> str:
 
 
 def read_pool(folder: str | Path) -> dict[str, PoolPrompt]:
-    """``FOLDER/prompt_speech_tokens.jsonl`` by id. Each line needs a unique string ``id``, a string
-    ``prompt_text`` and ``prompt_speech_tokens`` (integers in 0..6560) most of which lie in one
-    simulated speaker's book: that speaker is the prompt's; an optional ``speaker`` must name it."""
-    path = Path(folder) / POOL_FILE
-    if not path.is_file():
-        raise PoolError(f"{path}: no such file (a prompt pool folder holds {POOL_FILE}: one "
-                        '{"id", "prompt_text", "prompt_speech_tokens"} object a line)')
+    """``FOLDER/prompt_speech_tokens.jsonl`` by id, read and checked as every pool is
+    (``ttsrl.data.prompt_pool.read_pool``: :class:`PoolError` naming file and line), and each
+    prompt's tokens must lie mostly in one simulated speaker's book: that speaker is the prompt's;
+    an optional ``speaker`` must name it."""
+    pool = prompt_pool.read_pool(folder, need_text=False)
     out: dict[str, PoolPrompt] = {}
-    for where, obj in iter_objects(path, PoolError):
-        pid, text, tokens = obj.get("id"), obj.get("prompt_text"), obj.get("prompt_speech_tokens")
-        if not isinstance(pid, str) or not pid:
-            raise PoolError(f"{where}: expected a non-empty string 'id', got {pid!r}")
-        if pid in out:
-            raise PoolError(f"{where}: prompt id {pid!r} appears twice; ids must be unique")
-        if not isinstance(text, str):
-            raise PoolError(f"{where}: expected a string 'prompt_text', got {text!r}")
-        if (not isinstance(tokens, list) or not tokens
-                or not all(isinstance(c, int) and not isinstance(c, bool) for c in tokens)):
-            raise PoolError(f"{where}: expected 'prompt_speech_tokens', a non-empty list of integers")
-        bad = [c for c in tokens if not 0 <= c < SPEECH_TOKEN_SIZE]
-        if bad:
-            raise PoolError(f"{where}: prompt speech token {bad[0]} outside 0..{SPEECH_TOKEN_SIZE - 1}")
-        speaker = codec.dominant_speaker(tokens)
+    for p in pool.prompts:
+        where = f"{pool.path}:{p.line}"
+        speaker = codec.dominant_speaker(p.speech)
         if speaker is None:
-            raise PoolError(f"{where}: prompt {pid!r}: no token lies in a simulated speaker's book "
+            raise PoolError(f"{where}: prompt {p.id!r}: no token lies in a simulated speaker's book "
                             f"({', '.join(codec.SPEAKERS)}): not a prompt of the embedded world")
-        named = obj.get("speaker")
-        if named is not None and named != speaker:
-            raise PoolError(f"{where}: prompt {pid!r} says speaker {named!r} but its tokens are "
+        if p.speaker is not None and p.speaker != speaker:
+            raise PoolError(f"{where}: prompt {p.id!r} says speaker {p.speaker!r} but its tokens are "
                             f"{speaker!r}'s (most of them lie in that book)")
-        out[pid] = PoolPrompt(pid, text, tuple(tokens), speaker)
-    if not out:
-        raise PoolError(f"{path}: no prompts")
+        out[p.id] = PoolPrompt(p.id, p.prompt_text, p.speech, speaker)
     return out
 
 
