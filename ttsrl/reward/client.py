@@ -50,9 +50,9 @@ way the sample of a raised error is not trained on.
 Keys of the returned dict are the same for every sample (verl builds its extra-info
 columns from the first sample's keys), all finite: ``score`` (the combined reward the run
 trains on, the server's REWARDS), the reward's terms ``cer`` (the error-rate term, no length
-guard), ``length`` (the length/finish term: 0 for a response that hit the budget without end
-of speech, see :func:`is_finished`) and ``sim`` (definitions: ``ttsrl.reward.rewards``),
-``unfinished`` (1.0 for such a response), ``error_rate``, ``transcript``
+guard) and ``length`` (the length/finish term: 0 for a response that hit the budget without end
+of speech, see :func:`is_finished`; definitions: ``ttsrl.reward.rewards``), ``unfinished`` (1.0 for
+such a response), ``error_rate``, ``transcript``
 (a string; verl's metric code skips strings), ``reward_failed`` and ``sim``: the speaker
 similarity the server measured (its ``SIMS`` output: ``--want-sim`` or ``--sim-weight``), 0.0
 where none was measured (a server that does not, an empty response, a failed request) so the

@@ -84,8 +84,7 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
     ``prompt_ids``: per sequence, the prompt pool's speaker (the reward server's PROMPT_ID)."""
     wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
     ids = list(prompt_ids) if prompt_ids is not None and any(p is not None for p in prompt_ids) else None
-    transcripts = (pipeline.transcribe_tokens(codes, texts, wavs, ids) if ids is not None
-                   else pipeline.transcribe_tokens(codes, texts, wavs))
+    transcripts = pipeline.transcribe_tokens(codes, texts, wavs, ids)
     out = []
     for c, text, tr in zip(codes, texts, transcripts):
         if len(c) == 0:  # nothing was said: reward 0 by definition
