@@ -116,13 +116,14 @@ fi
 if stage 0 && head_only 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
+  POOL=()  # PROMPT_POOL=DIR: zero-shot rows (dev rows too), each with a speaker prompt of DIR (empty: text-only)
+  if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
   if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
-    "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" | sed 's/^/     /'
+    "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" "${POOL[@]}" \
+      | sed 's/^/     /'
   fi
   LEAK=()  # ALLOW_LEAK=1: keep test texts that are training texts too
   if [[ $ALLOW_LEAK == 1 ]]; then LEAK=(--allow-leak); fi
-  POOL=()  # PROMPT_POOL=DIR: zero-shot rows, each with a speaker prompt of DIR (empty: text-only rows)
-  if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
     --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" \
     || { echo "stage 0 failed (above: each row and why). A prompt over the budget: MAX_PROMPT_LENGTH=N bash run.sh 0 0" \

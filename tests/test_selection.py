@@ -126,6 +126,54 @@ def test_dev_slice_is_fixed_held_out_and_keeps_copies_together(tmp_path):
         split_dev(src, 1, tmp_path / "d")
 
 
+def test_zero_shot_dev_rows_get_pool_prompts_never_their_own_text(tmp_path):
+    """With a prompt pool the dev rows are zero-shot, as the training rows are: each names one pool
+    prompt (id, transcript, speech tokens), chosen by the seeded rule, never a prompt whose transcript
+    is the row's own text; the split itself is the text-only one; stage 4 reads the rows as prompted."""
+    from ttsrl.data.prompt_pool import first_choice, read_pool
+    from ttsrl.data.testsets import read_jsonl_test_set
+
+    texts = [f"第{i}句话。" for i in range(40)]
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    split_dev(src, 12, tmp_path / "plain")
+    plain = [json.loads(x) for x in (tmp_path / "plain" / "dev.jsonl").read_text().splitlines()]
+    own = plain[0]["text"]  # a dev text that is also a prompt's transcript: that prompt is walked past
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    prompts = [("p_a", own), ("p_b", "你好"), ("p_c", "再见")]
+    (pool_dir / "prompt_speech_tokens.jsonl").write_text("".join(
+        json.dumps({"id": i, "prompt_text": t, "prompt_speech_tokens": [k, k + 1]}, ensure_ascii=False) + "\n"
+        for k, (i, t) in enumerate(prompts)), encoding="utf-8")
+    seed = next(k for k in range(100) if first_choice(k, "dev", 0, 3) == 0)  # row 0 starts at its own text
+    split_dev(src, 12, tmp_path / "zs", prompt_pool=pool_dir, prompt_seed=seed)
+    dev = [json.loads(x) for x in (tmp_path / "zs" / "dev.jsonl").read_text().splitlines()]
+    assert [d["text"] for d in dev] == [d["text"] for d in plain]  # the same slice
+    assert (tmp_path / "zs" / "train.jsonl").read_text() == (tmp_path / "plain" / "train.jsonl").read_text()
+    by_id = {p.id: p for p in read_pool(pool_dir).prompts}
+    for i, row in enumerate(dev):
+        p = by_id[row["prompt_id"]]
+        assert row["prompt_text"] == p.prompt_text and row["prompt_speech_tokens"] == list(p.speech)
+        assert row["prompt_text"] != row["text"]
+        start = sorted(by_id)[first_choice(seed, "dev", i, len(by_id))]
+        if by_id[start].prompt_text == row["text"]:  # its own text: the next prompt in id order
+            assert row["prompt_id"] == sorted(by_id)[(sorted(by_id).index(start) + 1) % len(by_id)]
+        else:
+            assert row["prompt_id"] == start
+    assert dev[0]["prompt_id"] == "p_b"
+    assert len({d["prompt_id"] for d in dev}) > 1  # spread over the pool
+    utts = read_jsonl_test_set("dev", tmp_path / "zs" / "dev.jsonl").utterances
+    assert all(u.prompt_id and u.prompt_text and u.prompt_speech for u in utts)
+    # another seed, another assignment; a pool that is only the row's own text: refused, naming it
+    split_dev(src, 12, tmp_path / "zs8", prompt_pool=pool_dir, prompt_seed=seed + 1)
+    assert (tmp_path / "zs8" / "dev.jsonl").read_text() != (tmp_path / "zs" / "dev.jsonl").read_text()
+    (pool_dir / "prompt_speech_tokens.jsonl").write_text(
+        json.dumps({"id": "p_a", "prompt_text": own, "prompt_speech_tokens": [1]}, ensure_ascii=False) + "\n",
+        encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"row 1 \('{own}'\): every prompt of .* has this text"):
+        split_dev(src, 12, tmp_path / "one", prompt_pool=pool_dir)
+
+
 @pytest.mark.slow
 def test_run_sh_holds_out_a_dev_set_and_stage5_chooses_on_it(tiny_cosyvoice2, tmp_path):
     """The embedded preset's stages 0, 4 and 5 on the tiny model: stage 0 holds DEV_SIZE
