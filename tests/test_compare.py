@@ -13,9 +13,10 @@ from ttsrl.eval import compare
 IDS = [f"u{i}" for i in range(40)]
 
 
-def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0):
+def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0, sim=None):
     """A run folder: ``step_s`` seconds per step; ``saved`` steps scored (0 = start model) with a
-    test rate ``test_rate[step]`` on every utterance and a dev rate ``dev_rate[step]``."""
+    test rate ``test_rate[step]`` on every utterance and a dev rate ``dev_rate[step]``; with
+    ``sim`` (step -> value) every test utterance has that speaker similarity, and the row its mean."""
     run = root / name
     (run / "logs").mkdir(parents=True)
     lines = ["[train_grpo] python -m verl.trainer.main_ppo ...", "some Ray noise"]
@@ -26,14 +27,17 @@ def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0):
     rows = []
     for step in [0, *saved]:
         for name_, role, rate in (("dev", "dev", dev_rate[step]), ("embedded_test", "test", test_rate[step])):
+            sim_v = sim[step] if sim and role == "test" else None
             rows.append({"step": step, "test_set": name_, "role": role, "headline": "cer_utt_mean",
                          "cer_utt_mean": rate, "ci": {"cer_utt_mean": [rate - 0.02, rate + 0.02]},
-                         "length_ratio_mean": 1.0})
+                         "length_ratio_mean": 1.0, "sim_mean": sim_v})
             where = run / "eval" / f"step_{step}" / name_
             where.mkdir(parents=True)
             with open(where / "results.jsonl", "w") as f:
-                for u in IDS:
-                    f.write(json.dumps({"id": u, "utt_rate": rate, "cer_errors": rate * 10, "ref_len": 10}) + "\n")
+                for k, u in enumerate(IDS):  # SIM varies by utterance around its mean
+                    f.write(json.dumps({"id": u, "utt_rate": rate, "cer_errors": rate * 10, "ref_len": 10,
+                                        "sim": None if sim_v is None else sim_v + (k % 5 - 2) * 0.01 * (step > 0)})
+                            + "\n")
     (run / "eval" / "summary.json").write_text(json.dumps(rows))
     return run
 
@@ -123,3 +127,39 @@ def test_both_seeds_of_an_algorithm_are_judged_after_the_same_steps(tmp_path):
     assert [j["steps_done"] for j in by["gspo"]["runs"]] == [4, 4]  # 66 / 14
     assert result["timing_spread"] == pytest.approx(11 / 9 - 1)  # grpo 99 s vs 81 s
     assert "runs differ by up to 22% in training time" in compare.format_table(result)
+
+
+def test_reward_weightings_are_variants_with_sim_beside_cer(tmp_path):
+    """Issue 37 item 5: CER-only GRPO, GRPO on CER + 0.1 SIM (folder grpo+glm_tts-seedS) and gdpo are
+    compared at equal steps; stage 4's SIM gets its columns and a paired difference to the reference."""
+    for seed in (1, 2):
+        _run(tmp_path, f"grpo-seed{seed}", [10] * 4, [2, 4], {0: 0.8, 2: 0.6, 4: 0.5}, {0: 0.8, 2: 0.6, 4: 0.5},
+             sim={0: 0.9, 2: 0.8, 4: 0.7})
+        _run(tmp_path, f"grpo+glm_tts-seed{seed}", [10] * 4, [2, 4], {0: 0.8, 2: 0.62, 4: 0.52},
+             {0: 0.8, 2: 0.62, 4: 0.52}, sim={0: 0.9, 2: 0.88, 4: 0.9 - 0.02 * seed})
+        _run(tmp_path, f"gdpo-seed{seed}", [10] * 4, [2, 4], {0: 0.8, 2: 0.65, 4: 0.55}, {0: 0.8, 2: 0.65, 4: 0.55},
+             sim={0: 0.9, 2: 0.9, 4: 0.91})
+    runs = compare.read_runs(tmp_path)
+    assert {r.algorithm for r in runs} == {"grpo", "grpo+glm_tts", "gdpo"}
+    result = compare.compare(runs)
+    by = {e["algorithm"]: e for e in result["algorithms"]}
+    assert result["with_sim"] and result["start_sim"] == pytest.approx(0.9)
+    w = by["grpo+glm_tts"]
+    assert w["sim_final"] == pytest.approx(0.87) and [j["sim_final"] for j in w["runs"]] == pytest.approx([0.88, 0.86])
+    d = w["sim_vs_reference_final"]
+    assert d["diff"] == pytest.approx(0.17) and d["lo"] <= 0.17 <= d["hi"] and d["n"] == len(IDS)
+    assert by["gdpo"]["sim_vs_reference_final"]["diff"] == pytest.approx(0.21)
+    assert w["vs_reference_final"]["diff"] == pytest.approx(0.02)  # CER pays for it
+    assert "sim_vs_reference" not in by["grpo"]
+    table = compare.format_table(result)
+    assert "SIM after all steps | Δ SIM vs grpo after all steps |" in table and "SIM 0.900" in table
+    line = next(x for x in table.splitlines() if x.startswith("| grpo+glm_tts |"))
+    assert line.endswith("| 0.870 (0.880 / 0.860) | +0.170 [+0.170, +0.170] |"), line
+    # without SIM (a text-only sweep) the table has no SIM columns
+    plain = tmp_path / "plain"
+    _run(plain, "grpo-seed1", [10] * 2, [2], {0: 0.5, 2: 0.4}, {0: 0.5, 2: 0.4})
+    assert "SIM" not in compare.format_table(compare.compare(compare.read_runs(plain)))
+    # a weighting that does not exist is named
+    _run(tmp_path, "grpo+magic-seed1", [10] * 2, [2], {0: 0.5, 2: 0.4}, {0: 0.5, 2: 0.4})
+    with pytest.raises(ValueError, match=r"unknown reward weights 'magic'"):
+        compare.read_run(tmp_path / "grpo+magic-seed1")

@@ -24,6 +24,13 @@ results of every saved step, start model included). Here:
 
 CER is the stage-4 headline (``cer_utt_mean``, Seed-TTS eval's per-utterance mean) under the
 sweep's own sampling rule, which every run shares.
+
+A run folder may also name the reward weighting it trained on, ``ALGORITHM+WEIGHTS-seedS``
+(``grpo+glm_tts-seed1``: GRPO on CER + 0.1 SIM, ``REWARD_WEIGHTS``); such a variant is compared
+like an algorithm. Where stage 4 measured speaker similarity (a backend with a speaker model, a
+zero-shot test set), the table adds SIM (``sim_mean``) at equal time and after all steps, with its
+paired difference to the reference over the test utterances (each utterance's SIM averaged over
+the seeds) and its 95% interval.
 """
 
 from __future__ import annotations
@@ -39,12 +46,13 @@ from typing import Optional, Sequence
 from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given, option
 from ttsrl.console import LENGTH_KEY, STEP_TIME_KEY, parse_metrics
-from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, mean_present, pair_dir, read_jsonl
-from ttsrl.stats import UttTable, paired
-from ttsrl.train.algorithms import ALGORITHMS
+from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, mean_present, pair_dir, read_jsonl, sim_by_utt
+from ttsrl.reward.rewards import WEIGHTS
+from ttsrl.stats import UttTable, paired, paired_mean
 from ttsrl.train.steps import choose_step
 
-RUN_RE = re.compile(r"^(?P<algorithm>[a-z][a-z0-9_]*)-seed(?P<seed>\d+)$")
+RUN_RE = re.compile(r"^(?P<variant>(?P<algorithm>[a-z][a-z0-9_]*)(?:\+(?P<weights>[a-z][a-z0-9_]*))?)"
+                    r"-seed(?P<seed>\d+)$")
 HEADLINE = "cer_utt_mean"
 TRAIN_LOG = Path("logs") / "train_grpo.log"
 EVAL_DIR = Path("eval")
@@ -52,7 +60,8 @@ EVAL_DIR = Path("eval")
 
 @dataclass
 class Run:
-    """One training run: its step times, rollout lengths and stage-4 rows."""
+    """One training run: its step times, rollout lengths and stage-4 rows. ``algorithm`` is the
+    variant compared: the estimator, and ``+WEIGHTS`` where the run names its reward weighting."""
 
     algorithm: str
     seed: int
@@ -90,8 +99,11 @@ class Run:
 def read_run(path: Path) -> Run:
     m = RUN_RE.match(path.name)
     if not m:
-        raise ValueError(f"{path}: a run folder is named ALGORITHM-seedS (scripts/compare_algorithms.sh)")
-    run = Run(m["algorithm"], int(m["seed"]), path)
+        raise ValueError(f"{path}: a run folder is named ALGORITHM-seedS or ALGORITHM+WEIGHTS-seedS "
+                         "(scripts/compare_algorithms.sh)")
+    if m["weights"] is not None and m["weights"] not in WEIGHTS:
+        raise ValueError(f"{path}: unknown reward weights {m['weights']!r} (one of {', '.join(WEIGHTS)})")
+    run = Run(m["variant"], int(m["seed"]), path)
     log = path / TRAIN_LOG
     for line in log.read_text(errors="replace").splitlines():
         parsed = parse_metrics(line)
@@ -143,11 +155,13 @@ def judge(run: Run, done: int) -> dict:
         "best_step": chosen, "cer_best": run.test_row(chosen)[HEADLINE] if chosen is not None else None,
         "response_length": mean_present(v for s, v in run.length.items() if s <= done),
         "length_ratio_at_budget": at_row.get("length_ratio_mean"),
+        "start_sim": run.test_row(0).get("sim_mean"), "sim_final": run.test_row(final).get("sim_mean"),
+        "sim_at_budget": at_row.get("sim_mean"),
     }
 
 
 MEANS = ("steps_done", "s_per_step", "final_s", "cer_final", "cer_at_budget", "cer_best", "response_length",
-         "length_ratio_at_budget")
+         "length_ratio_at_budget", "sim_final", "sim_at_budget")
 
 
 TOLERANCE = 0.10
@@ -175,7 +189,21 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
         return {a: UttTable.from_rows([u for r, j in zip(runs, per_run) if r.algorithm == a
                                        for u in r.utterances(j[step_key])]) for a in algorithms}
 
+    def sims(step_key: str) -> dict[str, dict[str, float]]:
+        """Per variant: utterance id -> its SIM averaged over the seeds (the utterances with one)."""
+        out = {}
+        for a in algorithms:
+            per: dict[str, list[float]] = {}
+            for r, j in zip(runs, per_run):
+                if r.algorithm == a:
+                    for u, v in sim_by_utt(r.utterances(j[step_key])).items():
+                        per.setdefault(u, []).append(v)
+            out[a] = {u: sum(v) / len(v) for u, v in per.items()}
+        return out
+
     at_budget, at_final = pooled("step_at_budget"), pooled("final_step")
+    with_sim = any(j["sim_final"] is not None for j in per_run)
+    sim_budget, sim_final = (sims("step_at_budget"), sims("final_step")) if with_sim else ({}, {})
     table = []
     for a in algorithms:
         mine = [j for j in per_run if j["algorithm"] == a]
@@ -184,6 +212,9 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
         if reference in at_budget and a != reference:
             entry["vs_reference"] = paired(at_budget[a], at_budget[reference], HEADLINE)
             entry["vs_reference_final"] = paired(at_final[a], at_final[reference], HEADLINE)
+            if with_sim:
+                entry["sim_vs_reference"] = paired_mean(sim_budget[a], sim_budget[reference])
+                entry["sim_vs_reference_final"] = paired_mean(sim_final[a], sim_final[reference])
         table.append(entry)
     table.sort(key=lambda e: e["cer_at_budget"])
     rule = ("given" if budget_s is not None else
@@ -191,11 +222,23 @@ def compare(runs: Sequence[Run], budget_s: Optional[float] = None, reference: st
     spread = max((max(t) / min(t) - 1 for a in per_step
                   if len(t := [r.total_s for r in runs if r.algorithm == a]) > 1), default=None)
     return {"budget_s": budget, "budget_rule": rule, "timing_spread": spread, "reference": reference,
-            "metric": HEADLINE, "algorithms": table, "start_cer": mean_present([j["start_cer"] for j in per_run])}
+            "metric": HEADLINE, "algorithms": table, "start_cer": mean_present([j["start_cer"] for j in per_run]),
+            "start_sim": mean_present([j["start_sim"] for j in per_run]), "with_sim": with_sim}
 
 
 def _pct(x: Optional[float]) -> str:
     return "" if x is None else f"{100 * x:.2f}"
+
+
+def _sim(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def _sim_delta(entry: dict, key: str, ref: str) -> str:
+    v = entry.get(key)
+    if v:
+        return f"{v['diff']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
+    return "(reference)" if entry["algorithm"] == ref else ""
 
 
 def _seeds(entry: dict, key: str, fmt) -> str:
@@ -213,16 +256,22 @@ def format_table(result: dict) -> str:
     ref = result["reference"]
     spread = result.get("timing_spread")
     noise = f" (one algorithm's runs differ by up to {100 * spread:.0f}% in training time here)" if spread else ""
-    lines = [f"Start model: test CER {_pct(result['start_cer'])}%. Equal time: {result['budget_s']:.0f} s of "
+    with_sim = result.get("with_sim")
+    start_sim = f", SIM {_sim(result.get('start_sim'))}" if with_sim else ""
+    sim_note = (" SIM: stage 4's sim_mean (the backend's speaker model against each utterance's prompt; higher is "
+                "better), Δ SIM paired over test utterances (SIM averaged over seeds), 95% interval." if with_sim else "")
+    lines = [f"Start model: test CER {_pct(result['start_cer'])}%{start_sim}. Equal time: {result['budget_s']:.0f} s of "
              f"training ({result['budget_rule']}); an algorithm's cost is its mean s/step over its seeds{noise}, "
              f"and each run is judged at its last saved step within the steps that cost fits. Mean over seeds, "
              f"then each seed's value (seeds {', '.join(str(s) for s in result['algorithms'][0]['seeds'])}). "
              f"Δ: vs {ref}, paired bootstrap over test utterances (rates averaged over seeds), 95% interval, "
-             f"P(better).", "",
+             f"P(better).{sim_note}", "",
              f"| algorithm | test CER at equal time (%) (step) | Δ vs {ref} at equal time | test CER after all steps "
              f"(%) | Δ vs {ref} after all steps | training time (s) | best test CER (%) (dev-chosen step) | "
-             "steps in budget | s/step | mean response length (codes) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "steps in budget | s/step | mean response length (codes) |"
+             + (f" SIM at equal time | Δ SIM vs {ref} at equal time | SIM after all steps | Δ SIM vs {ref} after all "
+                "steps |" if with_sim else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if with_sim else "")]
     for e in result["algorithms"]:
         lines.append(
             f"| {e['algorithm']} | {_pct(e['cer_at_budget'])} ({_seeds(e, 'cer_at_budget', _pct)}) "
@@ -230,7 +279,10 @@ def format_table(result: dict) -> str:
             f"{_pct(e['cer_final'])} ({_seeds(e, 'cer_final', _pct)}) | {_delta(e, 'vs_reference_final', ref)} | "
             f"{_seeds(e, 'final_s', lambda x: f'{x:.0f}')} | "
             f"{_pct(e['cer_best'])} ({_seeds(e, 'cer_best', _pct)}; step {_seeds(e, 'best_step', str)}) | "
-            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} |")
+            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} |"
+            + (f" {_sim(e['sim_at_budget'])} ({_seeds(e, 'sim_at_budget', _sim)}) | "
+               f"{_sim_delta(e, 'sim_vs_reference', ref)} | {_sim(e['sim_final'])} ({_seeds(e, 'sim_final', _sim)}) | "
+               f"{_sim_delta(e, 'sim_vs_reference_final', ref)} |" if with_sim else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -244,14 +296,16 @@ class CompareRuns:
                                                   "steps + --tolerance)")
     tolerance: float = option(TOLERANCE, help="share of the fastest algorithm's time added to the default budget, "
                                               "so that algorithms as fast within timing noise count as equally fast")
-    reference: str = option("grpo", choices=ALGORITHMS, help="the algorithm the others are compared with")
+    reference: str = option("grpo", help="the variant the others are compared with: an algorithm, or "
+                                         "ALGORITHM+WEIGHTS as its run folders are named")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m ttsrl.eval.compare",
         description="Compare GRPO variants at an equal training-time budget from the run folders "
-                    "scripts/compare_algorithms.sh leaves (ALGORITHM-seedS/); writes compare.md and "
+                    "scripts/compare_algorithms.sh leaves (ALGORITHM-seedS/, ALGORITHM+WEIGHTS-seedS/); writes "
+                    "compare.md and "
                     "compare.json into the folder and prints the table.")
     add_fields(ap, CompareRuns)
     args = CompareRuns(**given(ap.parse_args(argv), CompareRuns))
