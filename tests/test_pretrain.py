@@ -142,3 +142,30 @@ def test_batch_loss_is_the_full_sequence_loss_with_text_and_padding_ignored():
     assert torch.allclose(ours, ref, atol=1e-5)
     for got, p in zip(ours_grads, model.parameters()):
         assert torch.allclose(got, p.grad, atol=1e-5)
+
+
+def test_prompt_from_keeps_the_first_steps_text_only(tmp_path):
+    """The curriculum (``--prompt-from F``, issue 37): no zero-shot example before step F x steps, not
+    even a draw of the random stream, so a build whose prompts would start after its last step is the
+    text-only build (same weights), and one that starts half-way differs from both; the curriculum is
+    part of the cache's fingerprint, its absence (0) is not (the zero-shot builds before it keep theirs)."""
+    from ttsrl.embedded.pretrain import fingerprint
+
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TEXTS), encoding="utf-8")
+    cfg = dataclasses.replace(CFG, steps=4, batch_size=4)
+    quiet = dict(log=lambda s: None)
+    text_only = build_base_model(corpus, tmp_path / "t", cfg, **quiet)["weights_sha256"]
+    never = build_base_model(corpus, tmp_path / "n", dataclasses.replace(cfg, prompt_prob=1.0, prompt_from=1.0),
+                             **quiet)["weights_sha256"]
+    half = build_base_model(corpus, tmp_path / "h", dataclasses.replace(cfg, prompt_prob=1.0, prompt_from=0.5),
+                            **quiet)["weights_sha256"]
+    full = build_base_model(corpus, tmp_path / "f", dataclasses.replace(cfg, prompt_prob=1.0), **quiet)["weights_sha256"]
+    assert never == text_only and len({text_only, half, full}) == 3
+    zs = dataclasses.replace(cfg, prompt_prob=0.5)
+    fp = fingerprint(TEXTS, zs)
+    assert fingerprint(TEXTS, dataclasses.replace(zs, prompt_from=0.5)) != fp
+    # text-only (prompt_prob 0): the curriculum changes nothing, nor the cache
+    assert fingerprint(TEXTS, cfg) == fingerprint(TEXTS, dataclasses.replace(cfg, prompt_from=0.5))
+    with pytest.raises(ValueError, match=r"--prompt-from must be in \[0, 1\]"):
+        dataclasses.replace(cfg, prompt_from=1.5)

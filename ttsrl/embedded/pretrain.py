@@ -75,6 +75,8 @@ class PretrainConfig:
                                           "build; the embedded preset's zero-shot mode sets 0.5)")
     speaker_leak: float = option(0.15, help="share of a prompted target's codes spoken in the default voice "
                                             "instead of the prompt's (the model follows its prompt imperfectly)")
+    prompt_from: float = option(0.0, help="share of the steps that are text-only before zero-shot examples begin (a "
+                                          "curriculum: reading in the default voice first, then prompts)")
     prompt_chars: tuple[int, int] = option((2, 3), cli=False, help="shortest and longest prompt, in characters")
     seed: int = option(1234, help="seed of the data and the initial weights")
     family: str = option("cosyvoice2", choices=tuple(V.FAMILIES),
@@ -85,7 +87,7 @@ class PretrainConfig:
 
     def __post_init__(self):
         V.family(self.family)
-        for name in ("prompt_prob", "speaker_leak"):
+        for name in ("prompt_prob", "speaker_leak", "prompt_from"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         if self.threads < 0:
@@ -262,8 +264,10 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     if inputs["family"] == "cosyvoice2":  # the inputs of the builds from before families: same cache
         del inputs["family"]
     if inputs["prompt_prob"] == 0:  # a text-only build trains as before the zero-shot fields: same cache
-        for k in ("prompt_prob", "speaker_leak", "prompt_chars"):
+        for k in ("prompt_prob", "speaker_leak", "prompt_chars", "prompt_from"):
             del inputs[k]
+    if inputs.get("prompt_from") == 0:  # no curriculum: the zero-shot builds from before it keep their cache
+        del inputs["prompt_from"]
     h = hashlib.sha256(json.dumps({"texts": texts, "cfg": inputs, "v": 2}, ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 
@@ -349,6 +353,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=not on_terminal, mininterval=2)
     lines = None if on_terminal else ProgressLines(cfg.steps, "pretrain base model", every_s=progress_every_s,
                                                    out=sys.stdout)
+    first_prompted = int(cfg.prompt_from * cfg.steps)
     for step in bar:
         batch = []
         for _ in range(cfg.batch_size):
@@ -357,7 +362,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
                 text_ids, codes = drill()
             else:
                 text_ids, codes = rng.choice(spans if u < cfg.random_prob + cfg.span_prob else sentences)
-            if cfg.prompt_prob > 0 and rng.random() < cfg.prompt_prob:  # no draw at 0: the text-only build
+            if cfg.prompt_prob > 0 and step >= first_prompted and rng.random() < cfg.prompt_prob:  # no draw at 0: the text-only build
                 batch.append(prompted(text_ids, codes))
             else:
                 batch.append((text_ids, noisy_codes(codes, cfg, rng)))
