@@ -263,8 +263,14 @@ def test_length_ratio_by_hand():
     assert "| 0.000 | 1.17 | 4 | 1 |" in table
     # the sim backend has no speaker model: the report says why it has no SIM column
     assert NO_SIM_NOTE in table and "SIM (campplus)" not in table
-    with_sim = format_table([{**row, "reward": 0.0, "sim_mean": 0.5, "sim_n": 3, "sim_ci": [0.4, 0.6]}])
+    sim_row = {**row, "reward": 0.0, "sim_mean": 0.5, "sim_n": 3, "sim_ci": [0.4, 0.6]}
+    with_sim = format_table([{**sim_row, "backend": "cosyvoice2"}])
     assert "SIM (campplus)" in with_sim and NO_SIM_NOTE not in with_sim
+    # the column names the speaker model that measured it: the embedded world's is no campplus
+    simulated = format_table([{**sim_row, "backend": "sim"}])
+    assert "| SIM (simulated) [95% CI] |" in simulated and "SIM (campplus)" not in simulated
+    assert "share of the generated codes in the prompt speaker's code book" in simulated
+    assert "SIM (speaker model)" in format_table([sim_row, {**sim_row, "backend": "sim"}])  # unknown or mixed
     assert "| n/a | 4 | 1 |" in format_table([{**row, "reward": 0.0, "length_ratio_mean": None}])
     # CosyVoice2's speech tokens: 25 per second at 4.5 syllables/s, 3 syllables -> 16.67 expected
     assert length_ratio(25, "你好吗", token_rate=25.0) == pytest.approx(25 / (3 * 25 / 4.5))  # 1.5

@@ -145,7 +145,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
                 continue
             s = json.loads((where / SUMMARY_FILE).read_text())
             row = {**{k: s.get(k) for k in SWEEP_KEYS}, **sampling_of(s), "role": roles.get(name, "test"),
-                   "headline": headline}
+                   "headline": headline, "backend": (s.get("settings") or {}).get("backend")}
             results = read_jsonl(where / RESULTS_FILE) if (where / RESULTS_FILE).is_file() else []
             if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
                 tables[(step, name)] = UttTable.from_rows(results)
@@ -201,6 +201,25 @@ def _sim(r: dict) -> str:
             + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
 
 
+#: what SIM is, by the scoring backend: (column label, note)
+SIM_MODELS = {
+    "cosyvoice2": ("campplus", "mean over utterances of the cosine of the model folder's campplus speaker embeddings of "
+                               "the generated speech and its prompt"),
+    "sim": ("simulated", "mean over utterances of the share of the generated codes in the prompt speaker's code book "
+                         "(the embedded world's speaker model, ttsrl.embedded.speakers.similarity: 1 wholly in the "
+                         "prompt's voice, 0 wholly in another; its scale is not campplus's)"),
+}
+SIM_MODELS["cosyvoice3"] = SIM_MODELS["cosyvoice2"]
+
+
+def sim_model(rows: Sequence[dict]) -> tuple[str, str]:
+    """The SIM column's label and note for the backends the rows were scored with."""
+    known = {SIM_MODELS.get(r.get("backend")) for r in rows if r.get("sim_mean") is not None}
+    if len(known) == 1 and None not in known:
+        return next(iter(known))
+    return "speaker model", "mean over utterances of the scoring backend's speaker similarity to each prompt"
+
+
 NO_SIM_NOTE = ("No SIM column: no utterance has a speaker similarity. The token2wav backend of this sweep has no "
                "speaker model (sim, whisper: cosyvoice2 and cosyvoice3 have one, their model folder's campplus), or "
                "nothing was voiced.")
@@ -222,8 +241,9 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
             "| failures | sampling | min/max ratio |")
     rule = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     with_sim = any(r.get("sim_mean") is not None for r in rows)
+    sim_label, sim_note = sim_model(rows)
     if with_sim:
-        head, rule = head + " SIM (campplus) [95% CI] |", rule + "---:|"
+        head, rule = head + f" SIM ({sim_label}) [95% CI] |", rule + "---:|"
     head += "\n" + rule
     lines = [head]
     chosen = choice["step"] if choice and choice.get("step") is not None else None
@@ -244,8 +264,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
              "Length ratio: mean of speech codes generated / codes expected for the text (about 1 at a "
              "normal speaking rate; above 1 slow, below 1 fast or clipped), failures left out."]
     if with_sim:
-        notes.append("SIM (campplus): mean over utterances of the cosine of the model folder's campplus speaker "
-                     "embeddings of the generated speech and its prompt, n utterances with a value, Δ vs start: "
+        notes.append(f"SIM ({sim_label}): {sim_note}, n utterances with a value, Δ vs start: "
                      "paired bootstrap on the same utterances (higher is closer to the prompt); not the "
                      "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
     elif rows:
