@@ -11,22 +11,23 @@
 # (run.sh's setting, default cosyvoice2: `bash run.sh --help`)
 family=${MODEL_FAMILY:-cosyvoice2}
 fam_tag=${family#cosyvoice2}; fam_tag=${fam_tag:+_$fam_tag}  # "" for cosyvoice2, else _FAMILY
-# zero-shot (issue 37), a setting: PROMPT_POOL=data/corpus/prompt_pool bash run.sh. Every row then
-# continues a speaker prompt of the embedded world's pool (four simulated speakers, 16 short prompts:
-# docs/embedded.md), the base model is pretrained on CosyVoice's zero-shot layout too, the reward
-# server voices and judges each rollout with its row's prompt (SIM), and stage 4 scores the zero-shot
-# test set (the same held-out texts, each with a pool prompt) and reports SIM. Not yet the default:
-# its start model reads far worse than the text-only one (docs/embedded.md, "Speakers"), so a run
-# would not show what the text-only run shows. Empty (the default): text-only rows, as before.
-: "${PROMPT_POOL=}"
-zs_tag=${PROMPT_POOL:+_zeroshot}
-: "${EXP_DIR:=exp/embedded$fam_tag$zs_tag}"
+# zero-shot (issue 37), the default: every row continues a speaker prompt of the embedded world's
+# pool (four simulated speakers, 16 short prompts: docs/embedded.md), the base model learns
+# CosyVoice's zero-shot layout too, the reward server voices and judges each rollout with its row's
+# prompt (SIM), and stage 4 scores the zero-shot test set (the same held-out texts, each with a pool
+# prompt) and reports SIM. PROMPT_POOL= (empty): text-only rows in the default voice, as before
+# issue 37 (EXP_DIR exp/embedded_textonly).
+: "${PROMPT_POOL=data/corpus/prompt_pool}"
+mode_tag=""; [[ -n $PROMPT_POOL ]] || mode_tag=_textonly
+: "${EXP_DIR:=exp/embedded$fam_tag$mode_tag}"
 
 # stage -1: the CosyVoice2 checkout to convert (built here, cached, when BUILD_BASE_MODEL=1);
 # build_base_model.py's options (`python build_base_model.py --help`)
 : "${BUILD_BASE_MODEL:=1}"
 BASE_MODEL_ARGS=()
-[[ -z $PROMPT_POOL ]] || BASE_MODEL_ARGS=(--prompt-prob 0.5)
+# zero-shot: the first half of the 2,000 steps text-only (reading), then 70% of the examples zero-shot
+# (docs/embedded.md: prompts from step 0 read far worse, at the same cost)
+[[ -z $PROMPT_POOL ]] || BASE_MODEL_ARGS=(--prompt-prob 0.7 --prompt-from 0.5)
 : "${COSYVOICE2_DIR:=$EXP_DIR/cosyvoice2_base}"  # llm.pt + CosyVoice-BlankEN/
 
 # stage 0

@@ -199,7 +199,10 @@ def rehearsal(tmp_path_factory):
            "TEST_FILE": str(exp / "test.jsonl"), "DEV_SIZE": "0", "RAY_PORT": str(ray_port),
            "RAY_NODE_PORT": str(base + 1), "RAY_WORKER_PORTS": f"{workers}-{workers + 599}",
            "RAY_TEMP_DIR": f"/tmp/ttsrl-ray-test-{ray_port}", "SIM_REWARD_PORT": str(reward_port),
-           "JOIN_TIMEOUT_S": "900"}
+           "JOIN_TIMEOUT_S": "900",
+           # the embedded default, zero-shot (issue 37): rows with the pool's prompts, each node's reward
+           # server voicing and judging with them (SIM) — the setting every node must get alike
+           "PROMPT_POOL": str(ROOT / "data" / "corpus" / "prompt_pool")}
     env["GRPO_EXTRA"] = (f"--train-batch-size 4 --ppo-mini-batch-size 4 --micro-batch-size-per-gpu 4 --n 4 "
                          f"--max-response-length 32 --total-training-steps {STEPS} --save-freq {SAVE_FREQ}")
     out = {r: (exp / f"rank{r}.out").open("w") for r in (0, 1)}
@@ -309,6 +312,12 @@ def test_two_raylets_train_with_workers_and_rewards_on_both_nodes(rehearsal):
     assert (exp / "nodes" / "merged").read_text().strip() == run_id
     assert f"joining run {run_id}" in run["out"][1] and "stage 3 done" in run["out"][1]
     assert "runs on the head (rank 0); this is rank 1" in run["out"][1]  # stage 0 skipped there
+    # zero-shot end to end over two nodes: prompted rows, every step's SIM from the servers' speaker model
+    assert "zero-shot rows: prompts from" in run["out"][0], _report(run)
+    steps = _steps(run["log"])
+    sims = [steps[s].get("reward/sim/mean") for s in range(1, STEPS + 1)]
+    assert all(v is not None and 0.0 <= v <= 1.0 for v in sims), sims
+    assert all(steps[s].get("reward/sim_measured/mean") == 1.0 for s in range(1, STEPS + 1)), steps
     print(f"\nmultinode rehearsal: model built in {run['built_s']:.0f}s, head run.sh 0..3 in {run['head_s']:.0f}s; "
           f"node ids {sorted(n[:12] for n in nodes_seen)}; actors {json.dumps({k: [n[:12] for n in v] for k, v in run['placed'].items()})}; "
           f"requests ok: server 0 {ok0}, server 1 {ok1} (before its kill at {run['killed']['at_s']:.0f}s)")

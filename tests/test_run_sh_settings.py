@@ -296,3 +296,35 @@ def test_the_cosyvoice3_gpu_preset_is_gpu8_with_cosyvoice3s_folder_backend_check
         {k: cv2[k] for k in ("MINE_ARGS", "PREF_ARGS", "PREF_LAUNCH", "DEV_SIZE")}  # gpu8's, not a copy
     r = _config({"MODEL_FAMILY": "cosyvoice2"}, preset=ROOT / "presets" / "gpu8_cosyvoice3.sh", ok=False)
     assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
+
+
+def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
+    """Issue 37: `bash run.sh` on a fresh clone trains zero-shot (the environment has no PROMPT_POOL:
+    tests/conftest.py sets it empty for the suite's other run.sh tests, so it is removed here): rows,
+    dev set, base model, reward server and stage 4 all take the embedded pool; `PROMPT_POOL=` is the
+    text-only run of before, in its own EXP_DIR."""
+    fresh = {k: v for k, v in os.environ.items() if k != "PROMPT_POOL"}
+
+    def config(**extra) -> dict:
+        r = run_sh("--config", env={**fresh, "PRESET": "presets/embedded.sh", **extra}, timeout=60)
+        assert r.returncode == 0 and not r.stderr, r.stdout + r.stderr
+        out = {}
+        for line in r.stdout.splitlines():
+            name, _, value = line.partition("=")
+            out[name] = shlex.split(value[1:-1]) if value.startswith("(") and value.endswith(")") else value
+        return out
+
+    got = config()
+    pool = "data/corpus/prompt_pool"
+    assert got["PROMPT_POOL"] == pool and got["EXP_DIR"] == "exp/embedded"
+    assert got["BASE_MODEL_ARGS"] == ["--prompt-prob", "0.7", "--prompt-from", "0.5"]
+    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "cer"
+    assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
+    assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
+    text_only = config(PROMPT_POOL="")
+    assert text_only["EXP_DIR"] == "exp/embedded_textonly" and text_only["BASE_MODEL_ARGS"] == []
+    assert "--want-sim" not in text_only["REWARD_ARGS"] and "--prompt-dir" not in text_only["EVAL_ARGS"]
+    assert "embedded_test=data/corpus/test.jsonl" in text_only["EVAL_ARGS"]
+    # CosyVoice3's layout: zero-shot too, each mode in its own folder
+    assert config(MODEL_FAMILY="cosyvoice3")["EXP_DIR"] == "exp/embedded_cosyvoice3"
+    assert config(MODEL_FAMILY="cosyvoice3", PROMPT_POOL="")["EXP_DIR"] == "exp/embedded_cosyvoice3_textonly"

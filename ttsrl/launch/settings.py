@@ -73,7 +73,8 @@ Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL 
   Zero-shot rows: PROMPT_POOL=DIR (DIR/prompt_speech_tokens.jsonl: ids, transcripts, speech tokens)
   gives every stage-0 row a speaker prompt (seeded by PROMPT_SEED, default 0; prepare_data.py
   --help has the rule), the held-out dev rows too (a DEV_FILE is used as given: its rows name their
-  prompt_id); the reward server voices from the same DIR (its --prompt-dir). Empty: text-only rows.
+  prompt_id); the reward server voices from the same DIR (its --prompt-dir). Empty: text-only rows
+  (the embedded preset's default is its own pool, data/corpus/prompt_pool: PROMPT_POOL= for text-only).
 
 Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedded.sh) sets what
   differs between runs, each value as a default, `: "${{VAR:=value}}"`; a setting given in the
