@@ -21,6 +21,10 @@ one JSON object a line: {"id"?: str, "text": str, "chosen": [codes 0..6560],
 "rejected": [codes], "chosen_reward"?: float, "rejected_reward"?: float}. Errors name
 FILE:LINE. Both write the same Parquet schema (ttsrl/train/pairs.py).
 
+Zero-shot (--prompt-pool DIR, run.sh's PROMPT_POOL): each text continues a prompt of the pool,
+chosen as stage 0 chooses a training row's, and the reward server voices and judges its
+candidates with that prompt (the pairs' prompt_ids carry the prompt's transcript and speech).
+
 --out is never written over an existing file unless --force, and never over an input
 (--texts, --user-pairs), even with --force.
 """
@@ -58,6 +62,25 @@ def parse_args(argv=None):
         if mining_only:
             p.error(f"{', '.join(mining_only)} apply to mining (--texts) only, not to --user-pairs")
     return parse_into(p, MineConfig, a, sampling=sampling_from_args(a))
+
+
+def with_pool_prompts(utts, pool_dir: str, seed: int, where: str):
+    """The texts as zero-shot rows: each continues a prompt of ``pool_dir`` chosen as stage 0
+    chooses a training row's (``ttsrl.data.devsplit.assign_prompts``, split ``train``). A text
+    file that names its own prompts is refused: one source of prompts."""
+    from dataclasses import replace
+
+    from ttsrl.data.devsplit import assign_prompts
+    from ttsrl.data.prompt_pool import read_pool
+
+    own = next((u for u in utts if u.prompt_speech is not None or u.prompt_id), None)
+    if own is not None:
+        raise ValueError(f"{where}: text {own.id!r} names its own prompt; --prompt-pool gives every text one "
+                         "(use one or the other)")
+    rows = [{"text": u.text} for u in utts]
+    assign_prompts(rows, read_pool(pool_dir), seed, where=where, split="train")
+    return [replace(u, prompt_id=r["prompt_id"], prompt_text=r["prompt_text"],
+                    prompt_speech=tuple(r["prompt_speech_tokens"])) for u, r in zip(utts, rows)]
 
 
 def main(argv=None) -> int:
@@ -100,6 +123,14 @@ def main(argv=None) -> int:
     except TestSetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.prompt_pool:
+        from ttsrl.jsonl import DataError
+
+        try:
+            utts = with_pool_prompts(utts, a.prompt_pool, a.prompt_seed, a.texts)
+        except (ValueError, DataError) as e:  # a bad pool (PoolError names its file and line) or row
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if a.limit is not None:
         utts = utts[:a.limit]
     rcfg = RewardClientConfig.from_env()
@@ -109,7 +140,8 @@ def main(argv=None) -> int:
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
     tokenizer, gen = _generator(a)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
-          f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
+          + (f"(zero-shot: prompts of {a.prompt_pool}, seed {a.prompt_seed}) " if a.prompt_pool else "")
+          + f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
     try:
         with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:
             pairs, rep = mine_pairs(gen, tokenizer, utts, k=a.k, min_margin=a.min_margin, gen_cfg=gcfg,

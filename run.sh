@@ -171,8 +171,10 @@ if stage 2; then
     else
       reward_servers
       [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
+      POOL=()  # zero-shot: each text continues a pool prompt, as stage 0's training rows do
+      if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
       "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
-        --reward-url "$REWARD_URLS" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
+        --reward-url "$REWARD_URLS" "${POOL[@]}" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
         || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
     fi
     "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \

@@ -27,7 +27,15 @@ from ttsrl.train.dpo import (
     sft_loss,
     split_chosen_rejected,
 )
-from ttsrl.train.pairs import Pair, PairsError, choose_pair, read_pairs, read_user_pairs, write_pairs
+from ttsrl.train.pairs import (
+    Pair,
+    PairsError,
+    check_prompt_ids,
+    choose_pair,
+    read_pairs,
+    read_user_pairs,
+    write_pairs,
+)
 
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
 
@@ -225,6 +233,92 @@ def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_p
     none, rep2 = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts[:2], k=2, min_margin=2.0,
                             gen_cfg=gcfg, reward_cfg=rcfg)
     assert none == [] and rep2.texts_with_pairs == 0
+
+
+@pytest.fixture(scope="module")
+def pool_sim_server():
+    """The sim reward server with the embedded pool, SIM in the reward (--sim-weight 0.1), as a
+    zero-shot run with REWARD_WEIGHTS=glm_tts starts it: a candidate's reward then depends on
+    the prompt it is judged against."""
+    from helpers import start_reward_server, stop_process
+
+    from ttsrl.embedded.speakers import POOL_DIR
+
+    proc, url = start_reward_server("--backend", "sim", "--prompt-dir", str(POOL_DIR), "--sim-weight", "0.1",
+                                    "--log-level", "WARNING")
+    yield url
+    stop_process(proc)
+
+
+def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(pool_sim_server, tiny_hf):
+    """Pairs mined zero-shot: the prompt ids are CosyVoice2's zero-shot input for the text's
+    prompt, and every stored reward is the server's for that prompt (SIM against its speaker)."""
+    import asyncio
+    from dataclasses import replace
+
+    from ttsrl.data.prompt_pool import first_choice, read_pool
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.embedded import codec, speakers
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator, build_input_ids, make_requests
+    from ttsrl.reward.client import RewardClientConfig, request_reward
+    from ttsrl.train.pairs import mine_pairs
+
+    sys.path.insert(0, str(ROOT))
+    from mine_pairs import with_pool_prompts
+
+    # as test_mining_on_the_sim_world: the head favours 你好's codes, here in speaker spk1's
+    # voice, so candidates are partly in spk1's book: SIM > 0 against spk1's prompts, 0 against others
+    lm = load_speech_lm(tiny_hf)
+    with torch.no_grad():
+        for c in set(codec.encode("你好", "spk1")):
+            lm.model.lm_head.bias[lm.vocab.to_hf(c)] += 12.0
+        lm.model.lm_head.bias[lm.vocab.eos_id] += 10.0
+    texts = ["你好", "你好你好", "好你", "你", "好"]
+    pool = read_pool(speakers.POOL_DIR)
+    utts = with_pool_prompts([Utterance(f"u{i}", t) for i, t in enumerate(texts)], str(speakers.POOL_DIR), 3,
+                             "texts.jsonl")
+    for i, u in enumerate(utts):  # stage 0's rule for training row i (no prompt's transcript is one of these)
+        want = pool.prompts[first_choice(3, "train", i, len(pool))]
+        assert (u.prompt_id, u.prompt_text, u.prompt_speech) == (want.id, want.prompt_text, tuple(want.speech))
+    spk1 = next(p for p in pool.prompts if p.id.startswith("spk1"))
+    utts[0] = replace(utts[0], prompt_id=spk1.id, prompt_text=spk1.prompt_text, prompt_speech=tuple(spk1.speech))
+    gcfg = GenerationConfig(sampling=SamplingConfig(min_token_text_ratio=0, max_token_text_ratio=8), seed=1,
+                            batch_size=8)
+    rcfg = RewardClientConfig(url=pool_sim_server)
+    pairs, rep = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts, k=4, min_margin=0.0,
+                            gen_cfg=gcfg, reward_cfg=rcfg)
+    assert rep.failed_candidates == 0 and pairs
+    by_key = {u.id: u for u in utts}
+    other = next(p for p in pool.prompts if p.id.startswith("spk0"))
+    for p in pairs:
+        u = by_key[p.key]
+        ids = build_input_ids(lm.vocab, make_requests(lm.tokenizer, [u])[0])
+        assert p.prompt_ids == ids and ids[-len(u.prompt_speech):] == lm.vocab.codes_to_ids(u.prompt_speech)
+        assert check_prompt_ids(p.prompt_ids, "pair", lm.vocab) == ids
+        got = [asyncio.run(request_reward(c, p.text, rcfg, prompt_id=u.prompt_id)).reward for c in (p.chosen, p.rejected)]
+        assert got == pytest.approx([p.chosen_reward, p.rejected_reward])
+    # the spk1 text: its chosen candidate speaks partly in spk1's voice, so its reward carries
+    # 0.1 x SIM, which a spk0 prompt would not give
+    p0 = next(p for p in pairs if p.key == "u0")
+    with_own = asyncio.run(request_reward(p0.chosen, p0.text, rcfg, prompt_id=spk1.id))
+    with_other = asyncio.run(request_reward(p0.chosen, p0.text, rcfg, prompt_id=other.id))
+    assert with_own.sim > 0 and with_other.sim == 0 and with_own.reward > with_other.reward
+    # one source of prompts: a text that names its own prompt is refused with --prompt-pool
+    with pytest.raises(ValueError, match="names its own prompt"):
+        with_pool_prompts(utts, str(speakers.POOL_DIR), 0, "texts.jsonl")
+
+
+def test_check_prompt_ids_takes_the_zero_shot_layout_only_with_speech_after_task_id(lm):
+    v = lm.vocab
+    text = lm.tokenizer.encode("你好", add_special_tokens=False)
+    speech = v.codes_to_ids([5, 6, 7])
+    assert check_prompt_ids([v.sos_id, *text, v.task_id, *speech], "p", v)
+    for bad in ([v.sos_id, *text, *speech, v.task_id],  # speech inside the text part
+                [v.sos_id, *text, v.task_id, *text],  # text after task_id
+                [v.sos_id, *text]):  # no task_id
+        with pytest.raises(PairsError):
+            check_prompt_ids(bad, "p", v)
 
 
 @pytest.mark.slow  # two mine_pairs.py round trips: ~17 s

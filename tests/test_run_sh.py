@@ -456,6 +456,21 @@ def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
     assert "==== stage" not in r.stdout and "Traceback" not in r.stderr
 
 
+def test_user_pairs_in_a_zero_shot_run_stop_before_any_stage(tmp_path):
+    """User pairs carry no speaker prompt: a zero-shot run (the embedded default) refuses them
+    rather than train text-only and evaluate zero-shot; PROMPT_POOL= takes them."""
+    users = tmp_path / "pairs.jsonl"
+    users.write_text('{"text": "你好", "chosen": [1, 2], "rejected": [3]}\n')
+    env = {**os.environ, "TRAINER": "dpo", "USER_PAIRS": str(users), "EXP_DIR": str(tmp_path / "exp"),
+           "PROMPT_POOL": "data/corpus/prompt_pool"}
+    r = run_sh("2", "2", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "user pairs carry no speaker prompt" in r.stderr and "PROMPT_POOL= (empty)" in r.stderr, r.stderr
+    assert "==== stage" not in r.stdout
+    r = run_sh("--config", env={**env, "PROMPT_POOL": ""})
+    assert r.returncode == 0 and "user pairs carry" not in r.stderr, r.stdout + r.stderr
+
+
 @pytest.mark.slow  # run.sh stage runs: ~17 s
 def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed(tiny_hf, tmp_path):
     """Issue 22, findings 3 and 8: USER_PAIRS is converted into its own file; a bad one

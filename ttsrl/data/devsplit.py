@@ -43,9 +43,10 @@ def _key(text: str) -> str:
     return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
 
 
-def assign_prompts(rows: list[dict], pool: PromptPool, seed: int, where: str = "dev set") -> None:
+def assign_prompts(rows: list[dict], pool: PromptPool, seed: int, where: str = "dev set", split: str = "dev") -> None:
     """Give each row (in place) its pool prompt: ``prompt_id``, ``prompt_text``, ``prompt_speech_tokens``
-    (the module doc's rule). A row whose text every prompt's transcript equals: ValueError."""
+    (the module doc's rule, ``split`` naming the walk's start: ``first_choice(seed, split, index)``).
+    A row whose text every prompt's transcript equals: ValueError."""
     from ttsrl.data.prompt_pool import first_choice
     from ttsrl.data.rowchecks import normalise_for_dedup
 
@@ -53,7 +54,7 @@ def assign_prompts(rows: list[dict], pool: PromptPool, seed: int, where: str = "
     n = len(pool)
     for index, row in enumerate(rows):
         form = normalise_for_dedup(row["text"])
-        start = first_choice(seed, "dev", index, n)
+        start = first_choice(seed, split, index, n)
         pos = next(((start + k) % n for k in range(n) if forms[(start + k) % n] != form), None)
         if pos is None:
             raise ValueError(f"{where}, row {index + 1} ({row['text']!r}): every prompt of {pool.path} has this text "

