@@ -85,6 +85,11 @@ if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
   "$(host_py)" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
 fi
 
+# PROMPT_POOL=DIR: zero-shot, every row (dev rows and mined texts too) with a speaker prompt of DIR,
+# chosen by stage 0's seeded rule (empty: text-only); the same flags for devsplit, prepare and mining
+POOL=()
+if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
+
 if stage -2; then
   banner -2 "install Python packages" "$ROOT/.venv"
   mkdir -p "$LOG_DIR"
@@ -116,8 +121,6 @@ fi
 if stage 0 && head_only 0; then
   need_venv
   banner 0 "JSONL texts -> verl Parquet" "$DATA_DIR/{train,test}.parquet"
-  POOL=()  # PROMPT_POOL=DIR: zero-shot rows (dev rows too), each with a speaker prompt of DIR (empty: text-only)
-  if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
   if [[ -z $DEV_FILE ]] && (( DEV_SIZE > 0 )); then
     "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" "${POOL[@]}" \
       | sed 's/^/     /'
@@ -171,8 +174,6 @@ if stage 2; then
     else
       reward_servers
       [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
-      POOL=()  # zero-shot: each text continues a pool prompt, as stage 0's training rows do
-      if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
       "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
         --reward-url "$REWARD_URLS" "${POOL[@]}" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
         || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
