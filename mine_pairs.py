@@ -21,9 +21,10 @@ one JSON object a line: {"id"?: str, "text": str, "chosen": [codes 0..6560],
 "rejected": [codes], "chosen_reward"?: float, "rejected_reward"?: float}. Errors name
 FILE:LINE. Both write the same Parquet schema (ttsrl/train/pairs.py).
 
-Zero-shot (--prompt-pool DIR, run.sh's PROMPT_POOL): each text continues a prompt of the pool,
-chosen as stage 0 chooses a training row's, and the reward server voices and judges its
-candidates with that prompt (the pairs' prompt_ids carry the prompt's transcript and speech).
+Zero-shot (--prompt-pool DIR --prompt-rows DATA_DIR/train.parquet, run.sh's PROMPT_POOL): each
+text continues the pool prompt stage 0 gave its training row, and the reward server voices and
+judges its candidates with that prompt (the pairs' prompt_ids carry the prompt's transcript and
+speech).
 
 --out is never written over an existing file unless --force, and never over an input
 (--texts, --user-pairs), even with --force.
@@ -61,26 +62,60 @@ def parse_args(argv=None):
         mining_only = ["--" + name.replace("_", "-") for name in MINING_ONLY if name in typed]
         if mining_only:
             p.error(f"{', '.join(mining_only)} apply to mining (--texts) only, not to --user-pairs")
+    if bool(typed.get("prompt_pool")) != bool(typed.get("prompt_rows")):
+        p.error("zero-shot mining takes --prompt-pool and --prompt-rows together (the pool's prompts and stage 0's "
+                "train.parquet, which says which prompt each text continues)")
     return parse_into(p, MineConfig, a, sampling=sampling_from_args(a))
 
 
-def with_pool_prompts(utts, pool_dir: str, seed: int, where: str):
-    """The texts as zero-shot rows: each continues a prompt of ``pool_dir`` chosen as stage 0
-    chooses a training row's (``ttsrl.data.devsplit.assign_prompts``, split ``train``). A text
-    file that names its own prompts is refused: one source of prompts."""
+def with_row_prompts(utts, pool_dir: str, rows_file: str, where: str):
+    """The texts as zero-shot rows: each continues the prompt of ``pool_dir`` that stage 0 gave
+    the same text in ``rows_file`` (its train.parquet; a text met twice takes its rows' prompts in
+    order). Stage 0's rule (``ttsrl.data.rowchecks.ZeroShotPrompts``: the seeded start, then past
+    a prompt whose transcript is the text, one the prompt budget cannot hold, one whose chat
+    rendering a BPE merge changes) is thereby the one rule. Returns (rows, texts without a row:
+    stage 0 left them out, so GRPO does not train on them either). A text file that names its own
+    prompts, a rows file without prompts, or a pool that differs from the rows': ValueError."""
+    from collections import defaultdict, deque
     from dataclasses import replace
 
-    from ttsrl.data.devsplit import assign_prompts
+    import pyarrow.parquet as pq
+
     from ttsrl.data.prompt_pool import read_pool
 
     own = next((u for u in utts if u.prompt_speech is not None or u.prompt_id), None)
     if own is not None:
         raise ValueError(f"{where}: text {own.id!r} names its own prompt; --prompt-pool gives every text one "
                          "(use one or the other)")
-    rows = [{"text": u.text} for u in utts]
-    assign_prompts(rows, read_pool(pool_dir), seed, where=where, split="train")
-    return [replace(u, prompt_id=r["prompt_id"], prompt_text=r["prompt_text"],
-                    prompt_speech=tuple(r["prompt_speech_tokens"])) for u, r in zip(utts, rows)]
+    try:
+        infos = pq.read_table(rows_file, columns=["extra_info"]).column("extra_info").to_pylist()
+    except (OSError, KeyError, ValueError) as e:  # missing, not Parquet, or no extra_info column
+        raise ValueError(f"--prompt-rows {rows_file}: cannot read stage 0's rows ({e})") from None
+    prompts = {p.id: p for p in read_pool(pool_dir).prompts}
+    by_text: dict[str, deque] = defaultdict(deque)
+    for n, info in enumerate(infos, 1):
+        pid = (info or {}).get("prompt_id")
+        if not pid:
+            raise ValueError(f"--prompt-rows {rows_file}, row {n}: no prompt_id in extra_info; a zero-shot train.parquet "
+                             "(stage 0 with --prompt-pool) names each row's prompt")
+        p = prompts.get(pid)
+        if p is None or p.prompt_text != info.get("prompt_text"):
+            raise ValueError(f"--prompt-rows {rows_file}, row {n}: prompt {pid!r} "
+                             + ("is not in" if p is None else "has another transcript in") + f" the pool {pool_dir}; "
+                             "mine with the pool stage 0 wrote these rows with")
+        by_text[info["text"]].append(p)
+    out, missing = [], []
+    for u in utts:
+        queue = by_text.get(u.text)
+        if not queue:
+            missing.append(u)
+            continue
+        p = queue.popleft()
+        out.append(replace(u, prompt_id=p.id, prompt_text=p.prompt_text, prompt_speech=tuple(p.speech)))
+    if not out:
+        raise ValueError(f"{where}: none of its {len(utts)} texts is a row of {rows_file}; give the texts stage 0 "
+                         "wrote these rows from")
+    return out, missing
 
 
 def main(argv=None) -> int:
@@ -127,10 +162,13 @@ def main(argv=None) -> int:
         from ttsrl.jsonl import DataError
 
         try:
-            utts = with_pool_prompts(utts, a.prompt_pool, a.prompt_seed, a.texts)
+            utts, missing = with_row_prompts(utts, a.prompt_pool, a.prompt_rows, a.texts)
         except (ValueError, DataError) as e:  # a bad pool (PoolError names its file and line) or row
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if missing:
+            print(f"[pairs] {len(missing)} of the texts have no row in {a.prompt_rows} (stage 0 left them out; GRPO "
+                  f"does not train on them): skipped, e.g. {missing[0].id!r}")
     if a.limit is not None:
         utts = utts[:a.limit]
     rcfg = RewardClientConfig.from_env()
@@ -140,7 +178,7 @@ def main(argv=None) -> int:
     gcfg = GenerationConfig(greedy=False, sampling=sampling, seed=a.seed, batch_size=a.batch_size)
     tokenizer, gen = _generator(a)
     print(f"[pairs] sampling {a.k} candidates for each of {len(utts)} texts from {a.model} "
-          + (f"(zero-shot: prompts of {a.prompt_pool}, seed {a.prompt_seed}) " if a.prompt_pool else "")
+          + (f"(zero-shot: prompts of {a.prompt_pool} as {a.prompt_rows} gives them) " if a.prompt_pool else "")
           + f"(engine {a.engine}, top_p {sampling.top_p}, top_k {sampling.top_k}); rewards from {rcfg.url}")
     try:
         with tqdm(total=len(utts) * a.k, desc="candidates", unit="seq") as bar:

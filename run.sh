@@ -86,9 +86,13 @@ if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
 fi
 
 # PROMPT_POOL=DIR: zero-shot, every row (dev rows and mined texts too) with a speaker prompt of DIR,
-# chosen by stage 0's seeded rule (empty: text-only); the same flags for devsplit, prepare and mining
-POOL=()
-if [[ -n $PROMPT_POOL ]]; then POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED"); fi
+# chosen by stage 0's seeded rule (empty: text-only): the same flags for devsplit and prepare; mining
+# takes each text's prompt from stage 0's training rows
+POOL=() MINE_POOL=()
+if [[ -n $PROMPT_POOL ]]; then
+  POOL=(--prompt-pool "$PROMPT_POOL" --prompt-seed "$PROMPT_SEED")
+  MINE_POOL=(--prompt-pool "$PROMPT_POOL" --prompt-rows "$DATA_DIR/train.parquet")
+fi
 
 if stage -2; then
   banner -2 "install Python packages" "$ROOT/.venv"
@@ -174,8 +178,10 @@ if stage 2; then
     else
       reward_servers
       [[ -f $TRAIN_TEXTS ]] || { echo "$TRAIN_TEXTS not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }
+      [[ -z $PROMPT_POOL || -f $DATA_DIR/train.parquet ]] \
+        || { echo "$DATA_DIR/train.parquet not found: run stage 0 first (it gives each text its prompt)" >&2; exit 1; }
       "$PY" mine_pairs.py --model "$HF_MODEL_DIR" --texts "$TRAIN_TEXTS" --out "$PAIRS_FILE" \
-        --reward-url "$REWARD_URLS" "${POOL[@]}" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
+        --reward-url "$REWARD_URLS" "${MINE_POOL[@]}" "${MINE_ARGS[@]}" 2>&1 | tee -a "$LOG_DIR/mine_pairs.log" \
         || { echo "stage 2 failed: pair mining (log $LOG_DIR/mine_pairs.log)" >&2; exit 1; }
     fi
     "$PY" "${PREF_LAUNCH[@]}" train_dpo.py --model "$HF_MODEL_DIR" --pairs "$PAIRS_FILE" --out-dir "$MERGED_DIR" \

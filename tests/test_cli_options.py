@@ -130,7 +130,11 @@ def test_flags_kept_their_names_and_meanings(tmp_path):
         infer_dataset.parse_args(["--start-model", "m", "--out-dir", "o", "--test-set", "no-equals-sign"])
     mine = mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", "--texts", "t.jsonl", "--k", "3"])
     assert (mine.k, mine.min_margin, mine.batch_size, mine.user_pairs) == (3, 0.1, 16, None)
-    for bad in ([], ["--texts", "t.jsonl", "--user-pairs", "u.jsonl"]):  # exactly one source
+    zs = mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", "--texts", "t.jsonl", "--prompt-pool", "d",
+                                "--prompt-rows", "train.parquet"])
+    assert (zs.prompt_pool, zs.prompt_rows) == ("d", "train.parquet")
+    for bad in ([], ["--texts", "t.jsonl", "--user-pairs", "u.jsonl"],  # exactly one source
+                ["--texts", "t.jsonl", "--prompt-pool", "d"], ["--texts", "t.jsonl", "--prompt-rows", "r"]):  # together
         with pytest.raises(SystemExit):
             mine_pairs.parse_args(["--model", "m", "--out", "p.parquet", *bad])
     merge = MergeConfig(**given(merge_checkpoints.parser().parse_args(

@@ -250,13 +250,19 @@ def pool_sim_server():
     stop_process(proc)
 
 
-def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(pool_sim_server, tiny_hf):
-    """Pairs mined zero-shot: the prompt ids are CosyVoice2's zero-shot input for the text's
-    prompt, and every stored reward is the server's for that prompt (SIM against its speaker)."""
+def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(pool_sim_server, tiny_hf, tmp_path):
+    """Pairs mined zero-shot: each text's prompt is the one stage 0 gave its training row (here
+    past prompts the budget cannot hold, a skip the seeded start alone does not know), the prompt
+    ids are CosyVoice2's zero-shot input for it, and every stored reward is the server's for that
+    prompt (SIM against its speaker)."""
     import asyncio
     from dataclasses import replace
 
+    import pyarrow.parquet as pq
+
+    from ttsrl.data.prepare import PrepareConfig, prepare
     from ttsrl.data.prompt_pool import first_choice, read_pool
+    from ttsrl.data.rowchecks import ZeroShotPrompts
     from ttsrl.data.testsets import Utterance
     from ttsrl.embedded import codec, speakers
     from ttsrl.model.cosyvoice_lm import SamplingConfig
@@ -265,7 +271,7 @@ def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(po
     from ttsrl.train.pairs import mine_pairs
 
     sys.path.insert(0, str(ROOT))
-    from mine_pairs import with_pool_prompts
+    from mine_pairs import with_row_prompts
 
     # as test_mining_on_the_sim_world: the head favours 你好's codes, here in speaker spk1's
     # voice, so candidates are partly in spk1's book: SIM > 0 against spk1's prompts, 0 against others
@@ -274,13 +280,32 @@ def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(po
         for c in set(codec.encode("你好", "spk1")):
             lm.model.lm_head.bias[lm.vocab.to_hf(c)] += 12.0
         lm.model.lm_head.bias[lm.vocab.eos_id] += 10.0
-    texts = ["你好", "你好你好", "好你", "你", "好"]
+    texts = ["你好", "你好你好", "好你", "你", "好", "你好你"]
     pool = read_pool(speakers.POOL_DIR)
-    utts = with_pool_prompts([Utterance(f"u{i}", t) for i, t in enumerate(texts)], str(speakers.POOL_DIR), 3,
-                             "texts.jsonl")
-    for i, u in enumerate(utts):  # stage 0's rule for training row i (no prompt's transcript is one of these)
-        want = pool.prompts[first_choice(3, "train", i, len(pool))]
-        assert (u.prompt_id, u.prompt_text, u.prompt_speech) == (want.id, want.prompt_text, tuple(want.speech))
+    # stage 0's rows, with a budget that holds the longest text only with the shortest prompts
+    zs = ZeroShotPrompts(pool, 3, lm.tokenizer, 10_000)
+    budget = min(len(zs.exact_ids(p, "你好你好")) for p in pool.prompts)
+    for name, rows in (("train.jsonl", texts), ("test.jsonl", ["好好"])):
+        (tmp_path / name).write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in rows),
+                                     encoding="utf-8")
+    prepare(PrepareConfig(train_file=tmp_path / "train.jsonl", test_file=tmp_path / "test.jsonl",
+                          local_dir=tmp_path / "out", tokenizer=str(tiny_hf), max_prompt_length=budget,
+                          prompt_pool=speakers.POOL_DIR, prompt_seed=3, progress=False))
+    rows_file = tmp_path / "out" / "train.parquet"
+    infos = pq.read_table(rows_file, columns=["extra_info"]).column("extra_info").to_pylist()
+    utts, missing = with_row_prompts([Utterance(f"u{i}", t) for i, t in enumerate(texts)], str(speakers.POOL_DIR),
+                                     str(rows_file), "texts.jsonl")
+    assert not missing and [u.text for u in utts] == texts
+    for u, info in zip(utts, infos):  # the prompt of the text's training row, with its transcript and speech
+        p = next(p for p in pool.prompts if p.id == info["prompt_id"])
+        assert (info["text"], u.prompt_id, u.prompt_text, u.prompt_speech) == (u.text, p.id, p.prompt_text,
+                                                                             tuple(p.speech))
+    # the budget made stage 0 walk past the seeded start for some row: the old rule would differ there
+    assert any(u.prompt_id != pool.prompts[first_choice(3, "train", i, len(pool))].id for i, u in enumerate(utts))
+    # a text stage 0 did not write is left out, as GRPO leaves it out
+    more, missing = with_row_prompts([Utterance("x", "好好好好好好")] + [Utterance(f"u{i}", t) for i, t in enumerate(texts)],
+                                     str(speakers.POOL_DIR), str(rows_file), "texts.jsonl")
+    assert [u.id for u in missing] == ["x"] and more == utts
     spk1 = next(p for p in pool.prompts if p.id.startswith("spk1"))
     utts[0] = replace(utts[0], prompt_id=spk1.id, prompt_text=spk1.prompt_text, prompt_speech=tuple(spk1.speech))
     gcfg = GenerationConfig(sampling=SamplingConfig(min_token_text_ratio=0, max_token_text_ratio=8), seed=1,
@@ -306,7 +331,13 @@ def test_zero_shot_mining_conditions_and_judges_each_text_with_its_own_prompt(po
     assert with_own.sim > 0 and with_other.sim == 0 and with_own.reward > with_other.reward
     # one source of prompts: a text that names its own prompt is refused with --prompt-pool
     with pytest.raises(ValueError, match="names its own prompt"):
-        with_pool_prompts(utts, str(speakers.POOL_DIR), 0, "texts.jsonl")
+        with_row_prompts(utts, str(speakers.POOL_DIR), str(rows_file), "texts.jsonl")
+    # rows written without a pool name no prompt: refused, naming the file and row
+    prepare(PrepareConfig(train_file=tmp_path / "train.jsonl", test_file=tmp_path / "test.jsonl",
+                          local_dir=tmp_path / "textonly", progress=False))
+    with pytest.raises(ValueError, match=r"textonly/train.parquet, row 1: no prompt_id"):
+        with_row_prompts([Utterance("u0", "你好")], str(speakers.POOL_DIR), str(tmp_path / "textonly" / "train.parquet"),
+                         "texts.jsonl")
 
 
 def test_check_prompt_ids_takes_the_zero_shot_layout_only_with_speech_after_task_id(lm):

