@@ -49,9 +49,11 @@ REWARD_ARGS=()
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
-GRPO_ARGS=(--preset embedded --loggers "$LOGGERS")
+# (zero-shot: PRESETS["embedded_zeroshot"], four policy updates a step and rollouts at temperature 1.0)
+grpo_preset=embedded; [[ -z $PROMPT_POOL ]] || grpo_preset=embedded_zeroshot
+GRPO_ARGS=(--preset "$grpo_preset" --loggers "$LOGGERS")
 # named variants REWARD, ALGORITHM, SAMPLING: run.sh's defaults (tanh, grpo, the preset's own sampling:
-# temperature 0.8, top-p 0.95, top-k 25, n 8), set them in the environment (`bash run.sh --help`)
+# temperature 0.8 (zero-shot 1.0), top-p 0.95, top-k 25, n 8), set them in the environment (`bash run.sh --help`)
 
 # stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
 MINE_ARGS=(--k 4 --min-margin 0.05 --min-token-text-ratio 0 --batch-size 32)

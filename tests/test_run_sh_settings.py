@@ -321,8 +321,14 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "cer"
     assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
     assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
+    # zero-shot GRPO: four updates a step, rollouts at temperature 1.0; a named SAMPLING still wins
+    assert (got["GRPO.preset"], got["GRPO.ppo_mini_batch_size"], got["GRPO.temperature"], got["GRPO.lr"]) == \
+        ("embedded_zeroshot", "4", "1.0", "0.0003")
+    assert config(SAMPLING="reference")["GRPO.temperature"] == "0.8"
     text_only = config(PROMPT_POOL="")
     assert text_only["EXP_DIR"] == "exp/embedded_textonly" and text_only["BASE_MODEL_ARGS"] == []
+    assert (text_only["GRPO.preset"], text_only["GRPO.ppo_mini_batch_size"], text_only["GRPO.temperature"]) == \
+        ("embedded", "16", "0.8")
     assert "--want-sim" not in text_only["REWARD_ARGS"] and "--prompt-dir" not in text_only["EVAL_ARGS"]
     assert "embedded_test=data/corpus/test.jsonl" in text_only["EVAL_ARGS"]
     # CosyVoice3's layout: zero-shot too, each mode in its own folder
