@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT, dead_url, start_reward_server, stop_process
 
 from ttsrl.launch import roles, server, settings
-from ttsrl.launch.__main__ import server_identity
+from ttsrl.launch.__main__ import build_parser, parse, server_identity
 from ttsrl.reward.protocol import ResponseError, build_response, parse_response
 
 EMBEDDED = {"DEVICE": "cpu", "EXP_DIR": "exp/e", "COSYVOICE2_DIR": "exp/e/base", "TRAIN_FILE": "t.jsonl",
@@ -152,6 +152,19 @@ def test_a_server_serving_another_model_folder_or_reward_is_refused_unless_asked
     assert server.local_up(tanh_server, pid_file, log, 10, {**ident, "reward": "toneless"}, True, never) == 0
     assert "REWARD_ANY_SERVER=1: using it anyway" in capsys.readouterr().out
     assert not pid_file.exists() and not log.exists()
+
+
+def test_options_before_the_double_dash_are_the_launchers_the_words_after_it_the_command():
+    """``server up --ours -- CMD``: argparse's REMAINDER took ``--ours`` into CMD, so stage 2 never
+    knew stage 1 had started its server (it said "started by an earlier run")."""
+    a = parse(build_parser(), ["server", "up", "--ours", "--expect", "reward=tanh", "--", "py", "s.py", "--port", "1"])
+    assert (a.action, a.ours, a.expect, a.command) == ("up", True, ["reward=tanh"], ["py", "s.py", "--port", "1"])
+    assert parse(build_parser(), ["server", "up", "--", "py"]).ours is False
+    # only the first -- splits: run.sh's own arguments keep theirs
+    a = parse(build_parser(), ["--ray-arg=--num-cpus=2", "settings", "--arrays", "f", "--", "2", "2", "--", "k=v"])
+    assert (a.ray_arg, a.arrays, a.argv) == (["--num-cpus=2"], "f", ["2", "2", "--", "k=v"])
+    assert parse(build_parser(), ["grpo", "--", "py", "train_grpo.py", "--", "x=1"]).command == \
+        ["py", "train_grpo.py", "--", "x=1"]
 
 
 def test_up_starts_the_local_server_waits_for_it_and_down_stops_it(tmp_path, capsys):

@@ -184,6 +184,17 @@ def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
     assert _alive(proc) and not (exp / "reward_server.pid").exists()
 
 
+@pytest.mark.slow  # run.sh starts a sim server in stage 1, finds it in stage 2 (a dry run), stops it: ~15 s
+def test_stage_2_knows_the_server_its_own_stage_1_started(tmp_path):
+    """The launcher's argparse took ``--ours`` into the server command, so stage 2 said of stage 1's
+    server "started by an earlier run"."""
+    exp, env = _dry_run_preset(tmp_path, urlparse(dead_url()).port)
+    r = run_sh("1", "2", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "reward server of stage 1 answering" in r.stdout and "earlier run" not in r.stdout, r.stdout
+    assert "reward server stopped" in r.stdout and not (exp / "reward_server.pid").exists()
+
+
 def test_a_reused_pid_is_neither_adopted_nor_killed(hand_started_server, tmp_path):
     """Issue 39 item 4: the pid file names a live process that is not the server answering (a
     reused pid): run.sh used to adopt the server on `kill -0` and kill that process at the end."""

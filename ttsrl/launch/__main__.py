@@ -119,7 +119,22 @@ def cmd_grpo(a) -> int:
     return train.grpo(a.command, Path(os.environ["LOG_DIR"]) / "train_grpo.log", _cluster(a) if multi else None)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed, the words after its first ``--`` a subcommand's ``argv``/``command``, as they
+    are. Split here, not by argparse: an ``argparse.REMAINDER`` positional took every word after the
+    one before it, options included (``server up --ours -- CMD`` left ``--ours`` unset, inside CMD)."""
+    if "--" not in argv:
+        return p.parse_args(argv)
+    cut = argv.index("--")
+    a = p.parse_args(argv[:cut])
+    for name in ("argv", "command"):
+        if hasattr(a, name):
+            setattr(a, name, argv[cut + 1:])
+    return a
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's command line (run.sh's calls)."""
     p = argparse.ArgumentParser(prog="python -m ttsrl.launch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ray-arg", action="append", help="one word of RAY_START_ARGS (repeated)")
@@ -127,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("help", help="run.sh's --help")
     s = sub.add_parser("settings", help="the run's settings as bash")
     s.add_argument("--arrays", help="run.sh's arrays, NUL-separated (NAME COUNT ITEM...)")
-    s.add_argument("argv", nargs=argparse.REMAINDER, help="run.sh's arguments, after --")
+    s.add_argument("argv", nargs="*", help="run.sh's arguments, after --")
     sv = sub.add_parser("server", help="the reward servers: up or down")
     sv.add_argument("action", choices=("up", "down"))
     sv.add_argument("--ours", action="store_true", help="this run.sh started the local server in stage 1")
     sv.add_argument("--expect", action="append", metavar="FIELD=VALUE", help="more the servers must serve")
-    sv.add_argument("command", nargs=argparse.REMAINDER, help="the local server's command, after --")
+    sv.add_argument("command", nargs="*", help="the local server's command, after --")
     g = sub.add_parser("grpo", help="stage 2 on the head")
-    g.add_argument("command", nargs=argparse.REMAINDER, help="train_grpo.py's command, after --")
+    g.add_argument("command", nargs="*", help="train_grpo.py's command, after --")
     sub.add_parser("join", help="stage 2 on a worker")
     m = sub.add_parser("mark", help="the head marks MARKER done for this run")
     m.add_argument("marker")
@@ -144,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("failed", help="the head's run failed")
     f.add_argument("rc", type=int)
     f.add_argument("stage")
-    a = p.parse_args(argv)
-    for name in ("argv", "command"):
-        rest = getattr(a, name, None)
-        if rest and rest[0] == "--":
-            setattr(a, name, rest[1:])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(build_parser(), sys.argv[1:] if argv is None else list(argv))
     if a.cmd == "help":
         print(settings.HELP, end="")
         return 0
