@@ -82,6 +82,7 @@ def with_row_prompts(utts, pool_dir: str, rows_file: str, where: str):
     import pyarrow.parquet as pq
 
     from ttsrl.data.prompt_pool import read_pool
+    from ttsrl.reward.client import row_prompt_id
 
     own = next((u for u in utts if u.prompt_speech is not None or u.prompt_id), None)
     if own is not None:
@@ -94,7 +95,10 @@ def with_row_prompts(utts, pool_dir: str, rows_file: str, where: str):
     prompts = {p.id: p for p in read_pool(pool_dir).prompts}
     by_text: dict[str, deque] = defaultdict(deque)
     for n, info in enumerate(infos, 1):
-        pid = (info or {}).get("prompt_id")
+        try:
+            pid = row_prompt_id(info)  # the id the reward function sends for this row
+        except ValueError as e:
+            raise ValueError(f"--prompt-rows {rows_file}, row {n}: {e}") from None
         if not pid:
             raise ValueError(f"--prompt-rows {rows_file}, row {n}: no prompt_id in extra_info; a zero-shot train.parquet "
                              "(stage 0 with --prompt-pool) names each row's prompt")
