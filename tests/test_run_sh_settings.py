@@ -325,7 +325,12 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     assert (got["GRPO.preset"], got["GRPO.ppo_mini_batch_size"], got["GRPO.temperature"], got["GRPO.lr"]) == \
         ("embedded_zeroshot", "4", "1.0", "0.0003")
     assert config(SAMPLING="reference")["GRPO.temperature"] == "0.8"
+    # zero-shot DPO mining: 8 candidates, margin 0.01 (the reward is ~0.02 at the start's CER); text-only 4, 0.05
+    mine = got["MINE_ARGS"]
+    assert (mine[mine.index("--k") + 1], mine[mine.index("--min-margin") + 1]) == ("8", "0.01")
     text_only = config(PROMPT_POOL="")
+    mine = text_only["MINE_ARGS"]
+    assert (mine[mine.index("--k") + 1], mine[mine.index("--min-margin") + 1]) == ("4", "0.05")
     assert text_only["EXP_DIR"] == "exp/embedded_textonly" and text_only["BASE_MODEL_ARGS"] == []
     assert (text_only["GRPO.preset"], text_only["GRPO.ppo_mini_batch_size"], text_only["GRPO.temperature"]) == \
         ("embedded", "16", "0.8")
