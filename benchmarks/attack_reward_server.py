@@ -1,6 +1,6 @@
-"""Issue 11 item 5's attacks on the reward server, counted: hostile bodies, 500s in
+"""Attacks on the reward server, counted: hostile bodies, 500s in
 /stats, 1,100 idle partial connections under ``ulimit -n 1024`` held for 40 s while
-valid requests are sent, then (issue 39 item 5) 1,024 connections that each send 4 bytes of a
+valid requests are sent, then 1,024 connections that each send 4 bytes of a
 declared 100 kB body, held while 64 clients send valid requests, and the size of the server's log.
 
     python benchmarks/attack_reward_server.py [--root CHECKOUT] [--hold-s 40] [--slow-bodies 1024]

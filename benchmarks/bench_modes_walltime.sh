@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wall time of the embedded preset, zero-shot against text-only (issue 37: zero-shot at most +10%).
+# Wall time of the embedded preset, zero-shot against text-only (the aim: zero-shot at most +10%).
 # Runs stages -1..5 of each mode four times in a row, interleaved text-only, zero-shot, zero-shot,
 # text-only (ABBA: a machine that drifts slower or faster through the hour weighs on both modes
 # alike), each in its own EXP_DIR under OUT; prints each run's seconds and stage times, then the

@@ -11,12 +11,12 @@
 # (run.sh's setting, default cosyvoice2: `bash run.sh --help`)
 family=${MODEL_FAMILY:-cosyvoice2}
 fam_tag=${family#cosyvoice2}; fam_tag=${fam_tag:+_$fam_tag}  # "" for cosyvoice2, else _FAMILY
-# zero-shot (issue 37), the default: every row continues a speaker prompt of the embedded world's
+# zero-shot, the default: every row continues a speaker prompt of the embedded world's
 # pool (four simulated speakers, 16 short prompts: docs/embedded.md), the base model learns
 # CosyVoice's zero-shot layout too, the reward server voices and judges each rollout with its row's
 # prompt (SIM), and stage 4 scores the zero-shot test set (the same held-out texts, each with a pool
-# prompt) and reports SIM. PROMPT_POOL= (empty): text-only rows in the default voice, as before
-# issue 37 (EXP_DIR exp/embedded_textonly).
+# prompt) and reports SIM. PROMPT_POOL= (empty): text-only rows in the default voice
+# (EXP_DIR exp/embedded_textonly).
 : "${PROMPT_POOL=data/corpus/prompt_pool}"
 mode_tag=""; [[ -n $PROMPT_POOL ]] || mode_tag=_textonly
 : "${EXP_DIR:=exp/embedded$fam_tag$mode_tag}"

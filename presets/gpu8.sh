@@ -6,7 +6,7 @@
 #   $COSYVOICE2_DIR   released CosyVoice2-0.5B: llm.pt cosyvoice2.yaml flow.pt hift.pt campplus.onnx
 #                     speech_tokenizer_v2.onnx CosyVoice-BlankEN/
 #   $PROMPT_DIR       reward speaker prompts *.wav (>= 16 kHz, <= 30 s; one chosen per text)
-#   $PROMPT_POOL      zero-shot training (issue 37; empty: text-only rows, as the reference recipe):
+#   $PROMPT_POOL      zero-shot training (empty: text-only rows, as the reference recipe):
 #                     a folder of speaker prompt wavs, <ID>.wav, and prompt_speech_tokens.jsonl with
 #                     each id's transcript and CosyVoice2 speech tokens. The reference recipe draws its
 #                     prompts from aishell's test speakers; e.g. a few utterances each of aishell-1's 20

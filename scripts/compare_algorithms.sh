@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The embedded comparison of the GRPO variants (issue 17; README "Which algorithm when"): every
+# The embedded comparison of the GRPO variants (README "Which algorithm when"): every
 # algorithm of ALGORITHMS x every seed of SEEDS trains STEPS steps from one start model, on one
 # data split, against one reward server, and stage 4 scores every saved step (dev + test, the
 # preset's sampling rule); then `python -m ttsrl.eval.compare` writes the table at an equal
@@ -8,7 +8,7 @@
 #   COMPARE_DIR  where everything goes (exp/compare): base/ (start model, data), ALGO-seedS/
 #   ALGORITHMS   the variants (grpo grpo_no_std dapo rloo gspo); ALGORITHM+WEIGHTS trains that
 #                algorithm on a named reward weighting (REWARD_WEIGHTS) against its own reward server
-#                (port REWARD_PORT + k): the zero-shot comparison of issue 37 is
+#                (port REWARD_PORT + k): the zero-shot comparison is
 #                ALGORITHMS="grpo grpo+glm_tts gdpo" (CER only, CER + 0.1 SIM, gdpo on cer/sim/length)
 #   SEEDS        (1 2)   STEPS (20)   SAVE_FREQ (5)   BUDGET_S (empty: ttsrl.eval.compare's rule)
 #   PRESET and anything run.sh reads (`bash run.sh --help`) apply to every run.

@@ -96,7 +96,7 @@ rehearsal() {
     "$WORK/rehearsal.out"
   return $rc
 }
-t2w() {  # serial vs batched flow (issue 19's open question: the batched speed-up on a GPU)
+t2w() {  # serial vs batched flow: the batched speed-up on a GPU
   set -o pipefail
   "$T2W_PY" benchmarks/bench_token2wav.py --size "$T2W_SIZE" --device "$DEVICE" --batch-sizes "$T2W_BATCHES" 2>&1 \
     | tee "$WORK/token2wav.log" | grep -E "^(model|serial:|serial time|batch )"

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-# The embedded preset trains zero-shot by default (PROMPT_POOL=data/corpus/prompt_pool, issue 37).
+# The embedded preset trains zero-shot by default (PROMPT_POOL=data/corpus/prompt_pool).
 # The suite's run.sh tests were written for, and check, the text-only rows (tiny models whose
 # tokenizers do not know the pool's characters, hand-started servers without the pool): each
 # run.sh they start inherits this empty PROMPT_POOL. A test of the zero-shot mode names the pool

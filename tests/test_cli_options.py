@@ -1,4 +1,4 @@
-"""One option mechanism for every CLI (issue 35, item 3): settings are dataclass fields declared
+"""One option mechanism for every CLI: settings are dataclass fields declared
 with ``ttsrl.cli.option`` and their choices come from the registries (``REWARDS``, the backends,
 ``ALGORITHMS``, the sampling rules), never from a hand-written list that can drift."""
 
@@ -57,7 +57,7 @@ CONVERTED = ("token2wav_asr_server.py", "ttsrl/reward/server.py", "ttsrl/reward/
              "prepare_data.py", "ttsrl/data/prepare.py")
 
 #: CLIs that still hand-write argparse options (to convert; none may be added). ttsrl/cli.py is the
-#: mechanism itself; ttsrl/launch/ is being written (issue 35, item 4).
+#: mechanism itself; ttsrl/launch/ is being written.
 NOT_YET = {"train_grpo.py", "ttsrl/train/nodes.py"}
 
 

@@ -1,4 +1,4 @@
-"""Attaching stage 2 to a running Ray cluster (issue 24, item 2): ``GRPOConfig.ray_address``,
+"""Attaching stage 2 to a running Ray cluster: ``GRPOConfig.ray_address``,
 ``--nnodes``, the variables forwarded to every node's workers (``ttsrl.train.cluster``).
 
 Config tests (seconds) read the overrides back through verl 0.9.1's own Hydra config and

@@ -130,7 +130,7 @@ def test_both_seeds_of_an_algorithm_are_judged_after_the_same_steps(tmp_path):
 
 
 def test_reward_weightings_are_variants_with_sim_beside_cer(tmp_path):
-    """Issue 37 item 5: CER-only GRPO, GRPO on CER + 0.1 SIM (folder grpo+glm_tts-seedS) and gdpo are
+    """CER-only GRPO, GRPO on CER + 0.1 SIM (folder grpo+glm_tts-seedS) and gdpo are
     compared at equal steps; stage 4's SIM gets its columns and a paired difference to the reference."""
     for seed in (1, 2):
         _run(tmp_path, f"grpo-seed{seed}", [10] * 4, [2, 4], {0: 0.8, 2: 0.6, 4: 0.5}, {0: 0.8, 2: 0.6, 4: 0.5},

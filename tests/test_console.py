@@ -88,7 +88,7 @@ def test_progress_lines_at_the_first_step_every_30_s_and_the_last():
 
 
 def test_why_finds_the_cause_above_pages_of_warnings(tmp_path):
-    """Issue 39 item 7: on a full disk the tail of stage 2's log is warnings; --why prints the
+    """On a full disk the tail of stage 2's log is warnings; --why prints the
     line that says Errno 28 (and the exception's last line), from the last run only."""
     log = tmp_path / "train_grpo.log"
     old_run = "==== 2026-12-01 stage 2 output follows\nValueError: from an earlier run\n"

@@ -226,7 +226,7 @@ def test_cli_round_trip(tiny_cosyvoice2, tmp_path):
     assert r.returncode == 2 and "CosyVoice-BlankEN" in r.stderr
 
 
-# ---- issue 11: the converter never deletes what it did not create; clear messages ----
+# ---- the converter never deletes what it did not create; clear messages ----
 
 def _cli(*args):
     import subprocess
@@ -345,7 +345,7 @@ def test_export_loads_strict_in_cosyvoices_own_qwen2lm(tiny_cosyvoice2, tiny_hf,
 
 
 def test_export_check_decodes_with_cosyvoices_cached_loop(tiny_hf, tmp_path, monkeypatch):
-    """Equal logits are not enough (issue 38): verify_export(reference="cosyvoice") also decodes
+    """Equal logits are not enough: verify_export(reference="cosyvoice") also decodes
     greedily with CosyVoice's own KV-cached loop. Under transformers 5 that loop repeats one code
     (its forward_one_step passes a one-position mask, taken as the whole mask), and the check says
     so, naming CosyVoice's pinned transformers; with that one line mended (the mask over the whole

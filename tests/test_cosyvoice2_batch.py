@@ -1,4 +1,4 @@
-"""Batched CosyVoice2 token2wav (issue 19 C): the flow over a padded, masked batch gives
+"""Batched CosyVoice2 token2wav: the flow over a padded, masked batch gives
 each utterance the audio the one-by-one path gives it, up to float error. CosyVoice's own
 flow/HiFT code on the tiny random CosyVoice2 folder of tests/cosyvoice2_tiny.py, on CPU."""
 

@@ -1,5 +1,5 @@
-"""Starting the CosyVoice2 reward backend on many replicas (issue 23, finding 3) and on an
-old model folder's yaml (finding 4), on the random-weight test folder (tests/cosyvoice2_tiny.py).
+"""Starting the CosyVoice2 reward backend on many replicas and on an
+old model folder's yaml, on the random-weight test folder (tests/cosyvoice2_tiny.py).
 
 - prompt wavs are extracted once per server process and shared by its replicas (not once per
   replica: eight GPUs used to extract every wav eight times);
@@ -143,7 +143,7 @@ def _old_folder(model: Path, dest: Path, edit) -> Path:
 
 
 def test_an_old_yaml_with_causal_decoder_is_read_as_the_current_one(folders, tmp_path, caplog):
-    """Issue 23, finding 4: the pinned CosyVoice has no `causal` argument in ConditionalDecoder
+    """The pinned CosyVoice has no `causal` argument in ConditionalDecoder
     (a TypeError at server start). The old yaml is read as the current one, with a note naming
     the file: the same flow.pt loads (strict) and the same codes give the same waveform."""
     import logging

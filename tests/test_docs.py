@@ -181,7 +181,7 @@ def preset_paths(preset: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("doc", [ROOT / "Dockerfile", ROOT / "docs" / "gpu.md"], ids=lambda p: p.name)
 def test_documented_docker_run_is_the_gpu_recipe(doc):
-    """Issue 23: the Dockerfile's example ran `bash run.sh -1 5` without PRESET, i.e. the
+    """The Dockerfile's example ran `bash run.sh -1 5` without PRESET, i.e. the
     embedded CPU preset, with no data folder mounted and Docker's 64 MB /dev/shm. The
     documented command runs presets/gpu8.sh on all GPUs, with a real /dev/shm (Ray's object
     store, NCCL) and every folder the preset reads or writes mounted into the image."""

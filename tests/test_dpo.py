@@ -521,7 +521,7 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
 
 
 def test_gpu8_preference_args_give_fp32_masters_with_bf16_compute_and_mining_on_transformers():
-    """Issue 23, finding 1, as run.sh passes the gpu8 preset's lists (`run.sh --config`, which
+    """As run.sh passes the gpu8 preset's lists (`run.sh --config`, which
     runs nothing): PREF_ARGS parse into a run whose policy loads in fp32 (the master weights
     FSDP and Adam update) and computes in bf16 (TRL's bf16=True), and mining samples on the
     transformers engine. Why fp32 masters: near a weight of 0.02, bf16's step is 2**-13 ~ 1.2e-4,

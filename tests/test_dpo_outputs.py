@@ -1,5 +1,5 @@
-"""DPO/KTO outputs and pair files are never overwritten, never stale, never foreign
-(issue 22, findings 2, 3, 4 and the saving details of 9). Real train_dpo.py runs on
+"""DPO/KTO outputs and pair files are never overwritten, never stale, never foreign.
+Real train_dpo.py runs on
 the tiny model, real Parquet."""
 
 from __future__ import annotations

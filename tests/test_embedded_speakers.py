@@ -1,4 +1,4 @@
-"""Speakers in the embedded world (issue 37 item 4): the simulated speakers' code books, the ASR
+"""Speakers in the embedded world: the simulated speakers' code books, the ASR
 that hears the default speaker best, the simulated speaker model (SIM), the committed prompt
 pool and zero-shot test set, the sim backend's pool through the real reward server on loopback,
 stage 4's SIM on the zero-shot set, and a briefly pretrained tiny model that follows its

@@ -1,4 +1,4 @@
-"""Stage 4 on gpu8 (issue 23, finding 5): torch CPU threads are capped on every rank, GPU ranks
+"""Stage 4 on gpu8: torch CPU threads are capped on every rank, GPU ranks
 too (cores / local ranks, or --threads), and the preset samples 64 sequences per rank at once."""
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def test_extra_overrides_win_and_loggers():
                                             ("data.seed=3", "seed"),
                                             ("reward.custom_reward_function.reward_kwargs.urls=http://x:1", "reward_urls")])
 def test_an_override_of_a_key_a_field_owns_is_refused_naming_the_field(override, field):
-    """Issue 35: `run.sh 2 2 -- actor_rollout_ref.actor.optim.lr=5e-7` used to win over GRPOConfig.lr,
+    """`run.sh 2 2 -- actor_rollout_ref.actor.optim.lr=5e-7` used to win over GRPOConfig.lr,
     skip its checks and leave ttsrl_run.json saying the preset's lr; now it is refused, naming the
     field and its flag (the key -> field map is read off the config itself, no list kept by hand)."""
     with pytest.raises(ValueError, match=rf"GRPOConfig\.{field} owns: give it as --{field.replace('_', '-')} VALUE"):
@@ -268,7 +268,7 @@ def test_embedded_preset_is_the_embedded_run():
     assert (cfg.train_batch_size, cfg.ppo_mini_batch_size, cfg.micro_batch_size_per_gpu, cfg.n) == (16, 16, 32, 8)
     assert cfg.lr == 3e-4 and cfg.max_response_length == 64
     assert (cfg.total_epochs, cfg.total_training_steps, cfg.save_freq, cfg.test_freq) == (4, 80, 40, -1)
-    # the speed settings (issue 20): none changes what is learned
+    # the speed settings: none changes what is learned
     assert (cfg.val_before_train, cfg.gradient_checkpointing, cfg.bypass_old_log_prob) == (False, False, True)
     assert cfg.max_prompt_length == 1024 and cfg.loggers == ("console",)  # run.sh gives the prompt length
 
@@ -358,7 +358,7 @@ def test_a_launch_records_settings_knobs_and_overrides(tmp_path, monkeypatch):
     assert record["env"]["VERL_PLATFORM"] == "cpu" and launched[0]["VERL_PLATFORM"] == "cpu"
     assert [p.name for p in ckpt.iterdir()] == ["ttsrl_run.json"]  # no temp file left
     assert record["earlier_launches"] == [] and record["resumes_from_step"] is None
-    # a second launch (a resume with another lr) keeps the first one's record (issue 39 item 7)
+    # a second launch (a resume with another lr) keeps the first one's record
     with pytest.raises(SystemExit):
         train_grpo.main([a if a != "2e-4" else "1e-4" for a in argv])
     again = json.loads((ckpt / "ttsrl_run.json").read_text())

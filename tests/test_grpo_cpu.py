@@ -98,7 +98,7 @@ def test_merge_and_reload(run):
     assert redo.returncode == 0 and f"step {SAVE_FREQ}: merged" in redo.stdout, redo.stdout
     assert (out / f"step_{SAVE_FREQ}" / MARKER).is_file()
 
-    # issue 11 item 3: a damaged merge (weights truncated, or deleted) is not "done": merged again
+    # a damaged merge (weights truncated, or deleted) is not "done": merged again
     weights = out / f"step_{SAVE_FREQ}" / "model.safetensors"
     whole = weights.read_bytes()
     weights.write_bytes(whole[: len(whole) // 2])
@@ -109,7 +109,7 @@ def test_merge_and_reload(run):
     assert "model.safetensors has" in fix.stdout and "model.safetensors missing" in fix.stdout, fix.stdout
     assert weights.read_bytes() == whole and (out / f"step_{STEPS}" / "model.safetensors").is_file()
 
-    # issue 11 item 8: merged files get the modes of a plain write (0644 under umask 022), not 0600
+    # merged files get the modes of a plain write (0644 under umask 022), not 0600
     mask = os.umask(0)
     os.umask(mask)
     modes = {f.relative_to(out).as_posix(): f.stat().st_mode & 0o777 for f in out.rglob("*") if f.is_file()}
@@ -151,7 +151,7 @@ def _merge(ws: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
-    """Issue 10: 2 GRPO steps at lr 1e-5. The default merge writes the gathered FSDP
+    """2 GRPO steps at lr 1e-5. The default merge writes the gathered FSDP
     master tensors bit for bit (fp32). verl's bf16 cast (--dtype bf16) loses the
     update; measured on this run (2026-12-01): of the 52% of weights the 2 steps
     changed, only 9.6% differ from the bf16-rounded start model; the bf16 model's
@@ -201,7 +201,7 @@ def test_fp32_merge_is_the_master_weights_bf16_loses_the_update(run):
 
 
 def test_merge_does_not_run_the_checkpoint_folders_code(run):
-    """Issue 11 item 7: a modeling_cosyvoice2.py planted in the checkpoint folder is not
+    """A modeling_cosyvoice2.py planted in the checkpoint folder is not
     imported by default (the project's own is used); --use-checkpoint-code runs it."""
     from ttsrl.model.checkpoint import MODELING_FILE
 
@@ -223,7 +223,7 @@ def test_merge_does_not_run_the_checkpoint_folders_code(run):
 def test_verl_own_merger_folder_is_refused_with_a_pointer_to_stage3(run, tmp_path):
     """verl's own merger (``python -m verl.model_merger``, run for real on this run's step) writes a
     stock Qwen2 architecture in bf16 without our modeling file: other tools load it without the
-    output bias. load_speech_lm (stages 4 and 5, mining) refuses it and names stage 3 (issue 38);
+    output bias. load_speech_lm (stages 4 and 5, mining) refuses it and names stage 3;
     stage 3's folder of the same step loads."""
     from ttsrl.model.hf_model import load_speech_lm
 
@@ -244,7 +244,7 @@ def test_verl_own_merger_folder_is_refused_with_a_pointer_to_stage3(run, tmp_pat
 
 
 def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path):
-    """Issue 39 item 1: merge run A, replace checkpoints/ by run B's (here: step 3's shards
+    """Merge run A, replace checkpoints/ by run B's (here: step 3's shards
     become step 2's), run stage 3 again: the step is merged again from what is there now, not
     'already merged (checked), skipped' with run A's weights."""
     import shutil
@@ -270,7 +270,7 @@ def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path
 
 
 def test_crash_leftovers_are_named_and_skipped_and_a_torn_tracker_is_repaired(run, tmp_path):
-    """Issue 39 item 6, on this run's real checkpoints: a partial global_step_N (verl killed
+    """On this run's real checkpoints, a partial global_step_N (verl killed
     while saving: no fsdp_config.json) and a complete one newer than the tracker are named and
     left out by stage 3, which merges the rest (it used to fail on verl's 'fsdp_config.json does
     not exist' and skip every later step); an empty tracker (verl writes it in place) is repaired

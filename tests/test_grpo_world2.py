@@ -1,4 +1,4 @@
-"""FSDP world size 2 on CPU (issue 24): one raylet with 2 logical GPUs
+"""FSDP world size 2 on CPU: one raylet with 2 logical GPUs
 (``--preset cpu --n-gpus-per-node 2``), real verl 0.9.1 GRPO for 2 steps on the tiny
 converted model against the real ``sim`` reward server, a checkpoint at step 2.
 

@@ -1,4 +1,4 @@
-"""The reward server says which model folder it serves (issue 35, item 1): its model metadata's
+"""The reward server says which model folder it serves: its model metadata's
 ``model_dir`` is the cosyvoice2 backend's folder as an absolute path ("" for a backend without
 one), and ``python -m ttsrl.reward.health URL --expect model_dir=PATH`` compares it, so a
 launcher can refuse a server that serves another model folder. Real servers on loopback."""

@@ -1,4 +1,4 @@
-"""One bad text must not fail its neighbours (issue 22, finding 1).
+"""One bad text must not fail its neighbours.
 
 A real reward server on loopback (the CLI, and a BackgroundServer with a backend
 that fails on one input), a real client with retries.
@@ -142,7 +142,7 @@ def test_an_item_whose_scoring_raises_fails_alone(exc, status):
 
 
 def test_a_batch_split_by_one_bad_item_is_counted():
-    """Issue 23, finding 2: a batch of 32 where one item's synthesis raises. Only that item
+    """A batch of 32 where one item's synthesis raises. Only that item
     gets its error; the 31 others their rewards; the batch that was scored item by item is
     counted in /stats (split_batches) and in /metrics (ttsrl_batches_split_total)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -174,7 +174,7 @@ def test_the_client_does_not_retry_an_answer_that_will_never_change():
 
 
 def test_the_server_has_the_readers_length_limits(batching_server):
-    """Finding 6: the same limits as stage 0 and the pair readers (ttsrl.limits)."""
+    """The same limits as stage 0 and the pair readers (ttsrl.limits)."""
     from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS
 
     url = f"{batching_server}/v2/models/{MODEL}/infer"

@@ -1,4 +1,4 @@
-"""The launcher under run.sh (``ttsrl.launch``), in-process where it can be, and issue 35's findings:
+"""The launcher under run.sh (``ttsrl.launch``), in-process where it can be:
 the reward a run trains on is the one it asked for (refused otherwise, recorded, passed to stage 4),
 every GRPO setting reachable from the environment and shown by ``--config``, an override that
 would shadow a setting refused. Reward servers are real sim servers on loopback."""
@@ -53,7 +53,7 @@ def test_settings_derive_from_exp_dir_and_the_stage_range():
 
 
 def test_grpo_extra_words_come_last_so_they_win():
-    """Issue 35: a GRPOConfig field could not be set from the environment (GRPO_ARGS is an array);
+    """A GRPOConfig field could not be set from the environment (GRPO_ARGS is an array);
     GRPO_EXTRA is split as the shell splits words and follows the run's own arguments."""
     r = resolve({"GRPO_EXTRA": "--lr 5e-7 --model-path '/my model'"})
     args = r.lists["GRPO_ARGS"]
@@ -101,7 +101,7 @@ def test_multi_node_settings_and_ray_ports_of_ranks_on_one_host(tmp_path):
 
 
 def test_config_prints_grpo_resolved_values_and_grpo_extra_reaches_them():
-    """Issue 35: `run.sh --config` printed GRPO_ARGS=(--preset embedded ...), not the lr a run uses."""
+    """`run.sh --config` printed GRPO_ARGS=(--preset embedded ...), not the lr a run uses."""
     plain = config()
     assert float(plain["GRPO.lr"]) == 3e-4 and plain["GRPO.preset"] == "embedded" and plain["GRPO.n"] == "8"
     assert plain["GRPO.reward"] == "tanh" and plain["GRPO.reward_urls"] == "http://127.0.0.1:8000"
@@ -110,7 +110,7 @@ def test_config_prints_grpo_resolved_values_and_grpo_extra_reaches_them():
 
 
 def test_an_override_shadowing_a_setting_stops_the_run_before_any_stage(tmp_path):
-    """Issue 35: the README's own `run.sh 2 2 -- actor_rollout_ref.actor.optim.lr=5e-7` was applied after
+    """The README's own `run.sh 2 2 -- actor_rollout_ref.actor.optim.lr=5e-7` was applied after
     GRPOConfig and the record still said lr 3e-4; now it is refused, naming the field."""
     r = subprocess.run(["bash", "run.sh", "0", "2", "--", "actor_rollout_ref.actor.optim.lr=5e-7"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env={**os.environ, "EXP_DIR": str(tmp_path)})
@@ -218,7 +218,7 @@ def test_the_reward_function_refuses_a_server_with_another_reward(tanh_server, m
 
 
 def test_the_run_record_holds_the_reward_and_what_each_server_serves(tanh_server, tmp_path, monkeypatch):
-    """Issue 35: ttsrl_run.json did not hold the reward variant; now the reward, backend, servers and
+    """ttsrl_run.json did not hold the reward variant; now the reward, backend, servers and
     their metadata as served. A server serving another reward stops the launch before verl."""
     import train_grpo
 

@@ -1,4 +1,4 @@
-"""Stage 4's processes die with run.sh (issue 39 item 6): a shell that started torchrun through
+"""Stage 4's processes die with run.sh: a shell that started torchrun through
 ``python -m ttsrl.lifeline`` is killed with SIGKILL, and torchrun and both of its ranks (real
 torchrun, ranks in sessions of their own, each calling ``die_with_parent`` as infer_dataset.py
 does) are gone within seconds; without the lifeline they survive (the check that the test can fail)."""

@@ -1,4 +1,4 @@
-"""``GET /metrics`` of the reward server (issue 19 B): the real CLI on a loopback port,
+"""``GET /metrics`` of the reward server: the real CLI on a loopback port,
 real traffic, a Prometheus text scrape whose counts equal what was sent."""
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def test_metrics_count_exactly_what_was_sent():
         assert m[("ttsrl_infer_request_seconds_count", ())] == sent
         failures = {dict(k[1])["status"]: v for k, v in m.items() if k[0] == "ttsrl_infer_failures_total"}
         assert failures == {"400": 3, "413": 1, "404": wrong_model}
-        # /stats counts the same requests, each once by its answer (issue 39 item 7: it counted
-        # only handled infer requests in `requests` but every 4xx in `client_errors`)
+        # /stats counts the same requests, each once by its answer (not only the
+        # handled infer requests in `requests` while every 4xx counts in `client_errors`)
         assert stats["requests"] == sent and stats["ok"] == n_ok
         assert stats["client_errors"] == 3 + 1 + wrong_model and stats["server_errors"] == 0
         assert stats["requests"] == sum(stats[k] for k in ("ok", "client_errors", "unavailable", "server_errors",

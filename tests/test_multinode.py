@@ -1,4 +1,4 @@
-"""Multi-node run.sh on one machine (issue 24, items 3 and 4): presets/multinode_sim.sh.
+"""Multi-node run.sh on one machine: presets/multinode_sim.sh.
 
 Two ranks of the same ``bash run.sh`` run stages 1..3: two Ray raylets (127.0.0.2 and
 127.0.0.3), each with one logical GPU, so verl's two FSDP workers must be placed on different
@@ -157,7 +157,7 @@ def _build_model_and_texts(exp: Path) -> None:
     corpus = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()
     lines = corpus[:12]
     (exp / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    # held out for real: stage 0 refuses a test text that is also a training text (issue 39 item 8)
+    # held out for real: stage 0 refuses a test text that is also a training text
     (exp / "test.jsonl").write_text("\n".join(corpus[12:16]) + "\n", encoding="utf-8")
     cfg = PretrainConfig(model=TinyConfig(tokenizer_vocab=4096), steps=120, span_prob=0.0, random_prob=0.0,
                          tone_noise=0.3, initial_noise=0.0)
@@ -200,7 +200,7 @@ def rehearsal(tmp_path_factory):
            "RAY_NODE_PORT": str(base + 1), "RAY_WORKER_PORTS": f"{workers}-{workers + 599}",
            "RAY_TEMP_DIR": f"/tmp/ttsrl-ray-test-{ray_port}", "SIM_REWARD_PORT": str(reward_port),
            "JOIN_TIMEOUT_S": "900",
-           # the embedded default, zero-shot (issue 37): rows with the pool's prompts, each node's reward
+           # the embedded default, zero-shot: rows with the pool's prompts, each node's reward
            # server voicing and judging with them (SIM) — the setting every node must get alike
            "PROMPT_POOL": str(ROOT / "data" / "corpus" / "prompt_pool")}
     env["GRPO_EXTRA"] = (f"--train-batch-size 4 --ppo-mini-batch-size 4 --micro-batch-size-per-gpu 4 --n 4 "

@@ -1,5 +1,5 @@
 """The pair readers (user JSONL, pairs Parquet, mining) refuse the same rows with the
-same FILE:LINE messages, with the limits of ttsrl.limits (issue 22, findings 6, 8, 9)."""
+same FILE:LINE messages, with the limits of ttsrl.limits."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_mining_reports_the_reward_servers_real_error(lm, tmp_path):
 
 @pytest.mark.slow  # train_dpo.py round trips: ~18 s
 def test_train_dpo_names_a_bad_pairs_file(lm, tiny_hf, tmp_path):
-    """Finding 8: a non-Parquet or truncated --pairs, out-of-vocabulary prompt_ids: a message, rc 2."""
+    """A non-Parquet or truncated --pairs, out-of-vocabulary prompt_ids: a message, rc 2."""
     sv = lm.vocab
     good = write_pairs([pair(lm), pair(lm, key="b")], tmp_path / "good.parquet")
     cut = tmp_path / "cut.parquet"

@@ -1,4 +1,4 @@
-"""The reward endpoint pool (issue 24, item 1): several real ``sim`` reward servers on loopback
+"""The reward endpoint pool: several real ``sim`` reward servers on loopback
 (the CLI, as run.sh starts them), a dead port, a server killed mid-run and restarted on its
 port, a server that answers 503 + Retry-After, and every server gone."""
 
@@ -232,7 +232,7 @@ def test_health_cli_names_the_servers_not_ready(sim_server_url):
 
 class Lying(Canned):
     """Ready, and every infer request answered 200 with ``body`` (a readable JSON answer that no
-    honest reward server gives): what issue 39 items 2 and 3 probe."""
+    honest reward server gives)."""
 
     body: object = {}
 
@@ -262,7 +262,7 @@ IMPOSSIBLE = {"reward -5": answer(-5.0), "reward 1e6": answer(1e6), "reward true
 
 @pytest.mark.parametrize("why", sorted(IMPOSSIBLE))
 def test_an_impossible_answer_is_a_failure_never_a_reward(lying_server, why):
-    """Issue 39 item 2: such answers used to give '0 failed' and their numbers reached verl."""
+    """Such answers used to give '0 failed' and their numbers reached verl."""
     Lying.body = IMPOSSIBLE[why]
     with pytest.raises(RequestFailed, match="invalid answer"):
         asyncio.run(request_reward(codec.encode(TEXTS[0]), TEXTS[0], config([lying_server], retries=1)))
@@ -280,7 +280,7 @@ def test_a_possible_answer_from_such_a_server_is_accepted(lying_server):
 
 
 def test_a_server_answering_invalid_200s_leaves_the_rotation(lying_server, sim_server_url, caplog):
-    """Issue 39 item 3: one server answering `{}` beside a good one: every row is scored by the
+    """One server answering `{}` beside a good one: every row is scored by the
     good one (40 rows -> 0 failed; it was 20 failed), every answer of the liar counts as its
     failure and takes it out of rotation (until its backoff has passed and it answers ready)."""
     Lying.body = {}

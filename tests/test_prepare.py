@@ -236,7 +236,7 @@ BAD_LINES = [
     ('{"text": "？！。"}', "no letter or digit"),
     ('{"text": "好", "prompt": "x"}', "'prompt' clashes with verl's output column"),
     ('{"text": "' + "很长的句子。" * 100 + '"}', "prompt has 1802 tokens, more than --max_prompt_length 1024"),
-    # issue 22: what the reward server refuses, stage 0 refuses (ttsrl.limits)
+    # what the reward server refuses, stage 0 refuses (ttsrl.limits)
     ('{"text": "第〡名"}', "U+3021 HANGZHOU NUMERAL ONE) is a number the text normaliser cannot read"),
     ('{"text": "' + "长" * 1001 + '"}', "text has 1001 characters, more than the limit of 1000"),
     ('{"text": "你好<|s_12|>再见"}', "holds '<|s_12|>', a token of the speech vocabulary"),
@@ -357,7 +357,7 @@ def test_normalised_duplicates_are_reported_and_optionally_dropped(tmp_path):
 
 
 def test_test_texts_found_in_train_are_a_leak_refused_unless_allowed(tmp_path):
-    """Issue 39 item 8: a leak was only warned about (exit 0); now an error naming the line, and
+    """A leak was only warned about (exit 0); now an error naming the line, and
     nothing written, unless --allow-leak keeps it (and the warning says so)."""
     train = [{"text": "今天天气很好。"}, {"text": "请把窗户关上。"}]
     test = [{"text": "新的句子。"}, {"text": "请把窗户关上"}]
@@ -492,7 +492,7 @@ def test_cli_reports_errors_and_skips(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# hostile input (issue 11 item 4): clear errors with FILE:LINE, exit 2, no traceback
+# hostile input: clear errors with FILE:LINE, exit 2, no traceback
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HOSTILE_ROWS = {

@@ -145,7 +145,7 @@ def test_batch_loss_is_the_full_sequence_loss_with_text_and_padding_ignored():
 
 
 def test_prompt_from_keeps_the_first_steps_text_only(tmp_path):
-    """The curriculum (``--prompt-from F``, issue 37): no zero-shot example before step F x steps, not
+    """The curriculum (``--prompt-from F``): no zero-shot example before step F x steps, not
     even a draw of the random stream, so a build whose prompts would start after its last step is the
     text-only build (same weights), and one that starts half-way differs from both; the curriculum is
     part of the cache's fingerprint, its absence (0) is not (the zero-shot builds before it keep theirs)."""

@@ -1,4 +1,4 @@
-"""The same speaker end to end (issue 37 item 2): the optional PROMPT_ID input of the wire
+"""The same speaker end to end: the optional PROMPT_ID input of the wire
 protocol, the server voicing a rollout with the prompt it names (and measuring SIM against that
 prompt wav), the client passing a verl row's ``extra_info["prompt_id"]``.
 

@@ -1,5 +1,5 @@
 """Prompt wav checks agree with the backend, and the prompt tools give messages, not
-tracebacks (issue 22, findings 7 and 8): scripts/check_inputs.py, scripts/prompt_tokens.py
+tracebacks: scripts/check_inputs.py, scripts/prompt_tokens.py
 and the CosyVoice2 backend share ttsrl/reward/wavcheck.py. Real wav files written by soundfile."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def run_check_inputs_without_soundfile(*args):
 
 
 def test_check_inputs_without_soundfile_judges_every_wav_encoding(tmp_path):
-    """Issue 23: before the venv exists, check_inputs.py read prompt wavs with the stdlib wave
+    """Before the venv exists, check_inputs.py read prompt wavs with the stdlib wave
     module, which cannot open float, mu-law or extensible wavs and so let any of them through
     unchecked (an 8 kHz float32 prompt passed); empty and 10-sample wavs passed too. The
     standard-library RIFF reader applies the backend's limits to every encoding soundfile

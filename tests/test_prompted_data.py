@@ -1,4 +1,4 @@
-"""Zero-shot training rows (issue 37 item 1): prompt pools, stage 0's prompt assignment and the
+"""Zero-shot training rows: prompt pools, stage 0's prompt assignment and the
 verl prompt it writes.
 
 Real pieces throughout: pool files and Parquet on disk, verl 0.9.1's RLHFDataset and the

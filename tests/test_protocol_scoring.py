@@ -1,4 +1,4 @@
-"""One scoring path and one wire protocol (issue 14 items 1-2): the reward server and the
+"""One scoring path and one wire protocol: the reward server and the
 evaluator score alike; the protocol module round-trips; backend options are shared."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_protocol_round_trip():
             parse_response(build_response("m", 0.25, "", 0.5, sim=bad))
     meta = model_metadata("m")
     assert [i["name"] for i in meta["inputs"]] == [n for n, _, _ in INPUT_SPECS] + ["PROMPT_ID", "FINISHED"]
-    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True, True]  # issue 37
+    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED
     assert [o["name"] for o in meta["outputs"]][0] == OUTPUT_SPECS[0][0] == "REWARDS"
 
 

@@ -1,4 +1,4 @@
-"""The CPU preset's Ray listens on loopback only (issue 11, item 7).
+"""The CPU preset's Ray listens on loopback only.
 
 A real Ray 2.60 local cluster is started the way verl's main_ppo starts it (``ray.init``
 in a process whose environment is ``GRPOConfig.env()`` of the CPU preset), with an
@@ -121,7 +121,7 @@ print("RESULT " + json.dumps({"sum": t.tolist(), "shard": shard.tolist(), "full"
 
 @pytest.mark.slow  # two torch.distributed processes: ~12 s
 def test_two_process_group_listens_on_loopback_only():
-    """FSDP world size 2 on one host (issue 24): verl's master address is the node's 127.0.0.1,
+    """FSDP world size 2 on one host: verl's master address is the node's 127.0.0.1,
     but torch's env:// rendezvous serves rank 0's TCPStore on every interface ('::'). The
     patch serves it on MASTER_ADDR only and pins gloo to the loopback interface; the
     collectives FSDP2 uses (all_reduce, reduce_scatter, all_gather) work across the 2 ranks."""

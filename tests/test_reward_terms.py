@@ -1,4 +1,4 @@
-"""The reward's terms of their own (issue 37 item 3): cer, sim and the length/finish term.
+"""The reward's terms of their own: cer, sim and the length/finish term.
 
 Real pieces throughout: the ``sim`` backend's reward server on a loopback port (JSON, Triton's
 binary extension through NVIDIA's own ``tritonclient.http``), verl's own ``compute_data_metrics``

@@ -1,5 +1,5 @@
 """A reward's needs are declared with it (``REWARDS[name].needs_asr_logprob``) and read by the
-server and stage 4; stage 4 scores with the reward it is given (issue 35, item 1)."""
+server and stage 4; stage 4 scores with the reward it is given."""
 
 from __future__ import annotations
 

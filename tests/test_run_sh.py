@@ -145,7 +145,7 @@ def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_p
     assert "export VERL_USE_EXTERNAL_MODULES" in text and "export VERL_USE_EXTERNAL_MODULES" not in r.stdout
 
     # a second run (a resume) appends to the log instead of overwriting it; Ray's token, created
-    # readable by everyone, is made the user's alone with its folder (issue 39 item 8)
+    # readable by everyone, is made the user's alone with its folder
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text("secret")
@@ -196,7 +196,7 @@ def test_stage_2_knows_the_server_its_own_stage_1_started(tmp_path):
 
 
 def test_a_reused_pid_is_neither_adopted_nor_killed(hand_started_server, tmp_path):
-    """Issue 39 item 4: the pid file names a live process that is not the server answering (a
+    """The pid file names a live process that is not the server answering (a
     reused pid): run.sh used to adopt the server on `kill -0` and kill that process at the end."""
     proc, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
@@ -213,7 +213,7 @@ def test_a_reused_pid_is_neither_adopted_nor_killed(hand_started_server, tmp_pat
 
 
 def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_path):
-    """Issue 35 item 1 / 39: REWARD=exp_toneless beside a server serving tanh used to train on tanh.
+    """REWARD=exp_toneless beside a server serving tanh used to train on tanh.
     Now stage 2 stops, naming what the server serves and what the run asks for."""
     proc, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
@@ -227,7 +227,7 @@ def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_pa
 
 @pytest.mark.slow  # run.sh stage 0: ~8 s
 def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
-    """Issue 39 item 4: two run.sh on one EXP_DIR used to run side by side (both started a server,
+    """Two run.sh on one EXP_DIR used to run side by side (both started a server,
     both merged, scored and exported). The first holds EXP_DIR/run.lock; a second is refused."""
     import fcntl
 
@@ -361,7 +361,7 @@ def test_flash_attn_builds_for_this_machines_gpus_only(tmp_path):
 
 
 def test_flash_attn_archs_are_ones_its_build_compiles(tmp_path):
-    """Issue 23: flash-attn 2.8.3's setup.py adds -gencode flags only for FLASH_ATTN_CUDA_ARCHS
+    """flash-attn 2.8.3's setup.py adds -gencode flags only for FLASH_ATTN_CUDA_ARCHS
     entries 80, 90, 100 and 120 (default all four: hours), and then torch's builder ignores
     the user's TORCH_CUDA_ARCH_LIST: that list is translated here. A cubin runs on later minors
     of its major, so 8.x -> 80, 10.x -> 100, 12.x -> 120 (an A10's "86" left the choice to
@@ -436,7 +436,7 @@ CPU_ONLY = {
 
 
 def test_every_cpu_requirement_is_pinned_the_same_in_the_gpu_list():
-    """Issue 23: requirements.txt left unpinned what the CPU list pins (einops, onnx, tiktoken,
+    """requirements.txt left unpinned what the CPU list pins (einops, onnx, tiktoken,
     more-itertools: CosyVoice's and Whisper's imports), so a GPU install took whatever PyPI had
     that day. Each name requirements-cpu.txt lists is pinned in requirements.txt to the version
     the CPU install pins (its own pin, else constraints-cpu.txt's), or is in CPU_ONLY."""
@@ -458,7 +458,7 @@ def test_every_cpu_requirement_is_pinned_the_same_in_the_gpu_list():
 
 
 def test_user_pairs_that_do_not_exist_stop_before_any_stage(tmp_path):
-    """Issue 22: USER_PAIRS=/nonexistent stopped inside stage 2 with a traceback."""
+    """USER_PAIRS=/nonexistent stopped inside stage 2 with a traceback."""
     env = {**os.environ, "TRAINER": "dpo", "USER_PAIRS": str(tmp_path / "nonexistent.jsonl"),
            "EXP_DIR": str(tmp_path / "exp")}
     r = run_sh("2", "2", env=env)
@@ -484,7 +484,7 @@ def test_user_pairs_in_a_zero_shot_run_stop_before_any_stage(tmp_path):
 
 @pytest.mark.slow  # run.sh stage runs: ~17 s
 def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed(tiny_hf, tmp_path):
-    """Issue 22, findings 3 and 8: USER_PAIRS is converted into its own file; a bad one
+    """USER_PAIRS is converted into its own file; a bad one
     ends with a 'stage 2 failed' line. (PREF_ARGS with an unknown option stops the
     training right after the conversion.)"""
     import json
@@ -511,7 +511,7 @@ def test_user_pairs_never_replace_mined_pairs_and_a_bad_file_says_stage_2_failed
 
 @pytest.mark.slow  # run.sh stage 0 twice: ~14 s
 def test_stage0_refuses_a_train_test_leak_unless_allow_leak(tiny_hf, tmp_path):
-    """Issue 39 item 8 through run.sh: test texts that are training texts too stop stage 0 (with
+    """Through run.sh, test texts that are training texts too stop stage 0 (with
     the way out named); ALLOW_LEAK=1 keeps them."""
     exp = tmp_path / "exp"
     corpus = (ROOT / "data" / "corpus" / "train.jsonl").read_text(encoding="utf-8").splitlines()

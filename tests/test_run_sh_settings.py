@@ -299,7 +299,7 @@ def test_the_cosyvoice3_gpu_preset_is_gpu8_with_cosyvoice3s_folder_backend_check
 
 
 def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
-    """Issue 37: `bash run.sh` on a fresh clone trains zero-shot (the environment has no PROMPT_POOL:
+    """`bash run.sh` on a fresh clone trains zero-shot (the environment has no PROMPT_POOL:
     tests/conftest.py sets it empty for the suite's other run.sh tests, so it is removed here): rows,
     dev set, base model, reward server and stage 4 all take the embedded pool; `PROMPT_POOL=` is the
     text-only run of before, in its own EXP_DIR."""

@@ -122,7 +122,7 @@ def test_health_and_metadata(server_url):
     meta = requests.get(f"{server_url}/v2/models/{MODEL}", timeout=5).json()
     assert meta["name"] == MODEL
     assert [i["name"] for i in meta["inputs"]] == ["TOKENS", "TOKEN_LENS", "GT_TEXT", "PROMPT_ID", "FINISHED"]
-    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED: issue 37
+    assert [i.get("optional", False) for i in meta["inputs"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED
     assert [o["name"] for o in meta["outputs"]][:2] == ["REWARDS", "TRANSCRIPTS"]
     r = requests.get(f"{server_url}/v2/models/other", timeout=5)
     assert r.status_code == 404 and "unknown model" in r.json()["error"]

@@ -1,4 +1,4 @@
-"""The reward server under hostile clients (issue 11 item 5): the real CLI on a loopback
+"""The reward server under hostile clients: the real CLI on a loopback
 port, raw sockets for what an HTTP library will not send."""
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _slow_body(addr: tuple[str, int]) -> socket.socket:
 
 
 def test_slow_bodies_cannot_lock_valid_requests_out(tmp_path):
-    """Issue 39 item 5: connections trickling a declared body used to fill the server for the whole
+    """Connections trickling a declared body used to fill the server for the whole
     body timeout (every valid request refused). Now a new connection evicts the slowest body
     reader: with every slot held by a slow body, valid requests are answered at once, the evicted
     readers are counted (not as server errors), and nothing is logged as an ERROR."""
@@ -232,7 +232,7 @@ def test_slow_bodies_cannot_lock_valid_requests_out(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Triton's binary tensor data extension (issue 19 A): malformed bodies
+# Triton's binary tensor data extension: malformed bodies
 
 
 def binary_request(codes: list[int], text: str, *, tokens_size: int | None = None, text_size: int | None = None,

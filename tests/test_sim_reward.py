@@ -1,4 +1,4 @@
-"""Speaker similarity kept by the reward (issue 17 item 3): the reward server's SIMS output
+"""Speaker similarity kept by the reward: the reward server's SIMS output
 and the combined reward (error-rate term + W x SIM), on a real server on loopback.
 
 The CosyVoice2 folder is the random-weight one of tests/cosyvoice2_tiny.py (campplus is an
@@ -105,7 +105,7 @@ def test_weight_zero_is_the_error_rate_reward_and_sim_follows_the_speaker(t2w):
     tr = pipe.transcribe_tokens([c], [texts[spk[0]]])[0]
     # the same float32 token2wav + campplus forward, once in the server's worker thread and once
     # here: other thread splits and vector widths sum in other orders. Measured |diff| 0 with
-    # AVX-512 kernels, 4.1e-6 with torch's AVX2 ones (ATEN_CPU_CAPABILITY=avx2, issue 34); 1e-4 is
+    # AVX-512 kernels, 4.1e-6 with torch's AVX2 ones (ATEN_CPU_CAPABILITY=avx2); 1e-4 is
     # 25x that and 10x below the gap between two speakers asserted above (> 1e-3)
     assert tr.sim == pytest.approx(zero[0]["SIMS"], abs=1e-4)
     assert tr.sim == pytest.approx(t2w.speaker_similarity([tr.audio], [pipe.prompt_for(texts[spk[0]])])[0])

@@ -1,5 +1,5 @@
-"""A merged step is trusted only when its files hash as its marker records (issue 22,
-finding 5), and a step the sweep leaves out is named (finding 2)."""
+"""A merged step is trusted only when its files hash as its marker records,
+and a step the sweep leaves out is named."""
 
 from __future__ import annotations
 

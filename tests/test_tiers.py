@@ -1,5 +1,5 @@
 """The quick tier stays quick: ``bash scripts/test.sh -m "not slow"`` runs no training, install or
-torchrun in a subprocess (issue 35 item 5).
+torchrun in a subprocess.
 
 The test sources are read (not run): a test that starts one of the ``HEAVY`` commands (in its own
 body, through a helper or fixture of its module or of tests/helpers.py, or through another test

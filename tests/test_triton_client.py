@@ -1,5 +1,5 @@
-"""NVIDIA's own ``tritonclient.http`` against the reward server CLI on a loopback port
-(issue 19 A): binary tensor data on (the client's default) and off give the same
+"""NVIDIA's own ``tritonclient.http`` against the reward server CLI on a loopback port:
+binary tensor data on (the client's default) and off give the same
 rewards, transcripts and error rates as the plain JSON path."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_tritonclient_sees_the_servers_errors(sim_server_url):
 
 
 def test_tritonclient_reads_model_config_statistics_and_repository_index():
-    """Triton's management calls (issue 38): tritonclient's get_model_config,
+    """Triton's management calls: tritonclient's get_model_config,
     get_inference_statistics (all models, one model, one version) and the repository index
     answer in Triton's schemas, and the statistics count what happened: every item, every batch,
     the failures, the queue and compute times."""
@@ -108,7 +108,7 @@ def test_tritonclient_reads_model_config_statistics_and_repository_index():
         assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [
             ("TOKENS", "TYPE_INT32", ["-1"]), ("TOKEN_LENS", "TYPE_INT32", ["1"]), ("GT_TEXT", "TYPE_STRING", ["1"]),
             ("PROMPT_ID", "TYPE_STRING", ["1"]), ("FINISHED", "TYPE_INT32", ["1"])]
-        assert [t["optional"] for t in cfg["input"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED (issue 37)
+        assert [t["optional"] for t in cfg["input"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED
         assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS", "CER_REWARDS",
                                                       "LENGTH_REWARDS"]
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "30000"

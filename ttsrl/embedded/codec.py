@@ -18,7 +18,7 @@ The code book uses 249 of the 6561 codes, spread over the range by a fixed
 permutation (logical index k -> (k * _STRIDE + _OFFSET) mod SPEECH_TOKEN_SIZE), so it
 is the same in every process and Python version (no ``hash()``, no RNG).
 
-Speakers (issue 37: zero-shot TTS needs a voice to continue). Each of the ``SPEAKERS`` has its
+Speakers (zero-shot TTS needs a voice to continue). Each of the ``SPEAKERS`` has its
 own book: speaker s's code for logical unit k is the permutation's code for k + s * NUM_CODES,
 so the four books are disjoint and a code names its speaker (a prompt's codes reveal its voice).
 Speaker 0, ``DEFAULT_SPEAKER``, owns today's book (text-only TTS speaks it; every figure

@@ -8,7 +8,7 @@ Held-out error then starts well above zero and GRPO has room to lower it. Tone
 errors are what real Mandarin TTS models get wrong most, which is also why the
 reference reward counts tones.
 
-It learns CosyVoice's zero-shot task too (issue 37): a share of its examples (``prompt_prob``)
+It learns CosyVoice's zero-shot task too: a share of its examples (``prompt_prob``)
 are in the zero-shot layout ``[sos] + prompt_text + text + [task_id] + prompt_speech`` ->
 target speech, the prompt a short corpus span spoken in a random simulated speaker's voice
 (``codec.SPEAKERS``) and the target in the same voice; the rest are text-only, in the default

@@ -1,5 +1,5 @@
 """The embedded world's speakers: its prompt pool, its zero-shot test set and the simulated
-speaker model (issue 37).
+speaker model.
 
 The simulated codec gives every speaker a code book of its own (``ttsrl.embedded.codec``:
 ``SPEAKERS``, ``encode(text, speaker)``), so a prompt's speech tokens reveal its speaker and

@@ -63,7 +63,7 @@ one: anything that averages or prints SIM reads it first (``reward_tts.py`` prin
 ``verl/trainer/ppo/core_algos.py:413-430``). A failed request or an empty response has every
 term 0.
 
-Speakers (issue 37): verl hands ``compute_score`` each row's ``extra_info``; a zero-shot row's
+Speakers: verl hands ``compute_score`` each row's ``extra_info``; a zero-shot row's
 ``extra_info["prompt_id"]`` goes to the server as the optional PROMPT_ID input, so the response is
 voiced with the prompt speaker the policy continued and ``sim`` is the similarity to that prompt
 wav (a server started with ``--want-sim`` or ``--sim-weight``). The answer must carry the id back
@@ -102,7 +102,7 @@ __all__ = ["RequestFailed", "RewardClientConfig", "RewardServiceError", "Failure
 
 log = logging.getLogger("ttsrl.reward")
 
-PROMPT_ID_KEY = "prompt_id"  # the verl row's extra_info key naming its speaker prompt (issue 37)
+PROMPT_ID_KEY = "prompt_id"  # the verl row's extra_info key naming its speaker prompt
 ENV_URL = "TTSRL_REWARD_URL"
 ENV_MODEL = "TTSRL_REWARD_MODEL"
 ENV_MAX_FAIL = "TTSRL_REWARD_MAX_FAIL_FRACTION"

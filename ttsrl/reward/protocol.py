@@ -7,7 +7,7 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
       inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
               TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
               GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
-              PROMPT_ID BYTES [1,1]   optional (issue 37): the id of the speaker prompt to voice this
+              PROMPT_ID BYTES [1,1]   optional: the id of the speaker prompt to voice this
                                       utterance with, zero-shot (CosyVoice's token2wav conditioned on
                                       that prompt's speech tokens, mel and speaker embedding); SIMS is
                                       then the similarity to that same prompt wav. The ids a server
@@ -22,7 +22,7 @@ the health check (``ttsrl.reward.health``) and the benchmarks::
                                       request with PROMPT_ID carries it back in ``parameters.prompt_id``
                                       (the client checks it). Without PROMPT_ID the speaker is chosen
                                       from the text as before, and the answer is unchanged byte for byte.
-              FINISHED INT32 [1,1]    optional (issue 37 item 3): 1 = the rollout ended with end of
+              FINISHED INT32 [1,1]    optional: 1 = the rollout ended with end of
                                       speech, 0 = it hit the response limit without (unfinished: its
                                       length term and, with the length guard on, its reward are 0).
                                       Without it the rollout is judged by its length only, as before.
@@ -75,7 +75,7 @@ FINISHED = "FINISHED"
 MAX_PROMPT_ID_BYTES = 255  # a file name's limit on Linux: the ids are wav stems
 OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]),
                 ("SIMS", "FP32", [1, 1]), ("CER_REWARDS", "FP32", [1, 1]), ("LENGTH_REWARDS", "FP32", [1, 1]))
-#: the reward's terms (issue 37): sent only when a request names them in ``outputs``
+#: the reward's terms: sent only when a request names them in ``outputs``
 TERM_OUTPUTS = ("CER_REWARDS", "LENGTH_REWARDS")
 #: what ttsrl's own client asks for: every output, the terms included
 CLIENT_OUTPUTS = tuple(n for n, _, _ in OUTPUT_SPECS)

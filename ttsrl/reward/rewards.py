@@ -6,9 +6,9 @@
     compute_reward(name, ...)       -> a RewardResult for one of the variants in REWARDS
                                        (a Reward each: its function and what it needs)
     length_term                     -> the length/finish term (0 for a rollout that never ended)
-    WEIGHTS / sim_weight_of         -> the named weightings of the combined reward (issue 37)
+    WEIGHTS / sim_weight_of         -> the named weightings of the combined reward
 
-The reward terms (issue 37 item 3), per rollout, each reported on its own (the server's
+The reward terms, per rollout, each reported on its own (the server's
 CER_REWARDS, SIMS, LENGTH_REWARDS outputs; ``compute_score``'s keys ``cer``, ``sim``, ``length``):
 
     cer     r = the variant's error-rate reward (``RewardResult.raw_reward``), in [0, 1], no length guard
@@ -210,7 +210,7 @@ def _tanh_reference_variant(ref: str, hyp: str, asr_logprob: float | None):
 
 
 def exp_reward(c: float) -> float:
-    """exp(-12 c^1.5): c=0 -> 1, c=0.1 -> 0.684, c=0.2 -> 0.342, c=0.5 -> 0.014 (issue 17: the
+    """exp(-12 c^1.5): c=0 -> 1, c=0.1 -> 0.684, c=0.2 -> 0.342, c=0.5 -> 0.014 (the
     later NVIDIA mair-hub CosyVoice2 tutorial's shape, steeper than tanh_reward past c~0.1)."""
     return math.exp(-12.0 * max(0.0, c) ** 1.5)
 

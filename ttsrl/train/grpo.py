@@ -61,7 +61,7 @@ PRESETS: dict[str, dict] = {
                  "total_epochs": 4, "total_training_steps": 80, "save_freq": 40, "test_freq": -1,
                  "val_before_train": False, "gradient_checkpointing": False, "bypass_old_log_prob": True},
 }
-# presets/embedded.sh's zero-shot run (its default, issue 37): the same, with four policy updates a step
+# presets/embedded.sh's zero-shot run (its default): the same, with four policy updates a step
 # (mini-batches of 4 prompts x 8 samples; the rollout's log-probs serve the later ones as old log-probs,
 # PPO's clip bounds them) and rollouts at temperature 1.0, CosyVoice's own; the work per step is the same.
 # Measured from both zero-shot start models (docs/results.md, 2026-12-04 evening): test CER -31.0% and

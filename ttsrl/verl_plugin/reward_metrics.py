@@ -1,4 +1,4 @@
-"""The reward's terms as training metrics, one value each per step (issue 37 item 3).
+"""The reward's terms as training metrics, one value each per step.
 
 verl 0.9.1 logs what the reward function returns beside ``score`` (its "reward extra info")
 only for validation (``val-aux/<data_source>/<key>/mean@N``, ``trainer/ppo/ray_trainer.py:721``)
