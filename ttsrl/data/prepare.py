@@ -1,88 +1,13 @@
 """Stage 0: a text corpus (JSON or JSONL rows with a ``text`` field) -> verl RL Parquet.
 
-Every valid input row becomes one row of verl's RL schema::
-
-    data_source   str                 --data-source (default "ttsrl")
-    prompt        list<struct>        [{"role": "user", "content": text}]; verl renders it
-                                      with the tokenizer's chat template, which
-                                      ``ttsrl.model.vocab.CHAT_TEMPLATE`` defines as
-                                      <|sos|> + text + <|task_id|>
-    ability       str                 "tts"
-    reward_model  struct              {"style": "rule", "ground_truth": text}
-    extra_info    struct              {"split": "train"|"test", "index": row number in
-                                      the output file (0-based), "text": text}
-    <other keys>  kept as columns     (see "Extra columns" below)
-
-``text`` is stripped of surrounding whitespace; everything else is taken as given.
-
-Zero-shot rows (``prompt_pool``: a folder holding ``prompt_speech_tokens.jsonl``, see
-``ttsrl.data.prompt_pool``)
-    Every row of both files gets one prompt of the pool, so that the policy is trained as
-    CosyVoice2 is used: continuing a speaker prompt. ``prompt`` is then
-    ``[{"role": "user", "content": prompt_text + text}, {"role": "assistant", "content":
-    "<|s_N|>..." (the prompt's speech tokens)}]``; the chat template renders it, unchanged, as
-    ``<|sos|>`` + system prefix + prompt_text + text + ``<|task_id|>`` + prompt speech, and verl's
-    rollout continues the assistant turn (the response is the continuation only).
-    ``extra_info`` adds ``prompt_id`` (the reward client sends it: the server voices the rollout
-    with that prompt) and ``prompt_text``. Assignment: output row ``index`` of ``split`` starts at
-    sha256("SEED:SPLIT:INDEX") mod pool size in the pool sorted by id and walks on, cyclically,
-    past a prompt whose transcript is the row's text, one with which the row would exceed
-    ``max_prompt_length``, and (with a tokenizer) one whose transcript the one-piece tokenisation
-    verl applies would merge with the text, so that every row's ids are CosyVoice's zero-shot
-    input exactly (``rowchecks.ZeroShotPrompts``); one prompt a row for the whole run (every epoch).
-    A row no prompt fits is invalid. Prompt lengths count sos, transcript, text, task_id and the
-    speech tokens (estimated without a tokenizer as UTF-8 bytes + the longest system prefix + 2 +
-    the speech tokens, an upper bound).
-
-Input
-    A file whose first non-blank character is ``[`` is one JSON array of objects
-    (read whole: use JSONL for a corpus that does not fit in memory; JSONL is
-    streamed line by line). Anything else is JSONL: one object per line,
-    blank lines ignored. Line numbers in messages are 1-based; for an array element
-    they are the line the element starts on.
-
-Validation (pass 1, ``ttsrl.data.scan``, reads the whole file before anything is written)
-    A row is invalid when it is malformed JSON, not an object, has no ``text``, a
-    non-string or empty ``text`` or one without any letter or digit, a key that clashes with an output column, or a
-    prompt longer than ``max_prompt_length`` tokens. The prompt length is counted on
-    the rendered chat prompt with the tokenizer when one is given; without one it is
-    estimated as UTF-8 bytes of the text + 2 (<|sos|>, <|task_id|>): a byte-level BPE
-    (Qwen's, and ours) never emits more tokens than bytes, so the estimate is an
-    upper bound - it never lets through a prompt that verl would drop, but may
-    reject one that fits (give the tokenizer for the exact count). Invalid rows are
-    an error naming every file and line, unless ``skip_invalid`` is set, in which
-    case they are skipped and reported. A malformed JSON *array* cannot be resumed
-    after the error, so it is fatal even with ``skip_invalid`` (use JSONL).
-
-Duplicates and leaks
-    Two texts are duplicates when their normalised forms are equal: Unicode NFKC,
-    case-folded, with whitespace, punctuation and control characters removed (the
-    reward ignores punctuation too, so such rows train on the same target). Forms
-    are compared by a 64-bit hash kept with its first line number for each distinct
-    text: about 200 bytes per distinct text, the only memory that grows with the
-    input (about 300 MiB peak RSS for 1M rows).
-    Duplicates within a split are reported and kept, or dropped after the first
-    occurrence with ``drop_duplicates``. A test text that also occurs in train is a
-    leak: an error naming each one, or with ``allow_leak`` reported and kept.
-
-Extra columns
-    Every other key of the input objects becomes a column; a row that lacks it gets
-    null. Its Arrow type comes from all values in the file (pass 1): only booleans
-    -> bool, only integers -> int64, integers and floats -> float64, only strings ->
-    string. Any other column (lists, objects, integers beyond int64, or a mix of
-    kinds such as a string ``id`` in one row and a number in another) is a string
-    column: strings as they are, other values as JSON text (``json.loads`` reads
-    them back); a mix of kinds is reported.
-
-Output
-    Pass 2 re-reads the input and writes ``chunk_size`` rows at a time with
-    ``pyarrow.parquet.ParquetWriter`` (one row group per chunk), so memory does not
-    grow with the file. Both files are written to temporary files in the output
-    directory and moved into place with ``os.replace`` only after both are complete:
-    a crash or error leaves the previous files (or none) and no partial file
-    (``ttsrl.atomic``); the temporary file of a run that was killed (kill -9) is
-    removed by the next run. An output folder that cannot be written (a file in its
-    place, no permission, read-only) is an error before any input is read.
+Every valid input row becomes one row of verl's RL schema (``data_source``, a chat ``prompt`` that
+the tokenizer's template renders as CosyVoice2's LM input, ``ability``, ``reward_model`` with the
+text as ground truth, ``extra_info``), with a speaker prompt from a pool for zero-shot training.
+The rows are checked before anything is written, so that a bad row is found here and not by verl
+mid-run (which drops a prompt over budget silently): invalid rows, prompts over budget and test
+texts that leak into training are errors naming FILE:LINE. Pass 1 (``ttsrl.data.scan``) reads the whole input; pass 2 streams
+the accepted rows into both files, which replace the old ones only once both are complete
+(``ttsrl.atomic``). The rules as a user sees them: docs/architecture.md, "Stage 0's rows".
 """
 
 from __future__ import annotations

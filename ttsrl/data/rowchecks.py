@@ -1,6 +1,6 @@
 """Stage 0's row checks: the text of a row, duplicate forms, prompt lengths, column types.
 
-See ``ttsrl.data.prepare`` for the rules as the user sees them.
+The rules as the user sees them: docs/architecture.md, "Stage 0's rows".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 is written, and learn what pass 2 needs and what to report: the rows to write and to
 skip, the invalid rows with their reasons, duplicates and train/test leaks (by a hash
 of the normalised text, ``rowchecks.normalise_for_dedup``), prompt lengths and the
-kinds of value of every extra column. The rules themselves are in ``prepare``'s doc.
+kinds of value of every extra column. The rules: docs/architecture.md, "Stage 0's rows".
 """
 
 from __future__ import annotations

@@ -1,75 +1,21 @@
 """verl's reward function: post speech tokens to the reward server, never score a failure silently.
 
-``compute_score`` is what ``reward_tts.py`` exposes to verl 0.9.1
-(``reward.custom_reward_function.path=reward_tts.py``, ``.name=compute_score``).
-It is ``async``: verl's naive reward-loop manager awaits one call per response; the calls
-of a process that overlap share one HTTP session and reach the server together, and the
-server batches them.
+``compute_score`` is what ``reward_tts.py`` exposes to verl (``reward.custom_reward_function``).
+It is ``async``: verl awaits one call per response as soon as its generation ends; the calls of a
+process that overlap share one HTTP session and reach the server together, and the server batches
+them. ``TTSRL_REWARD_URL`` names one server or several (``ttsrl.reward.pool``); a 4xx is not retried.
 
-Servers and failures
---------------------
-``TTSRL_REWARD_URL`` is one base URL or a comma-separated list: the request goes through this
-process's pool of those servers (``ttsrl.reward.pool``: least in flight first; a server that
-fails leaves the rotation and the request goes to another at once; it comes back when its
-``/v2/health/ready`` answers). A 4xx answer is not retried anywhere (the request itself is
-wrong). A request that still fails (every server gone, or refused) is counted; then:
+A request that still fails is counted: the sample scores 0.0 with ``reward_failed`` 1.0 and a
+warning, until more than ``max_fail_fraction`` of this process's last ``fail_window`` requests
+failed; then the call raises :class:`RewardServiceError`, and verl trains without that sample. The
+window counts requests, not steps, because verl gives no step id and scores samples one at a time
+(docs/architecture.md, "The reward function's failures").
 
-* if more than ``max_fail_fraction`` of the last ``fail_window`` reward requests of this
-  process failed, the call raises :class:`RewardServiceError`, naming every server and its
-  last error;
-* otherwise the sample gets score 0.0 with ``reward_failed = 1.0`` in its extra info
-  (verl logs extra keys) and a warning is printed, so it is visible, not silent.
-
-Why a window of the last K requests and not "a step": verl gives ``compute_score`` no step id,
-and in verl 0.9.1 the calls do not come in one burst per step. Rewards are streamed: each
-sample is scored by the agent loop as soon as its own generation ends
-(``verl/experimental/agent_loop/agent_loop.py:822`` and ``trainer/ppo/v1/agent_loop_tq.py:160``
-call ``_compute_score``, which sends that one sample to a reward worker picked with
-``random.choice``, ``agent_loop.py:1025-1026``), and the ``RewardLoopWorker`` actor
-(``experimental/reward_loop/reward_loop.py:145-148``) awaits this function once for it
-(``reward_manager/naive.py:66-73``). This is the path whenever no reward model is used
-(``trainer/ppo/ray_trainer.py:949``, ``trainer/ppo/v1/trainer_base.py:408-410``); the batched
-``compute_score_batch`` (``reward_loop.py:138-143``) serves only a colocated reward model.
-So a reward worker sees a trickle of single calls, about
-``train_batch_size * rollout.n / reward.num_workers`` per step (``reward.num_workers``: 8 by
-default, ``trainer/config/reward/reward.yaml:5``), with idle gaps whenever no generation
-happens to end. The old rule (a "step" = calls separated by 1 s with none in flight) could thus
-judge a window of one call, in which any failure was over the limit.
-Counting the outcomes of the last ``fail_window`` requests (``TTSRL_REWARD_FAIL_WINDOW``) judges
-the same number of rewards whatever their timing: set it to a worker's share of a step to make
-the fraction a per-step fraction. The count is per process and per server list.
-
-What a raised error does in verl 0.9.1: with the default v1 trainer (``trainer.use_v1=True``,
-``trainer/main_ppo.py:183-186``) it fails that sample's session; verl logs it and marks the prompt
-group "failure" (``trainer/ppo/v1/agent_loop_tq.py:134-148``); a sync step then trains without the
-missing trajectories (``trainer/ppo/v1/replay_buffer.py:111-113``) and stops the run when no
-selected group has any (``replay_buffer.py:505-509``). With ``trainer.use_v1=False`` it fails the
-``asyncio.gather`` of the agent loop worker (``agent_loop.py:654``) and with it the step. Either
-way the sample of a raised error is not trained on.
-
-Keys of the returned dict are the same for every sample (verl builds its extra-info
-columns from the first sample's keys), all finite: ``score`` (the combined reward the run
-trains on, the server's REWARDS), the reward's terms ``cer`` (the error-rate term, no length
-guard) and ``length`` (the length/finish term: 0 for a response that hit the budget without end
-of speech, see :func:`is_finished`; definitions: ``ttsrl.reward.rewards``), ``unfinished`` (1.0 for
-such a response), ``error_rate``, ``transcript``
-(a string; verl's metric code skips strings), ``reward_failed`` and ``sim``: the speaker
-similarity the server measured (its ``SIMS`` output: ``--want-sim`` or ``--sim-weight``), 0.0
-where none was measured (a server that does not, an empty response, a failed request) so the
-column stays finite, and ``sim_measured`` (1.0 or 0.0), which tells such a 0.0 from a measured
-one: anything that averages or prints SIM reads it first (``reward_tts.py`` prints ``sim -``).
-``cer``, ``sim`` and ``length`` (``TERM_KEYS``) are the three components of ``--algorithm gdpo``
-(``algorithm.gdpo_reward_keys``; verl reads them from the extra info,
-``verl/trainer/ppo/core_algos.py:413-430``). A failed request or an empty response has every
-term 0.
-
-Speakers: verl hands ``compute_score`` each row's ``extra_info``; a zero-shot row's
-``extra_info["prompt_id"]`` goes to the server as the optional PROMPT_ID input, so the response is
-voiced with the prompt speaker the policy continued and ``sim`` is the similarity to that prompt
-wav (a server started with ``--want-sim`` or ``--sim-weight``). The answer must carry the id back
-(``parameters.prompt_id``); an id the server does not know is a 422 (a refused request, not retried:
-it counts as a failure like any other, and names the id). Rows without a prompt id send the
-reference recipe's request, unchanged.
+Every sample's dict has the same keys, all finite (verl builds its columns from the first sample's):
+``score``, the reward's terms ``cer``, ``sim``, ``length`` (``TERM_KEYS``: gdpo's components),
+``unfinished``, ``error_rate``, ``transcript``, ``reward_failed`` and ``sim_measured`` (1.0 or 0.0:
+tells a measured SIM from the 0.0 of none). A zero-shot row's ``extra_info["prompt_id"]`` is sent as
+PROMPT_ID, so the response is voiced, and its SIM measured, with the prompt the policy continued.
 """
 
 from __future__ import annotations
@@ -84,7 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ttsrl import knobs
-from ttsrl.model.vocab import SpeechVocab
+from ttsrl.model.vocab import SpeechVocab, parse_speech_text
 from ttsrl.reward.pool import EndpointPool, Policy, RequestFailed, pool_for
 from ttsrl.reward.protocol import (
     CLIENT_OUTPUTS,
@@ -297,7 +243,7 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
     cfg = config or RewardClientConfig.from_env(urls, expect_reward, expect_sim_weight, max_response_length)
     prompt_id = row_prompt_id(extra_info)
     try:
-        codes = SpeechVocab.parse_speech_text(solution_str or "")
+        codes = parse_speech_text(solution_str or "")
     except ValueError as e:  # not a speech sequence at all: it says nothing
         log.warning("response is not valid speech (%s); reward 0", e)
         return _result(0.0, 1.0, "", False)

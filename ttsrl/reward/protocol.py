@@ -1,51 +1,14 @@
 """The KServe v2 / Triton HTTP wire protocol of the reward server, in one place.
 
-Used by the server (``ttsrl.reward.server``), the client verl calls (``ttsrl.reward.client``),
-the health check (``ttsrl.reward.health``) and the benchmarks::
-
-    POST /v2/models/{name}/infer            (also .../versions/{v}/infer)
-      inputs  TOKENS INT32 [1,N]   speech codes 0..6560 (nested [[...]] or flat data)
-              TOKEN_LENS INT32 [1,1]  number of valid codes (<= N)
-              GT_TEXT BYTES [1,1]     the text the speech should say (UTF-8)
-              PROMPT_ID BYTES [1,1]   optional: the id of the speaker prompt to voice this
-                                      utterance with, zero-shot (CosyVoice's token2wav conditioned on
-                                      that prompt's speech tokens, mel and speaker embedding); SIMS is
-                                      then the similarity to that same prompt wav. The ids a server
-                                      knows are the stems of its --prompt-dir's *.wav (its prompt pool;
-                                      metadata ``prompt_ids``: how many, ``prompt_pool_sha1``: sha1 of
-                                      the sorted ids, one a line; health's --expect prompt_pool=). An id
-                                      is 1..MAX_PROMPT_ID_BYTES bytes of UTF-8, no control character,
-                                      no '/' or '\\', no leading/trailing space (a file stem). An id the
-                                      server does not know is a 422 naming it and how many it knows,
-                                      never another speaker; a server without a prompt pool (backend
-                                      sim, whisper, or no --prompt-dir) knows none. The answer to a
-                                      request with PROMPT_ID carries it back in ``parameters.prompt_id``
-                                      (the client checks it). Without PROMPT_ID the speaker is chosen
-                                      from the text as before, and the answer is unchanged byte for byte.
-              FINISHED INT32 [1,1]    optional: 1 = the rollout ended with end of
-                                      speech, 0 = it hit the response limit without (unfinished: its
-                                      length term and, with the length guard on, its reward are 0).
-                                      Without it the rollout is judged by its length only, as before.
-      outputs REWARDS FP32 [1,1], TRANSCRIPTS BYTES [1,1], ERROR_RATES FP32 [1,1],
-              SIMS FP32 [1,1]  speaker similarity to the prompt (campplus cosine), sent by a server
-                               with --want-sim/--sim-weight (NaN where nothing was voiced);
-                               another server sends it only when asked for by name (NaN)
-              CER_REWARDS FP32 [1,1]     the error-rate term r of the reward (no length guard), in [0, 1]
-              LENGTH_REWARDS FP32 [1,1]  the length/finish term l, in [0, 1] (0: unfinished or empty)
-                               these two only when asked for by name (``outputs``), so an old
-                               client's answer is unchanged; REWARDS = l r + w SIMS for a finished
-                               rollout, 0 for an unfinished one (``ttsrl.reward.rewards``)
-              (REWARDS first: the reference client reads outputs[0].data[0])
-    GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
-    GET /v2/models[/{name}]/stats  Triton's statistics ({"model_stats": [...]}), ttsrl's own counters
-                                   and batch-size histogram beside it (``ttsrl.reward.triton_admin``)
-    GET /v2/models/{name}/config  Triton's model configuration; POST /v2/repository/index its index
-    GET /metrics                  the same and stage latencies for Prometheus (``ttsrl.reward.metrics``)
-
-A Triton client (and the request the reference recipe's ``reward_tts.py`` builds)
-works unchanged: JSON data, or Triton's binary tensor data extension (what
-``tritonclient.http`` sends by default; the codec is ``ttsrl.reward.triton_binary``). Every
-bad request is a :class:`RequestError` (a 4xx answer with ``{"error": message}``).
+The server (``ttsrl.reward.server``), the client verl calls (``ttsrl.reward.client``), the health
+check (``ttsrl.reward.health``) and the benchmarks all build and read requests here, so the sides
+cannot drift. ``INPUT_SPECS``, ``OPTIONAL_INPUT_SPECS`` and ``OUTPUT_SPECS`` are the tensors of
+``POST /v2/models/{name}/infer``; REWARDS comes first because the reference recipe's client reads
+``outputs[0].data[0]``. A request without the optional inputs (PROMPT_ID, FINISHED) or the
+by-name outputs (``TERM_OUTPUTS``) gets the reference recipe's answer, so a Triton client works
+unchanged, with JSON data or Triton's binary tensor data (``ttsrl.reward.triton_binary``). Every bad
+request is a :class:`RequestError` (a 4xx answer with ``{"error": message}``). The protocol as a
+client writer reads it: docs/architecture.md, "The reward server's wire protocol".
 """
 
 from __future__ import annotations
