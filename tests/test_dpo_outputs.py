@@ -42,11 +42,13 @@ def train(tiny_hf, pairs, out, *extra):
 
 
 def an_earlier_run(tiny_hf, out, **info):
-    """OUT/step_2 as an earlier train_dpo.py run left it (its marker names the trainer)."""
+    """OUT/step_2 as an earlier train_dpo.py run left it (its marker names the trainer and records the
+    run's settings; no RUN.json)."""
     step = out / "step_2"
     shutil.copytree(tiny_hf, step)
-    write_marker(step, {"step": 2, "source": "ttsrl dpo on pairs.parquet", "trainer": "dpo", "beta": 0.1,
-                        "loss_type": "sigmoid", "average": "sum", "sft_weight": 0.0, "label_smoothing": 0.0, **info})
+    settings = {"trainer": "dpo", "beta": 0.1, "loss_type": "sigmoid", "average": "sum", "sft_weight": 0.0,
+                "label_smoothing": 0.0}
+    write_marker(step, {"step": 2, "source": "ttsrl dpo on pairs.parquet", **settings, "run": settings, **info})
     return step
 
 

@@ -148,7 +148,7 @@ def test_prompt_from_keeps_the_first_steps_text_only(tmp_path):
     """The curriculum (``--prompt-from F``): no zero-shot example before step F x steps, not
     even a draw of the random stream, so a build whose prompts would start after its last step is the
     text-only build (same weights), and one that starts half-way differs from both; the curriculum is
-    part of the cache's fingerprint, its absence (0) is not (the zero-shot builds before it keep theirs)."""
+    part of a zero-shot build's cache fingerprint, and no part of a text-only build's."""
     from ttsrl.embedded.pretrain import fingerprint
 
     corpus = tmp_path / "train.jsonl"

@@ -49,8 +49,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("TTSRL_REWARD_BACKOFF_S", float, 0.5, "a failed server's first time out of rotation in seconds (doubles "
          "per failure in a row, capped at 30 s)", _REWARD),
     Knob("TTSRL_REWARD_TIMEOUT_S", float, 300.0, "timeout of one reward request attempt in seconds", _REWARD),
-    Knob("TTSRL_REWARD_STEP_GAP_S", str, None, "obsolete, no longer read (the failure rule counts the last "
-         "TTSRL_REWARD_FAIL_WINDOW calls); setting it logs a warning once", _REWARD),
     Knob("TTSRL_REWARD_MAX_CONNECTIONS", int, 256, "concurrent reward requests per event loop", _REWARD),
     Knob("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S", float, 0.05, "hf rollout: requests keep being collected into one batch "
          "until none arrived for this many seconds", _ROLLOUT),

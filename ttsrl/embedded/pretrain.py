@@ -71,8 +71,8 @@ class PretrainConfig:
     initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
     prompt_prob: float = option(0.0, help="share of examples in CosyVoice's zero-shot layout: a prompt (a 2-3 "
                                           "character corpus span in a random simulated speaker's voice) before "
-                                          "the text, the target in that voice (0: text-only, the pre-issue-37 "
-                                          "build; the embedded preset's zero-shot mode sets 0.5)")
+                                          "the text, the target in that voice (0: text-only; the embedded preset's "
+                                          "zero-shot mode sets 0.5)")
     speaker_leak: float = option(0.15, help="share of a prompted target's codes spoken in the default voice "
                                             "instead of the prompt's (the model follows its prompt imperfectly)")
     prompt_from: float = option(0.0, help="share of the steps that are text-only before zero-shot examples begin (a "
@@ -261,13 +261,9 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     ``v`` is the build code's version: raised when the code changes the weights it trains from
     the same inputs (2: the decoder on target positions only, 2026-12-02), so a cache is rebuilt."""
     inputs = {k: v for k, v in asdict(cfg).items() if k != "threads"}
-    if inputs["family"] == "cosyvoice2":  # the inputs of the builds from before families: same cache
-        del inputs["family"]
-    if inputs["prompt_prob"] == 0:  # a text-only build trains as before the zero-shot fields: same cache
+    if inputs["prompt_prob"] == 0:  # a text-only build draws no prompt: the zero-shot fields change nothing
         for k in ("prompt_prob", "speaker_leak", "prompt_chars", "prompt_from"):
             del inputs[k]
-    if inputs.get("prompt_from") == 0:  # no curriculum: the zero-shot builds from before it keep their cache
-        del inputs["prompt_from"]
     h = hashlib.sha256(json.dumps({"texts": texts, "cfg": inputs, "v": 2}, ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 

@@ -57,8 +57,6 @@ ENV_RETRIES = "TTSRL_REWARD_RETRIES"
 ENV_BACKOFF = "TTSRL_REWARD_BACKOFF_S"
 ENV_TIMEOUT = "TTSRL_REWARD_TIMEOUT_S"
 ENV_MAX_CONN = "TTSRL_REWARD_MAX_CONNECTIONS"
-ENV_OBSOLETE = {"TTSRL_REWARD_STEP_GAP_S": ENV_FAIL_WINDOW}  # old name -> what replaced it
-_WARNED: set[str] = set()
 
 
 class RewardServiceError(RuntimeError):
@@ -89,10 +87,6 @@ class RewardClientConfig:
         ``reward``, ``sim_weight`` and ``max_response_length`` (verl's ``reward_kwargs``, which a
         run sets) win over the environment."""
         g = knobs.get
-        for old, new in ENV_OBSOLETE.items():
-            if g(old) is not None and old not in _WARNED:
-                _WARNED.add(old)
-                log.warning("%s is no longer read: the failure rule counts the last %s requests instead", old, new)
         cfg = cls(url=urls or g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME, reward=reward,
                   sim_weight=None if sim_weight is None else float(sim_weight),
                   max_response_length=None if max_response_length is None else int(max_response_length),

@@ -52,14 +52,10 @@ def _recorded(out_dir: Path, steps: list[Path]) -> dict | None:
         return json.loads((out_dir / RUN_FILE).read_text())["settings"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    for s in steps:  # an older run: what its markers recorded
+    for s in steps:  # no readable RUN.json (removed, or steps copied in): what a step's marker records
         info = _marker(s) or {}
         if isinstance(info.get("run"), dict):
             return info["run"]
-        legacy = {k: info[k] for k in ("trainer", "loss_type", "beta", "average", "sft_weight", "label_smoothing",
-                                       "desirable_weight", "undesirable_weight") if k in info}
-        if legacy:
-            return legacy
     return None
 
 
