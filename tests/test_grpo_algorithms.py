@@ -1,11 +1,14 @@
-"""Every ``--algorithm`` but grpo (test_grpo_cpu.py) and gdpo (test_gdpo.py) trained for real:
-2 steps of verl 0.9.1 on CPU (our plugin, the ``hf``
-rollout, the tiny model of conftest.py, the real reward client against the ``sim`` server), one
-run per algorithm, each as small as test_grpo_cpu.py's run. Checked on each: the steps ran, and
-the config verl itself resolved (Hydra's record of the run) holds the keys that define the
-algorithm (``DEFINING``, test_algorithms.py). DAPO's run shows group filtering at work: its reward file (fixtures/flat_reward.py)
-gives every sample of the first training text the same score, and verl's v1 ReplayBuffer reports
-that group evicted (``training/filter_groups/evicted_samples``, then refills the batch).
+"""``--algorithm dapo`` trained for real: 2 steps of verl 0.9.1 on CPU (our plugin, the ``hf``
+rollout, the tiny model of conftest.py, the real reward client against the ``sim`` server), as small
+as test_grpo_cpu.py's run. grpo trains in test_grpo_cpu.py, gdpo in test_gdpo.py; the others
+(grpo_no_std, rloo, gspo) differ from those runs only in the estimator and policy loss verl
+dispatches by name, which test_algorithms.py runs on real tensors with the config train_grpo.py's
+command gives verl. DAPO alone changes the training loop: checked here, the steps ran, the config
+verl itself resolved (Hydra's record of the run) holds DAPO's defining keys (``DEFINING``,
+test_algorithms.py), group filtering is at work (its reward file, fixtures/flat_reward.py, gives
+every sample of the first training text the same score, and verl's v1 ReplayBuffer reports that
+group evicted: ``training/filter_groups/evicted_samples``, then refills the batch) and verl's dapo
+reward manager, around our reward function, penalises overlong responses.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ import pytest
 from helpers import grpo_command, parse_steps
 from omegaconf import OmegaConf
 from test_algorithms import DEFINING
-
-from ttsrl.train.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 2
@@ -45,34 +46,21 @@ def train(ws: Path, algorithm: str, url: str, *options: str, verl: tuple[str, ..
     return proc.stdout, OmegaConf.load(ckpt / "hydra" / ".hydra" / "config.yaml")
 
 
-# grpo (the default) trains in test_grpo_cpu.py and every end-to-end test; gdpo needs a server that
-# measures SIM: its own 2-step run is in test_gdpo.py. CI's time goes to the others.
-# grpo_no_std is extended (bash scripts/test.sh -m extended): it is grpo with one flag
-# (algorithm.norm_adv_by_std_in_grpo=False, checked in test_algorithms.py), trained through
-# the same verl code path as grpo's run in test_grpo_cpu.py; its own run is a Ray start-up and two
-# steps the test command need not pay for.
-EXTENDED = {"grpo_no_std"}
-
-
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.extended) if a in EXTENDED else a
-                                       for a in sorted(set(ALGORITHMS) - {"grpo", "gdpo"})])
-def test_algorithm_trains(workspace, sim_server_url, algorithm):
-    dapo = algorithm == "dapo"
-    options = ("--reward-file", str(ROOT / "tests" / "fixtures" / "flat_reward.py")) if dapo else ()
+def test_dapo_trains_filters_flat_groups_and_penalises_overlong_responses(workspace, sim_server_url):
     # unshuffled, the flat text (index 0) is in the first batch
-    log, cfg = train(workspace, algorithm, sim_server_url, *options, verl=("data.shuffle=False",) if dapo else ())
-    for key, want in DEFINING[algorithm].items():
+    log, cfg = train(workspace, "dapo", sim_server_url, "--reward-file",
+                     str(ROOT / "tests" / "fixtures" / "flat_reward.py"), verl=("data.shuffle=False",))
+    for key, want in DEFINING["dapo"].items():
         assert OmegaConf.select(cfg, key) == want, (key, OmegaConf.select(cfg, key))
     steps = parse_steps(log)
     assert sorted(s for s in steps if s > 0) == list(range(1, STEPS + 1)), sorted(steps)
     for s in range(1, STEPS + 1):
         assert "actor/pg_loss" in steps[s] and steps[s]["response_length/max"] <= 32, steps[s]
-    if dapo:
-        evicted = sum(steps[s].get("training/filter_groups/evicted_samples", 0) for s in range(1, STEPS + 1))
-        assert evicted >= 1, {s: sorted(k for k in steps[s] if "filter" in k) for s in steps}
-        # overlong shaping: the last fifth of the 32-token budget (6 tokens) is penalised, up to -1, below the
-        # reward's own floor of 0; a step whose longest response reached into it has a negative score
-        assert OmegaConf.select(cfg, "reward.reward_kwargs.overlong_buffer_cfg.len") == 6
-        for s in range(1, STEPS + 1):
-            if steps[s]["response_length/max"] > 32 - 6:
-                assert steps[s]["critic/score/min"] < 0, steps[s]
+    evicted = sum(steps[s].get("training/filter_groups/evicted_samples", 0) for s in range(1, STEPS + 1))
+    assert evicted >= 1, {s: sorted(k for k in steps[s] if "filter" in k) for s in steps}
+    # overlong shaping: the last fifth of the 32-token budget (6 tokens) is penalised, up to -1, below the
+    # reward's own floor of 0; a step whose longest response reached into it has a negative score
+    assert OmegaConf.select(cfg, "reward.reward_kwargs.overlong_buffer_cfg.len") == 6
+    for s in range(1, STEPS + 1):
+        if steps[s]["response_length/max"] > 32 - 6:
+            assert steps[s]["critic/score/min"] < 0, steps[s]
