@@ -25,6 +25,13 @@ def start_reward_server(*args: str) -> tuple[subprocess.Popen, str]:
         pytest.fail(str(e))
 
 
+def cpu_config(**values):
+    """``GRPOConfig`` of the ``cpu`` preset: the CPU path without the embedded run's values."""
+    from ttsrl.train.grpo import GRPOConfig
+
+    return GRPOConfig.from_preset("cpu", **values)
+
+
 def dead_url() -> str:
     """A loopback URL nothing listens on (a port that was free a moment ago)."""
     import socket

@@ -7,6 +7,7 @@ train_grpo.py's command gives verl; no training here (test_grpo_algorithms.py tr
 from __future__ import annotations
 
 import pytest
+from helpers import cpu_config
 from omegaconf import OmegaConf
 from test_grpo import REQUIRED_ARGV, composed, gpu
 
@@ -17,8 +18,7 @@ from ttsrl.train.grpo import ALGORITHMS, GRPOConfig
 def test_every_algorithm_composes_and_exists_in_verl(algorithm):
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
-    for c in (gpu(algorithm=algorithm), GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v",
-                                                            algorithm=algorithm)):
+    for c in (gpu(algorithm=algorithm), cpu_config(model_path="m", train_files="t", val_files="v", algorithm=algorithm)):
         cfg = composed(c.to_overrides())
         get_adv_estimator_fn(cfg.algorithm.adv_estimator)
         get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)

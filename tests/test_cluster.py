@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cpu_config
 from omegaconf import OmegaConf
 from test_grpo import ROOT, composed
 
@@ -133,9 +134,9 @@ def test_a_relative_path_is_refused_on_several_nodes(field):
     for shape in ({"nnodes": 2}, {"ray_address": "10.0.0.9:6379"}):
         with pytest.raises(ValueError, match=rf"{field}='data/rel' is a relative path.*use an absolute path on a "
                                              "filesystem every node mounts"):
-            GRPOConfig.cpu_preset(**paths, **shape)
-    GRPOConfig.cpu_preset(**paths)  # one local node: the working directory is the driver's
-    GRPOConfig.cpu_preset(**{**paths, field: "hdfs://nn/data/rel"}, nnodes=2)  # not a local path
+            cpu_config(**paths, **shape)
+    cpu_config(**paths)  # one local node: the working directory is the driver's
+    cpu_config(**{**paths, field: "hdfs://nn/data/rel"}, nnodes=2)  # not a local path
 
 
 @pytest.mark.slow  # several train_grpo.build compositions of verl's config: ~6 s

@@ -16,15 +16,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from helpers import cpu_config  # noqa: E402
 from test_grpo import composed, gpu  # noqa: E402
 
 from ttsrl.reward.client import _result  # noqa: E402
-from ttsrl.train.grpo import GRPOConfig  # noqa: E402
 
 
 def test_gdpo_composes_with_the_legacy_trainer_and_our_reward_keys():
-    for c in (gpu(algorithm="gdpo"), GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v",
-                                                          algorithm="gdpo")):
+    for c in (gpu(algorithm="gdpo"), cpu_config(model_path="m", train_files="t", val_files="v", algorithm="gdpo")):
         cfg = composed(c.to_overrides())
         assert cfg.algorithm.adv_estimator == "gdpo"
         assert list(cfg.algorithm.gdpo_reward_keys) == ["cer", "sim", "length"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import verl
+from helpers import cpu_config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -80,7 +81,7 @@ def test_default_reward_function_is_what_verl_loads_from_the_repo():
 
 
 def test_cpu_preset_overrides():
-    c = GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v")
+    c = cpu_config(model_path="m", train_files="t", val_files="v")
     cfg = composed(c.to_overrides())
     a = cfg.actor_rollout_ref
     assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.ray_kwargs.ray_init.num_cpus == 32
@@ -94,7 +95,7 @@ def test_cpu_preset_overrides():
     assert env["VERL_ENGINE_DEVICE"] == "cuda" and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert "VERL_PLATFORM" not in gpu().env()
     # world size 2 on one raylet: as many logical GPUs as FSDP ranks
-    two = composed(GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v", n_gpus_per_node=2)
+    two = composed(cpu_config(model_path="m", train_files="t", val_files="v", n_gpus_per_node=2)
                    .to_overrides())
     assert two.ray_kwargs.ray_init.num_gpus == 2 and two.trainer.n_gpus_per_node == 2
 
@@ -189,7 +190,7 @@ def test_reading_the_run_environment_imports_neither_verl_nor_ray():
     """GRPOConfig.env() only names environment variables; the plugin is installed by
     importing ttsrl.verl_plugin.plugin (what verl does), never as a side effect."""
     code = ("import sys; from ttsrl.train.grpo import GRPOConfig; import ttsrl.verl_plugin; "
-            "env = GRPOConfig.cpu_preset(model_path='m', train_files='t', val_files='v').env(); "
+            "env = GRPOConfig.from_preset('cpu', model_path='m', train_files='t', val_files='v').env(); "
             "assert env['VERL_USE_EXTERNAL_MODULES'] == 'ttsrl.verl_plugin.plugin'; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'ray')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

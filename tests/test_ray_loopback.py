@@ -13,9 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import dead_url
-
-from ttsrl.train.grpo import GRPOConfig
+from helpers import cpu_config, dead_url
 
 SCRIPT = r"""
 import json, os, psutil, ray
@@ -45,7 +43,7 @@ LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 @pytest.mark.slow  # a Ray cluster: ~10 s
 def test_cpu_preset_ray_listens_on_loopback_only():
-    env = GRPOConfig.cpu_preset(model_path="m", train_files="t", val_files="v").env()
+    env = cpu_config(model_path="m", train_files="t", val_files="v").env()
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     r = subprocess.run([sys.executable, "-c", SCRIPT], env={**clean, **env},

@@ -297,11 +297,6 @@ class GRPOConfig:
             base.pop("bypass_old_log_prob", None)
         return cls(**{**base, **values})
 
-    @classmethod
-    def cpu_preset(cls, **values) -> "GRPOConfig":
-        """The ``cpu`` preset: the CPU path without the embedded run's values."""
-        return cls.from_preset("cpu", **values)
-
     # ------------------------------------------------------------------------
     def recipe_overrides(self) -> list[str]:
         """The recipe itself, device independent."""
