@@ -67,11 +67,20 @@ def lm(tiny_hf):
 
 
 @pytest.fixture(scope="session")
-def sim_server_url():
-    """The reward server CLI with the ``sim`` backend on a free loopback port."""
+def sim_server():
+    """(process, URL) of the reward server CLI with the ``sim`` backend and every other setting at its
+    default, on a free loopback port, shared by the session: a test may read rewards from it or have
+    run.sh adopt it, never stop it or depend on its counters (a test that stops its server, or needs
+    other settings, starts its own: ``helpers.start_reward_server``)."""
     proc, url = start_reward_server("--backend", "sim", "--log-level", "WARNING")
-    yield url
+    yield proc, url
     stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def sim_server_url(sim_server):
+    """The URL of ``sim_server``."""
+    return sim_server[1]
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, dead_url, start_reward_server, stop_process
+from helpers import ROOT, dead_url
 
 from ttsrl.launch import roles, server, settings
 from ttsrl.launch.__main__ import build_parser, parse, server_identity
@@ -131,10 +131,9 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tanh_server():
-    proc, url = start_reward_server("--backend", "sim", "--reward", "tanh")
-    yield url
-    stop_process(proc)
+def tanh_server(sim_server_url):
+    """A sim server serving tanh: the session's (conftest), whose reward is the default, tanh."""
+    return sim_server_url
 
 
 def test_a_server_serving_another_model_folder_or_reward_is_refused_unless_asked(tanh_server, tmp_path, capsys):

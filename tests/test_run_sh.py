@@ -102,8 +102,16 @@ def test_only_the_requested_stage_runs(tiny_cosyvoice2, tmp_path):
 
 # ---------------------------------------------------------------------------- reward server + stage 2
 @pytest.fixture()
-def hand_started_server():
-    """A reward server started by hand (not by run.sh) on a free loopback port."""
+def hand_started_server(sim_server):
+    """A reward server started by hand (not by run.sh) on a free loopback port: the session's
+    (conftest), which these tests check run.sh leaves running."""
+    proc, url = sim_server
+    return proc, urlparse(url).port
+
+
+@pytest.fixture()
+def own_server():
+    """A reward server of this test alone, started by hand like ``hand_started_server``: run.sh stops it."""
     proc, url = start_reward_server("--backend", "sim", "--log-level", "WARNING")
     yield proc, urlparse(url).port
     stop_process(proc)
@@ -159,8 +167,8 @@ def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_p
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
 
 
-def test_server_of_a_crashed_run_is_adopted_and_stopped(hand_started_server, tmp_path):
-    proc, port = hand_started_server
+def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
+    proc, port = own_server
     exp, env = _dry_run_preset(tmp_path, port)
     exp.mkdir(parents=True)
     (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
