@@ -18,7 +18,7 @@ import torch
 
 from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.model import convert
-from ttsrl.model.cosyvoice_lm import LM_CLASSES
+from ttsrl.model.cosyvoice_lm import lm_class
 from ttsrl.model.vocab import FAMILIES
 
 DTYPES = ("float32", "bfloat16")
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         return 2
     print(f"wrote {a.save_path} in {time.time() - t0:.1f}s")
     if a.stock_qwen2:
-        model = LM_CLASSES[sv.family.name].from_pretrained(a.pretrained_cosyvoice2_path, llm_file=a.llm)
+        model = lm_class(sv.family).from_pretrained(a.pretrained_cosyvoice2_path, llm_file=a.llm)
         loss = convert.stock_head_loss(model, sv.text_vocab_size)
         print("stock Qwen2 layout: lm_head bias dropped and non-speech rows unmasked. On a random probe batch: "
               f"KL({sv.family.name} || stock) = {loss['kl_stock']:.4f} nats/token "

@@ -16,19 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-# keep in sync with ttsrl.reward.backends.cosyvoice_code's families (tests check it): each backend's
-# model folder entries, and the CosyVoice code (path: class) backend cosyvoice3 needs of a checkout
-MODEL_DIR_ENTRIES = ("llm.pt", "cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx",
-                     "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/")
-MODEL_DIRS = {
-    "cosyvoice2": ("CosyVoice2", "COSYVOICE2_DIR", MODEL_DIR_ENTRIES),
-    "cosyvoice3": ("CosyVoice3", "--model-dir", ("llm.pt", "cosyvoice3.yaml", "flow.pt", "hift.pt", "campplus.onnx",
-                                                 "speech_tokenizer_v3.onnx", "CosyVoice-BlankEN/")),
-}
-COSYVOICE3_CODE = (("cosyvoice/cli/model.py", "CosyVoice3Model"), ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
-                   ("cosyvoice/flow/DiT/dit.py", "DiT"), ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ttsrl.data.prompt_pool import PoolError, read_pool  # noqa: E402 - stdlib-only import
+from ttsrl.families import family, token2wav_families  # noqa: E402 - stdlib-only import
 from ttsrl.reward.wavcheck import prompt_wav_header_problem, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
 
@@ -42,12 +32,13 @@ def _wav_problem(p: Path) -> str | None:
 
 def problems(a) -> list[str]:
     out: list[str] = []
-    family, var, entries = MODEL_DIRS[a.backend]
+    spec = family(a.backend).token2wav
+    family_name, var, entries = spec.name, "COSYVOICE2_DIR", spec.model_dir_entries
     if a.model_dir:
         d = Path(a.model_dir)
         miss = [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
         if miss:
-            out.append(f"{family} model folder {d} ({var}): missing {', '.join(miss)}")
+            out.append(f"{family_name} model folder {d} ({var}): missing {', '.join(miss)}")
     if a.prompt_dir:
         d = Path(a.prompt_dir)
         wavs = sorted(d.glob("*.wav")) if d.is_dir() else []
@@ -93,19 +84,19 @@ def problems(a) -> list[str]:
                 out.append(f"Seed-TTS prompt wavs: {len(bad)} listed in {meta} not found, e.g. {bad[:3]}")
     if a.cosyvoice_checkout and not (Path(a.cosyvoice_checkout) / "cosyvoice" / "cli" / "model.py").is_file():
         out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {a.cosyvoice_checkout} has no cosyvoice/cli/model.py")
-    elif a.backend == "cosyvoice3":
+    elif spec.needs_code:
         if not a.cosyvoice_checkout:
-            out.append("CosyVoice checkout (COSYVOICE_ROOT): backend cosyvoice3 needs a CosyVoice source checkout "
-                       "with CosyVoice3 (--cosyvoice-checkout; the PyPI package lacks it)")
+            out.append(f"CosyVoice checkout (COSYVOICE_ROOT): backend {a.backend} needs a CosyVoice source checkout "
+                       f"with {spec.name} (--cosyvoice-checkout; the PyPI package lacks it)")
         else:
             root = Path(a.cosyvoice_checkout)
-            lacking = [f"{rel}: {cls}" for rel, cls in COSYVOICE3_CODE
+            lacking = [f"{rel}: {cls}" for rel, cls in spec.needs_code
                        if not (root / rel).is_file()
                        or not re.search(rf"^class {cls}\b", (root / rel).read_text(encoding="utf-8", errors="replace"),
                                         flags=re.M)]
             if lacking:
-                out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {root} predates CosyVoice3 (lacks "
-                           f"{', '.join(lacking)}); backend cosyvoice3 needs one at or after dd2d926")
+                out.append(f"CosyVoice checkout (COSYVOICE_ROOT): {root} predates {spec.name} (lacks "
+                           f"{', '.join(lacking)}); backend {a.backend} needs one at or after {spec.since}")
     return out
 
 
@@ -117,8 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-pool", default=None, metavar="DIR",
                     help="zero-shot training's pool (PROMPT_POOL): DIR/prompt_speech_tokens.jsonl valid, with "
                          "transcripts, and DIR/<id>.wav for every id within the prompt-wav limits")
-    ap.add_argument("--backend", choices=tuple(MODEL_DIRS), default="cosyvoice2",
-                    help="whose model folder --model-dir is (and, cosyvoice3, that --cosyvoice-checkout has it)")
+    ap.add_argument("--backend", choices=token2wav_families(), default=token2wav_families()[0],
+                    help="the model family whose folder --model-dir is (and whose CosyVoice code "
+                         "--cosyvoice-checkout must have)")
     a = ap.parse_args(argv)
     found = problems(a)
     if found:

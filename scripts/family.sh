@@ -2,7 +2,7 @@
 # The model family of a one-shot check (sourced by scripts/rehearsal.sh and scripts/gpu_check.sh):
 #   family_arg SCRIPT [ARG...]   sets FAMILY from --family F (or --family=F), else MODEL_FAMILY
 #                                (run.sh's setting), else cosyvoice2; a family ttsrl does not know
-#                                (ttsrl/model/vocab.py FAMILIES) or any other argument: exit 2
+#                                (ttsrl/families/) or any other argument: exit 2
 family_arg() {
   local me=$1
   shift
@@ -16,6 +16,6 @@ family_arg() {
   done
   case $FAMILY in
     cosyvoice2 | cosyvoice3) ;;
-    *) echo "$me: family $FAMILY: expected cosyvoice2 or cosyvoice3 (ttsrl/model/vocab.py FAMILIES)" >&2; exit 2 ;;
+    *) echo "$me: family $FAMILY: expected cosyvoice2 or cosyvoice3 (ttsrl/families/)" >&2; exit 2 ;;
   esac
 }

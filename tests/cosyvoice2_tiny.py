@@ -264,7 +264,7 @@ def write_random_llm(d: Path, seed: int = 0) -> Path:
              for k, v in model.state_dict().items()}
     state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]  # tied
     state["llm_decoder.weight"] *= 5.0
-    state["llm_decoder.bias"][V.EOS_INDEX] = 10.0
+    state["llm_decoder.bias"][V.family("cosyvoice2").eos_index] = 10.0
     atomic_torch_save(state, d / "llm.pt")
     return d / "llm.pt"
 

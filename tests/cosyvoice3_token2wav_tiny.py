@@ -163,9 +163,10 @@ def build_cosyvoice3_token2wav(d: Path, checkout: str | None, seed: int = 0, siz
     source checkout with CosyVoice3) and return it."""
     import torch
 
-    from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, import_cosyvoice, load_yaml_without_llm
+    from ttsrl.families import family
+    from ttsrl.reward.backends.cosyvoice_code import import_cosyvoice, load_yaml_without_llm
 
-    import_cosyvoice(checkout, COSYVOICE3)
+    import_cosyvoice(checkout, family("cosyvoice3").token2wav)
     d.mkdir(parents=True, exist_ok=True)
     (d / "cosyvoice3.yaml").write_text(YAML_TEMPLATE.format(**COSYVOICE3_T2W_SIZES[size]), encoding="utf-8")
     (d / "CosyVoice-BlankEN").mkdir(exist_ok=True)

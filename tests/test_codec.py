@@ -11,7 +11,6 @@ import pytest
 
 from ttsrl import text
 from ttsrl.embedded import codec
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "corpus"
@@ -43,7 +42,7 @@ def test_corpus_is_split_and_short():
 def test_round_trip_on_whole_corpus(name):
     for row in load(name):
         codes = codec.encode(row["text"])
-        assert all(0 <= c < SPEECH_TOKEN_SIZE for c in codes)
+        assert all(0 <= c < codec.CODE_SPACE for c in codes)
         assert text.pinyin(codec.decode(codes)) == text.pinyin(row["text"]), row
 
 
@@ -68,14 +67,14 @@ def test_pause_not_inserted_inside_numbers():
 
 
 def test_code_book_is_a_small_subset_of_the_codec():
-    assert codec.NUM_CODES == len(codec.USED_CODES) < SPEECH_TOKEN_SIZE // 10
-    assert all(0 <= c < SPEECH_TOKEN_SIZE for c in codec.USED_CODES)
+    assert codec.NUM_CODES == len(codec.USED_CODES) < codec.CODE_SPACE // 10
+    assert all(0 <= c < codec.CODE_SPACE for c in codec.USED_CODES)
     assert set(codec.SILENCE_CODES) <= codec.USED_CODES and len(set(codec.SILENCE_CODES)) == 4
 
 
 def test_silence_and_noise_decode_to_nothing():
     assert codec.decode(list(codec.SILENCE_CODES) * 5) == ""
-    unused = sorted(set(range(SPEECH_TOKEN_SIZE)) - codec.ALL_CODES)[:50]  # in no speaker's book
+    unused = sorted(set(range(codec.CODE_SPACE)) - codec.ALL_CODES)[:50]  # in no speaker's book
     assert codec.decode(unused) == ""
     hello = codec.encode("你好吗")
     noisy = [unused[0]] + hello[:2] + list(codec.SILENCE_CODES[2:]) + hello[2:] + [-1, 10**9]
@@ -91,7 +90,7 @@ def test_decode_never_raises_on_garbage():
     used = sorted(codec.USED_CODES)
     for _ in range(1000):
         n = rng.randint(0, 60)
-        stream = [rng.choice((rng.randint(-10**6, 10**6), rng.randint(-5, SPEECH_TOKEN_SIZE + 5),
+        stream = [rng.choice((rng.randint(-10**6, 10**6), rng.randint(-5, codec.CODE_SPACE + 5),
                               rng.choice(used), rng.choice(used)))
                   for _ in range(n)]
         out = codec.decode(stream)

@@ -34,8 +34,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import write_tone_wav  # noqa: E402
 
 from ttsrl import knobs  # noqa: E402
+from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.backends.cosyvoice3 import CosyVoice3Config, CosyVoice3Token2Wav  # noqa: E402
-from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, check_model_dir, checkout_lacks  # noqa: E402
+from ttsrl.reward.backends.cosyvoice_code import check_model_dir, checkout_lacks  # noqa: E402
+
+COSYVOICE3 = family("cosyvoice3").token2wav
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000
@@ -148,16 +151,9 @@ def test_server_and_pipeline_options_take_cosyvoice3(tmp_path):
 
 
 def test_check_inputs_knows_a_cosyvoice3_folder_and_checkout(tmp_path):
-    """scripts/check_inputs.py (stdlib only: it runs before the venv exists) keeps copies of the
-    families' folder entries and of the code cosyvoice3 needs; one message names what is missing."""
+    """scripts/check_inputs.py (stdlib only: it runs before the venv exists) reads the family's folder
+    entries and the code cosyvoice3 needs from the registry; one message names what is missing."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    import check_inputs
-
-    from ttsrl.reward.backends.cosyvoice_code import COSYVOICE2
-
-    assert check_inputs.MODEL_DIRS["cosyvoice2"][2] == COSYVOICE2.model_dir_entries
-    assert check_inputs.MODEL_DIRS["cosyvoice3"][2] == COSYVOICE3.model_dir_entries
-    assert check_inputs.COSYVOICE3_CODE == COSYVOICE3.needs_code
     model = tmp_path / "Fun-CosyVoice3-0.5B-2512"
     model.mkdir()
     (model / "flow.pt").write_bytes(b"x")

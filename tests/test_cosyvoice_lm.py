@@ -6,8 +6,6 @@ from draws import assert_fits
 
 from ttsrl.model import vocab as V
 from ttsrl.model.cosyvoice_lm import (
-    RULE_2024,
-    RULE_2026,
     SamplingConfig,
     SamplingError,
     nucleus_sampling,
@@ -15,6 +13,8 @@ from ttsrl.model.cosyvoice_lm import (
     ras_sampling,
     rule_distribution,
 )
+
+RULE_2026, RULE_2024 = "cosyvoice2-2026", "cosyvoice2-2024"  # CosyVoice2's rules (Qwen2LM's family)
 
 
 def _force_head(model, favourite: int, stop_bias: float):
@@ -27,7 +27,7 @@ def _force_head(model, favourite: int, stop_bias: float):
         m.llm_decoder.weight.zero_()
         m.llm_decoder.bias.fill_(-20.0)
         m.llm_decoder.bias[favourite] = 0.0
-        m.llm_decoder.bias[V.SPEECH_TOKEN_SIZE:] = stop_bias
+        m.llm_decoder.bias[V.family("cosyvoice2").speech_token_size:] = stop_bias
     return m
 
 
@@ -39,11 +39,11 @@ def test_min_length_then_stop(tiny_cosyvoice2, rule):
     min_len = int(len(text) * cfg.min_token_text_ratio)
     greedy = _force_head(model, favourite=42, stop_bias=-50.0)
     with torch.no_grad():
-        greedy.llm_decoder.bias[V.EOS_INDEX] = 10.0  # eos is the argmax
+        greedy.llm_decoder.bias[V.family("cosyvoice2").eos_index] = 10.0  # eos is the argmax
     assert list(greedy.inference(text, greedy=True, sampling=cfg)) == [42] * min_len
     m = _force_head(model, favourite=42, stop_bias=-50.0)
     with torch.no_grad():
-        m.llm_decoder.bias[V.EOS_INDEX] = 1.0  # eos p=0.73: inside the nucleus with token 42
+        m.llm_decoder.bias[V.family("cosyvoice2").eos_index] = 1.0  # eos p=0.73: inside the nucleus with token 42
     lengths = []
     for seed in range(20):
         out = list(m.inference(text, sampling=cfg, generator=torch.Generator().manual_seed(seed)))
@@ -60,7 +60,7 @@ def test_today_only_eos_row_is_held_before_min_length(tiny_cosyvoice2):
     _, model = tiny_cosyvoice2
     m = _force_head(model, favourite=42, stop_bias=-50.0)
     with torch.no_grad():
-        m.llm_decoder.bias[V.STOP_INDICES[2]] = 10.0
+        m.llm_decoder.bias[V.family("cosyvoice2").stop_indices[2]] = 10.0
     assert list(m.inference([3, 4], greedy=True, sampling=SamplingConfig(rule=RULE_2026))) == []
     assert list(m.inference([3, 4], greedy=True, sampling=SamplingConfig(rule=RULE_2024))) == [42] * 4
 def test_max_length_cap(tiny_cosyvoice2):
@@ -73,7 +73,7 @@ def test_max_length_cap(tiny_cosyvoice2):
 
 
 @pytest.mark.parametrize("rule", [RULE_2026, RULE_2024])
-@pytest.mark.parametrize("stop", V.STOP_INDICES)
+@pytest.mark.parametrize("stop", V.family("cosyvoice2").stop_indices)
 def test_every_stop_token_ends(tiny_cosyvoice2, stop, rule):
     _, model = tiny_cosyvoice2
     m = _force_head(model, favourite=9, stop_bias=-50.0)
@@ -81,7 +81,7 @@ def test_every_stop_token_ends(tiny_cosyvoice2, stop, rule):
         m.llm_decoder.bias[stop] = 30.0
     cfg = SamplingConfig(min_token_text_ratio=1, rule=rule)
     # today's rule holds back only eos (6561) before min_len; eos2/eos3 end at once
-    want = [] if rule == RULE_2026 and stop != V.EOS_INDEX else [9]
+    want = [] if rule == RULE_2026 and stop != V.family("cosyvoice2").eos_index else [9]
     assert list(m.inference([3], sampling=cfg, greedy=True)) == want
 
 
@@ -90,14 +90,14 @@ def test_only_stop_tokens(tiny_cosyvoice2):
     m = _force_head(model, favourite=9, stop_bias=-60.0)
     with torch.no_grad():
         m.llm_decoder.bias[9] = -60.0
-        m.llm_decoder.bias[V.EOS_INDEX] = 60.0  # eos takes all the mass
+        m.llm_decoder.bias[V.family("cosyvoice2").eos_index] = 60.0  # eos takes all the mass
     g = torch.Generator().manual_seed(0)
     # 2024: redraws max_trials times, then gives up
     with pytest.raises(SamplingError, match="only stop tokens"):
         list(m.inference([3], sampling=SamplingConfig(max_trials=5, rule=RULE_2024), generator=g))
     # today: eos row at -inf, one draw from what is left, no error
     out = list(m.inference([3], sampling=SamplingConfig(rule=RULE_2026), generator=g))
-    assert len(out) == 2 and all(0 <= c < V.SPEECH_TOKEN_SIZE for c in out)
+    assert len(out) == 2 and all(0 <= c < V.family("cosyvoice2").speech_token_size for c in out)
 
 
 def test_unknown_rule_refused():
@@ -129,7 +129,7 @@ def test_repetition_aware_resampling(rule):
 
 def _logp(probs: dict[int, float]) -> torch.Tensor:
     """Log-probs over the 6564 outputs with the given mass on a few rows (the rest ~0)."""
-    p = torch.full((V.NUM_OUTPUTS,), 1e-12, dtype=torch.float64)
+    p = torch.full((V.family("cosyvoice2").num_outputs,), 1e-12, dtype=torch.float64)
     for k, v in probs.items():
         p[k] = v
     return (p / p.sum()).log().float()
@@ -150,7 +150,7 @@ def _expected_2026(probs: dict[int, float], window: list[int], cfg: SamplingConf
     ras_sampling at commits 0e62489 / f2ddcbe) over the few rows with mass."""
     p = dict(probs)
     if not allow_stop:
-        p.pop(V.EOS_INDEX, None)
+        p.pop(V.family("cosyvoice2").eos_index, None)
     total = sum(p.values())
     p = {k: v / total for k, v in p.items()}
     nucleus = _nucleus_of(p, cfg)
@@ -172,7 +172,7 @@ def test_pick_token_matches_cosyvoice_today_exactly(allow_stop):
     """Draw frequencies of pick_token against the exact distribution of CosyVoice's
     current rule, including both -inf writes acting on the same step's scores: before
     the minimum length the eos row stays blocked in the repetition redraw too."""
-    probs = {5: 0.35, 7: 0.2, V.EOS_INDEX: 0.3, 11: 0.1, V.STOP_INDICES[1]: 0.05}
+    probs = {5: 0.35, 7: 0.2, V.family("cosyvoice2").eos_index: 0.3, 11: 0.1, V.family("cosyvoice2").stop_indices[1]: 0.05}
     cfg = SamplingConfig(top_k=3)
     window = [5, 1, 2, 3, 4, 6, 8, 9, 10, 12]  # 5 is in the window: repeated (>= 1)
     logp = _logp(probs)
@@ -189,7 +189,7 @@ def test_pick_token_matches_cosyvoice_today_exactly(allow_stop):
     for k, v in want.items():
         assert abs(got.get(k, 0) / n - v) < 0.025, (k, got, want)
     if not allow_stop:
-        assert V.EOS_INDEX not in got and 5 not in got
+        assert V.family("cosyvoice2").eos_index not in got and 5 not in got
 
 
 def _expected_2024(probs: dict[int, float], window: list[int], cfg: SamplingConfig, allow_stop: bool):
@@ -211,11 +211,11 @@ def _expected_2024(probs: dict[int, float], window: list[int], cfg: SamplingConf
             draw[t] += q
     if allow_stop:
         return {**draw, "error": 0.0}
-    stop = sum(v for k, v in draw.items() if k >= V.SPEECH_TOKEN_SIZE)
+    stop = sum(v for k, v in draw.items() if k >= V.family("cosyvoice2").speech_token_size)
     want: dict = {k: 0.0 for k in p}
     for trial in range(cfg.max_trials):  # this draw is the first one without a stop index
         for k, v in draw.items():
-            if k < V.SPEECH_TOKEN_SIZE:
+            if k < V.family("cosyvoice2").speech_token_size:
                 want[k] += stop ** trial * v
     return {**want, "error": stop ** cfg.max_trials}
 
@@ -225,9 +225,9 @@ EXPECTED = {RULE_2026: lambda *a: {**_expected_2026(*a), "error": 0.0}, RULE_202
 # entry, eos is in the nucleus; two-repeated: nucleus {5, 7, 6563} before and after the
 # minimum length, 5 and 7 repeated (the window's first entry is outside the last 10)
 RULE_CASES = {
-    "one-repeated": ({5: 0.35, 7: 0.2, V.EOS_INDEX: 0.3, 11: 0.1, V.STOP_INDICES[1]: 0.05},
+    "one-repeated": ({5: 0.35, 7: 0.2, V.family("cosyvoice2").eos_index: 0.3, 11: 0.1, V.family("cosyvoice2").stop_indices[1]: 0.05},
                      [5, 1, 2, 3, 4, 6, 8, 9, 10, 12]),
-    "two-repeated": ({5: 0.3, 7: 0.25, V.STOP_INDICES[2]: 0.2, V.EOS_INDEX: 0.15, 11: 0.1},
+    "two-repeated": ({5: 0.3, 7: 0.25, V.family("cosyvoice2").stop_indices[2]: 0.2, V.family("cosyvoice2").eos_index: 0.15, 11: 0.1},
                      [11, 7, 41, 42, 5, 43, 44, 45, 46, 47, 48]),
 }
 RULE_CFG = {RULE_2026: SamplingConfig(top_k=3), RULE_2024: SamplingConfig(top_k=3, rule=RULE_2024, max_trials=3)}
@@ -284,7 +284,7 @@ def test_rule_distribution_matches_pick_token_draws(rule, allow_stop, case):
 def test_rule_distribution_redraw_after_a_near_certain_pick():
     """A repeated pick with p = 1 - 1e-9: the redraw spreads over what is left, whose
     mass 1 - p(t) is summed from the other rows (1 - p(t) in floats would lose it)."""
-    logp = torch.full((V.NUM_OUTPUTS,), -30.0)
+    logp = torch.full((V.family("cosyvoice2").num_outputs,), -30.0)
     logp[5], logp[9] = 0.0, -21.0  # 9 holds ~0.75 of the rest
     logp = logp.log_softmax(dim=-1)
     cfg = SamplingConfig()
@@ -313,7 +313,7 @@ def test_loss_targets_speech_and_eos(tiny_cosyvoice2):
     _, model = tiny_cosyvoice2
     text, speech = [3, 4, 5], [10, 11]
     logits = model.forward_logits(text, speech)
-    assert logits.shape == (len(text) + 2 + len(speech), V.NUM_OUTPUTS)
+    assert logits.shape == (len(text) + 2 + len(speech), V.family("cosyvoice2").num_outputs)
     # positions task_id, s10, s11 predict s10, s11, eos
-    want = torch.nn.functional.cross_entropy(logits[-3:], torch.tensor([10, 11, V.EOS_INDEX]))
+    want = torch.nn.functional.cross_entropy(logits[-3:], torch.tensor([10, 11, V.family("cosyvoice2").eos_index]))
     assert torch.allclose(model.loss(text, speech), want)  # same logits, same reduction: rounding only

@@ -97,7 +97,7 @@ def sweep_inputs(tiny_hf, lm, tmp_path_factory):
     test.write_text("".join(json.dumps({"text": t, "id": f"t{i}"}, ensure_ascii=False) + "\n"
                             for i, t in enumerate(TEXTS)), encoding="utf-8")
     merged = d / "merged"
-    favour = {2: lm.vocab.to_hf(V.EOS_INDEX), 4: lm.vocab.to_hf(codec.encode("a")[0])}
+    favour = {2: lm.vocab.to_hf(V.family("cosyvoice2").eos_index), 4: lm.vocab.to_hf(codec.encode("a")[0])}
     for step, hf_id in favour.items():
         sd = merged / f"step_{step}"
         shutil.copytree(tiny_hf, sd)

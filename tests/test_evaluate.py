@@ -18,10 +18,12 @@ from ttsrl.eval.evaluate import EvalConfig, run_sweep, score
 from ttsrl.eval.report import NO_SIM_NOTE, summarize
 from ttsrl.model import vocab as V
 from ttsrl.model.checkpoint import write_marker
-from ttsrl.model.cosyvoice_lm import RULE_2024, RULE_2026, SamplingConfig
+from ttsrl.model.cosyvoice_lm import SamplingConfig
 from ttsrl.model.generate import Generated, GenerationConfig, HFGenerator, Request, build_input_ids
 from ttsrl.model.hf_model import load_speech_lm
 from ttsrl.reward.backends import BackendConfig, build_pipeline
+
+RULE_2026, RULE_2024 = "cosyvoice2-2026", "cosyvoice2-2024"  # CosyVoice2's rules (the tiny model's family)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用iPhone拍照，Hello world!", "重庆"]
@@ -103,7 +105,7 @@ def biased_model(tiny_hf, hf_id: int, value: float, others: dict[int, float] | N
 
 
 @pytest.mark.parametrize("rule", (RULE_2026, RULE_2024))  # the tiny model is CosyVoice2
-@pytest.mark.parametrize("stop_index", V.STOP_INDICES)
+@pytest.mark.parametrize("stop_index", V.family("cosyvoice2").stop_indices)
 @pytest.mark.parametrize("greedy", [True, False])
 def test_stops_on_every_stop_id(tiny_hf, lm, stop_index, greedy, rule):
     """A model that always wants to stop: stops at once when allowed; the stop token
@@ -116,13 +118,13 @@ def test_stops_on_every_stop_id(tiny_hf, lm, stop_index, greedy, rule):
     none = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=0, rule=rule), batch_size=3)
     assert all(g.codes == [] and g.stopped and g.error is None for g in none)
     got = generate(m, reqs, greedy=greedy, sampling=SamplingConfig(min_token_text_ratio=1.0, rule=rule), batch_size=3)
-    if rule == RULE_2026 and stop_index != V.EOS_INDEX:
+    if rule == RULE_2026 and stop_index != V.family("cosyvoice2").eos_index:
         assert all(g.codes == [] and g.stopped and g.error is None for g in got)
     elif greedy or rule == RULE_2026:
         for r, g in zip(reqs, got):
             assert g.stopped and g.error is None
             assert len(g.codes) == len(r.text_ids)  # min_len = 1 x text tokens
-            assert all(0 <= c < V.SPEECH_TOKEN_SIZE for c in g.codes)
+            assert all(0 <= c < V.family("cosyvoice2").speech_token_size for c in g.codes)
     else:
         # the 2024 rule gives up after max_trials stop draws before min_len: that item
         # is reported as failed, the batch goes on

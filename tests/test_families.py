@@ -1,4 +1,4 @@
-"""Model families (ttsrl.model.vocab.Family): CosyVoice3's layout through the vocabulary, the
+"""Model families (ttsrl.families: one folder each): CosyVoice3's layout through the vocabulary, the
 conversion both ways, the HF class, the sampling rule and the generators; CosyVoice2's stays
 as it was (its own tests, unchanged, run beside these).
 
@@ -14,16 +14,17 @@ from draws import assert_fits
 
 from ttsrl.model import vocab as V
 from ttsrl.model.cosyvoice_lm import (
-    RULE_2026,
-    RULE_COSYVOICE3,
-    CosyVoice3LM,
     Qwen2LM,
     SamplingConfig,
     check_rule_family,
     family_of_state,
+    lm_class,
     pick_token,
     rule_distribution,
 )
+
+RULE_2026, RULE_COSYVOICE3 = "cosyvoice2-2026", "cosyvoice3-2026"
+CosyVoice3LM = lm_class("cosyvoice3")
 
 TEXTS = ["今天天气很好", "明天会下雨吗", "hello world"]
 
@@ -42,7 +43,7 @@ def test_cosyvoice3_real_ids(qwen_sized_tokenizer):
     sv = V.extend_tokenizer(tok, "cosyvoice3")
     assert tok.convert_tokens_to_ids(["<|endofprompt|>", "[mn]", "<|endofsystem|>", "[AA]", "[ǜ]"]) == \
         [151646, 151662, 151663, 151664, 151923]
-    assert sv.speech_offset == 151924 and sv.family is V.COSYVOICE3
+    assert sv.speech_offset == 151924 and sv.family is V.family("cosyvoice3")
     assert (sv.sos_id, sv.eos_id, sv.task_id) == (151924 + 6561, 151924 + 6562, 151924 + 6563)
     assert tok.convert_tokens_to_ids(["<|sos|>", "<|eos|>", "<|task_id|>", "<|fill|>", "<|x_6760|>"]) == \
         [158485, 158486, 158487, 158488, 158684]
@@ -59,7 +60,7 @@ def test_a_tokenizer_of_one_family_is_not_taken_for_the_other(qwen_sized_tokeniz
 
     tok2 = fresh()
     sv2 = V.extend_tokenizer(tok2)
-    assert V.vocab_of(tok2).family is V.COSYVOICE2 and sv2.sos_id == 158227
+    assert V.vocab_of(tok2).family is V.family("cosyvoice2") and sv2.sos_id == 158227
     with pytest.raises(ValueError, match="cosyvoice3's special tokens"):
         V.extend_tokenizer(tok2, "cosyvoice3")  # CosyVoice2's speech rows sit where CosyVoice3's specials go
 
@@ -80,7 +81,7 @@ def test_cosyvoice3_llm_pt_has_upstreams_keys(cv3):
     state = torch.load(d / "pretrained" / "llm.pt", weights_only=True)
     assert "llm_embedding.weight" not in state and "llm_decoder.bias" not in state
     assert state["speech_embedding.weight"].shape[0] == state["llm_decoder.weight"].shape[0] == 6761
-    assert "llm.model.lm_head.weight" in state and family_of_state(state) is V.COSYVOICE3
+    assert "llm.model.lm_head.weight" in state and family_of_state(state) is V.family("cosyvoice3")
     assert isinstance(model, CosyVoice3LM)
 
 
@@ -88,7 +89,7 @@ def test_cosyvoice3_round_trip_is_bit_exact_and_recorded(cv3, tmp_path):
     from ttsrl.model.convert import hf_to_cosyvoice
 
     d, _, sv = cv3
-    assert sv.family is V.COSYVOICE3
+    assert sv.family is V.family("cosyvoice3")
     cfg = json.loads((d / "hf" / "config.json").read_text())
     assert cfg["speech_family"] == "cosyvoice3" and cfg["speech_head_bias"] is False
     assert cfg["speech_output_range"] == [sv.speech_offset, sv.speech_offset + 6761]
@@ -122,7 +123,9 @@ def test_the_family_of_an_llm_pt_is_read_off_its_keys(cv3, tmp_path):
     d, _, _ = cv3
     state = dict(torch.load(d / "pretrained" / "llm.pt", weights_only=True))
     state["speech_embedding.weight"] = state["speech_embedding.weight"][:6600]
-    with pytest.raises(ValueError, match="neither CosyVoice2's"):
+    assert family_of_state(state) is V.family("cosyvoice3")  # its keys; the shape check names the rows
+    del state["speech_embedding.weight"]
+    with pytest.raises(ValueError, match="matches no known family"):
         family_of_state(state)
     from ttsrl.model.convert import cosyvoice_to_hf
 
@@ -133,7 +136,7 @@ def test_the_family_of_an_llm_pt_is_read_off_its_keys(cv3, tmp_path):
 def test_cosyvoice3_rule_holds_every_stop_row_before_the_minimum_length():
     """Upstream's HF loop masks row 6561 (sos for CosyVoice3); ttsrl's cosyvoice3-2026 holds all
     200 stop rows, as upstream's vLLM path (min_tokens) does: no stop before min_len, ever."""
-    fam = V.COSYVOICE3
+    fam = V.family("cosyvoice3")
     logp = torch.full((fam.num_outputs,), -30.0)
     logp[fam.eos_index], logp[6600], logp[5] = 0.0, -0.5, -3.0
     logp = logp.log_softmax(-1)
@@ -154,9 +157,9 @@ def test_a_rule_of_another_family_is_refused(cv3):
     from ttsrl.model.generate import GenerationConfig, HFGenerator, make_requests
     from ttsrl.model.hf_model import load_speech_lm
 
-    check_rule_family(RULE_2026, V.COSYVOICE2)
+    check_rule_family(RULE_2026, V.family("cosyvoice2"))
     with pytest.raises(ValueError, match="--sampling-rule cosyvoice3-2026"):
-        check_rule_family(RULE_2026, V.COSYVOICE3)
+        check_rule_family(RULE_2026, V.family("cosyvoice3"))
     d, _, _ = cv3
     lm = load_speech_lm(d / "hf")
     gen = HFGenerator(lm.model, lm.vocab)
@@ -196,9 +199,9 @@ def test_cosyvoice3_generation_opens_with_the_instruction_and_equals_the_referen
 
 def test_cosyvoice2_reference_is_unchanged_by_the_family_layer(tiny_cosyvoice2):
     _, model = tiny_cosyvoice2
-    assert type(model) is Qwen2LM and model.family is V.COSYVOICE2
+    assert type(model) is Qwen2LM and model.family is V.family("cosyvoice2")
     assert model.llm_decoder.bias is not None and model.llm_embedding.weight.shape[0] == 2
-    assert V.SpeechVocab(100).family is V.COSYVOICE2 and V.CHAT_TEMPLATE == V.COSYVOICE2.chat_template
+    assert V.SpeechVocab(100).family is V.family("cosyvoice2") and V.family("cosyvoice2").chat_template == V.family("cosyvoice2").chat_template
 
 
 def test_stage_minus_1_cli_converts_an_rl_checkpoint_and_refuses_another_family(cv3, tmp_path, capsys):

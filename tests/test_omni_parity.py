@@ -107,14 +107,12 @@ def test_tokenizer_matches_upstream(cv3, tmp_path):
 def test_ttsrl_cosyvoice3_tokenizer_matches_vllm_omni_and_upstream(cv3, tmp_path):
     """ttsrl's tokenizer extension for cosyvoice3 (ttsrl.model.vocab) gives the text ids of
     upstream, and vllm-omni's where vllm-omni agrees with upstream (not on [IY*])."""
-    from ttsrl.model import vocab as V
-
-    if not hasattr(V, "COSYVOICE3") or not hasattr(V, "extend_tokenizer"):
-        pytest.skip("TODO: ttsrl.model.vocab has no COSYVOICE3 family / extend_tokenizer yet")
     from transformers import AutoTokenizer
 
+    from ttsrl.model import vocab as V
+
     tok = AutoTokenizer.from_pretrained(str(cv3 / "CosyVoice-BlankEN"))
-    sv = V.extend_tokenizer(tok, V.COSYVOICE3)
+    sv = V.extend_tokenizer(tok, V.family("cosyvoice3"))
     assert sv.speech_offset == 151924
     up = upstream_tokenizer(cv3 / "CosyVoice-BlankEN")
     pairs = ZERO_SHOT + [(p, p) for p in IY_TEXT]

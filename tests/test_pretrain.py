@@ -131,7 +131,7 @@ def test_batch_loss_is_the_full_sequence_loss_with_text_and_padding_ignored():
     for text_ids, speech in batch:  # one sequence at a time: no padding at all
         x = model.build_inputs(text_ids, speech)[0].unsqueeze(0)
         logits = model.llm_decoder(model.llm(x, attention_mask=torch.ones(1, x.shape[1], dtype=torch.long))[0])[0]
-        y = torch.tensor([IGNORE_ID] * (len(text_ids) + 1) + speech + [V.EOS_INDEX])
+        y = torch.tensor([IGNORE_ID] * (len(text_ids) + 1) + speech + [V.family("cosyvoice2").eos_index])
         total = total + torch.nn.functional.cross_entropy(logits, y, ignore_index=IGNORE_ID, reduction="sum")
         count += len(speech) + 1
     ref = total / count

@@ -32,7 +32,7 @@ TEXTS = TRANSCRIPTS + ["银行的行长在行走。", "你好，一个不是很�
 def write_pool(d: Path, n: int = 8, speech_len=lambda i: 5 + 3 * i, extra: dict | None = None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     rows = [{"id": f"spk{i % 3}_{i:02d}", "prompt_text": TRANSCRIPTS[i % len(TRANSCRIPTS)],
-             "prompt_speech_tokens": [(37 * i + 11 * k) % V.SPEECH_TOKEN_SIZE for k in range(speech_len(i))],
+             "prompt_speech_tokens": [(37 * i + 11 * k) % V.family("cosyvoice2").speech_token_size for k in range(speech_len(i))],
              **(extra or {})} for i in range(n)]
     (d / POOL_FILE).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return d
@@ -69,7 +69,7 @@ def test_pool_problems_are_listed_with_file_and_line(tmp_path):
     lines = [
         {"id": "a", "prompt_text": "你好。", "prompt_speech_tokens": [1, 2]},                   # 1 ok
         {"id": "a", "prompt_text": "再见。", "prompt_speech_tokens": [3]},                      # 2 duplicate
-        {"id": "b", "prompt_text": "好。", "prompt_speech_tokens": [V.SPEECH_TOKEN_SIZE]},      # 3 out of range
+        {"id": "b", "prompt_text": "好。", "prompt_speech_tokens": [V.family("cosyvoice2").speech_token_size]},      # 3 out of range
         {"id": "c", "prompt_text": "好。", "prompt_speech_tokens": [1, True]},                  # 4 not an integer
         {"id": "d", "prompt_text": "  ", "prompt_speech_tokens": [1]},                          # 5 empty transcript
         {"id": "e", "prompt_text": "好。", "prompt_speech_tokens": []},                         # 6 no tokens
@@ -84,7 +84,8 @@ def test_pool_problems_are_listed_with_file_and_line(tmp_path):
     msg = str(e.value)
     f = d / POOL_FILE
     assert f"{f}:2: id 'a' already on line 1" in msg
-    assert f"{f}:3: \"prompt_speech_tokens\" holds {V.SPEECH_TOKEN_SIZE}, outside 0..{V.SPEECH_TOKEN_SIZE - 1}" in msg
+    n = V.family("cosyvoice2").speech_token_size
+    assert f"{f}:3: \"prompt_speech_tokens\" holds {n}, outside 0..{n - 1}" in msg
     assert f"{f}:4: \"prompt_speech_tokens\" holds True, not an integer" in msg
     assert f"{f}:5: \"prompt_text\" must be a non-empty string" in msg
     assert f"{f}:6: \"prompt_speech_tokens\" must be a non-empty list" in msg
@@ -264,7 +265,7 @@ def test_cosyvoice3_rows_carry_its_system_prefix(tmp_path):
     base = train_tokenizer(TEXTS * 3, vocab_size=400)
     save_blank_en(base, tmp_path / "blank")
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "blank"))
-    sv = V.extend_tokenizer(tok, V.COSYVOICE3)
+    sv = V.extend_tokenizer(tok, V.family("cosyvoice3"))
     save_blank_en(tok, tmp_path / "hf")
     up = upstream_tokenizer(tmp_path / "blank")
     pool_dir = write_pool(tmp_path / "pool", 4)
@@ -273,7 +274,7 @@ def test_cosyvoice3_rows_carry_its_system_prefix(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     for row in rows["train"] + rows["test"]:
         p, text = pool[row["extra_info"]["prompt_id"]], row["extra_info"]["text"]
-        head = up(V.COSYVOICE3.system_prefix + p.prompt_text)["input_ids"]
+        head = up(V.family("cosyvoice3").system_prefix + p.prompt_text)["input_ids"]
         assert verl_ids(tok, row["prompt"]) == ([sv.sos_id] + head + up(text)["input_ids"] + [sv.task_id]
                                                 + sv.codes_to_ids(p.speech))
 

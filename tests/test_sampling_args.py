@@ -7,7 +7,9 @@ import pytest
 
 import infer_dataset
 import mine_pairs
-from ttsrl.model.cosyvoice_lm import RULE_2024, SamplingConfig
+from ttsrl.model.cosyvoice_lm import SamplingConfig
+
+RULE_2024 = "cosyvoice2-2024"
 
 SAMPLING = ["--sampling-rule", RULE_2024, "--top-p", "0.7", "--top-k", "11", "--win-size", "6", "--tau-r", "0.5",
             "--min-token-text-ratio", "0", "--max-token-text-ratio", "9"]

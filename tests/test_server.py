@@ -19,11 +19,13 @@ import requests
 from helpers import start_reward_server, stop_process
 
 from ttsrl.embedded import codec
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.backends import SpeakerPrompt, SpeechPipeline
 from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
 from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.text import normalize
+
+SPEECH_TOKEN_SIZE = family("cosyvoice2").speech_token_size  # the family these tests run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "token2wav_asr"

@@ -10,8 +10,10 @@ import requests
 import tritonclient.http as http
 
 from ttsrl.embedded import codec
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.protocol import DEFAULT_MODEL_NAME, build_payload, infer_path, parse_response
+
+SPEECH_TOKEN_SIZE = family("cosyvoice2").speech_token_size  # the family these tests run
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。"]
 

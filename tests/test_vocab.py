@@ -38,16 +38,16 @@ def test_index_maps():
     sv = V.SpeechVocab(1000)
     assert sv.to_hf(0) == 1000 and sv.to_index(1000 + 6563) == 6563
     with pytest.raises(ValueError):
-        sv.to_hf(V.NUM_OUTPUTS)
+        sv.to_hf(V.family("cosyvoice2").num_outputs)
     with pytest.raises(ValueError):
         sv.to_index(999)
     ids = sv.codes_to_ids([0, 5, 6560]) + [sv.eos_id, sv.to_hf(7)]
     assert sv.speech_ids_to_codes(ids) == [0, 5, 6560]
     with pytest.raises(ValueError):
         sv.speech_ids_to_codes([sv.sos_id])
-    assert V.SpeechVocab.parse_speech_text("<|s_12|>x<|s_7|><|eos1|>") == [12, 7]
+    assert V.parse_speech_text("<|s_12|>x<|s_7|><|eos1|>") == [12, 7]
     with pytest.raises(ValueError):
-        V.SpeechVocab.parse_speech_text("<|s_6561|>")
+        V.parse_speech_text("<|s_6561|>")
     assert V.SpeechVocab.codes_to_text([3, 4]) == "<|s_3|><|s_4|>"
 
 

@@ -8,7 +8,8 @@ importing only from layers below it (``tests/test_layers.py`` checks this):
    ``knobs`` (every ``TTSRL_*`` environment variable), ``text`` (normaliser, pinyin, error
    counts), ``limits``, ``stats``, ``lifeline`` (children that die with their parent); and ``verl_plugin`` (our verl plugin, which imports no
    ttsrl code but ``knobs``)
-1. ``model``    - the CosyVoice2 LLM: token ids, conversion, HF/vLLM classes, generation
+1. ``families`` - one folder per model family (its layout, rules, token2wav) and their registry;
+   ``model``    - the speech LM: token ids, conversion, HF/vLLM classes, generation
 2. ``embedded`` - the CPU preset's simulated codec and tiny model;
    ``data``     - stage 0, test sets, the dev split
 3. ``reward``   - the reward service, its backends, protocol and client (stage 1)

@@ -63,12 +63,12 @@ def test_the_head_has_no_bias_and_the_stop_rows_are_all_200(cv3):
 
 
 def test_greedy_equals_transformers_and_cosyvoice3lm(cv3):
-    from ttsrl.model.cosyvoice_lm import RULE_COSYVOICE3, SamplingConfig
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
     from ttsrl.model.generate import GenerationConfig, HFGenerator
 
     _, ref, lm, gen = cv3
     reqs = _requests(lm)
-    cfg = GenerationConfig(greedy=True, sampling=SamplingConfig(rule=RULE_COSYVOICE3, max_token_text_ratio=8.0))
+    cfg = GenerationConfig(greedy=True, sampling=SamplingConfig(rule="cosyvoice3-2026", max_token_text_ratio=8.0))
     v = gen.generate(reqs, cfg)
     h = HFGenerator(lm.model, lm.vocab).generate(reqs, cfg)
     assert all(x.error is None for x in v + h), [x.error for x in v + h]
@@ -103,13 +103,13 @@ def test_logprobs_agree(cv3):
 def test_the_rule_never_stops_before_the_minimum_length(cv3):
     """Sampled under cosyvoice3-2026 with a minimum length: no item ends before it (upstream's HF
     loop could, on the 199 stop rows other than 6561), and every id is a speech code."""
-    from ttsrl.model.cosyvoice_lm import RULE_COSYVOICE3, SamplingConfig
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
     from ttsrl.model.generate import GenerationConfig
 
     _, _, lm, gen = cv3
     reqs = _requests(lm) * 4
     reqs = [type(r)(f"{r.key}#{i}", r.text_ids, r.prompt_text_ids, r.prompt_speech) for i, r in enumerate(reqs)]
-    cfg = GenerationConfig(sampling=SamplingConfig(rule=RULE_COSYVOICE3, min_token_text_ratio=3.0,
+    cfg = GenerationConfig(sampling=SamplingConfig(rule="cosyvoice3-2026", min_token_text_ratio=3.0,
                                                    max_token_text_ratio=8.0))
     out = gen.generate(reqs, cfg)
     assert all(x.error is None for x in out)

@@ -15,12 +15,14 @@ import torch
 from draws import assert_fits
 
 from ttsrl.model import vocab as V
-from ttsrl.model.cosyvoice_lm import RULE_2024, RULE_2026, SamplingConfig, rule_distribution
+from ttsrl.model.cosyvoice_lm import SamplingConfig, rule_distribution
+
+RULE_2026, RULE_2024 = "cosyvoice2-2026", "cosyvoice2-2024"  # CosyVoice2's rules (the tiny model's family)
 
 TEXTS = ["今天天气很好", "银行的行长在行走", "Hello world",
          "二零二四年三月五日", "重庆的重量很重要", "你好"]
 TINY = dict(num_attention_heads=1, num_key_value_heads=1)  # head_dim 64: vLLM's CPU attention has kernels for it
-HEAD_BIAS = {100: 10.0, 200: 9.5, 300: 9.0, V.EOS_INDEX: 9.5, V.STOP_INDICES[2]: 8.5}
+HEAD_BIAS = {100: 10.0, 200: 9.5, 300: 9.0, V.family("cosyvoice2").eos_index: 9.5, V.family("cosyvoice2").stop_indices[2]: 8.5}
 STEPS, MIN_LEN, N = 3, 2, 600  # tokens looked at, minimum length, requests per rule
 FLOOR = 1e-4  # outcomes below this step probability are left to the pooled cell
 
@@ -91,7 +93,7 @@ def _expected(lm, ids: list[int], cfg: SamplingConfig) -> dict[tuple[int, ...], 
         dist = dist / dist.sum()
         for x in torch.nonzero(dist > FLOOR).flatten().tolist():
             out, m = prefix + (x,), mass * float(dist[x])
-            if x >= V.SPEECH_TOKEN_SIZE or len(out) == STEPS:
+            if x >= V.family("cosyvoice2").speech_token_size or len(out) == STEPS:
                 want[out] = m
             else:
                 walk(out, m)
@@ -115,10 +117,10 @@ def test_vllm_draws_follow_the_rule(engine, shaped):
         draws[rule], want[rule] = _draw(engine, lm, ids, cfg), _expected(lm, ids, cfg)
         assert_fits(draws[rule], want[rule], f"vLLM {rule}, first {STEPS} tokens", complete=False)
     early = [d[:MIN_LEN] for d in draws[RULE_2026]]
-    assert not any(V.EOS_INDEX in e for e in early)
-    assert any(V.STOP_INDICES[2] in e for e in early)
+    assert not any(V.family("cosyvoice2").eos_index in e for e in early)
+    assert any(V.family("cosyvoice2").stop_indices[2] in e for e in early)
     assert all(d[0] != d[1] for d in draws[RULE_2026] if len(d) > 1)
-    assert not any(i >= V.SPEECH_TOKEN_SIZE for d in draws[RULE_2024] for i in d[:MIN_LEN])
+    assert not any(i >= V.family("cosyvoice2").speech_token_size for d in draws[RULE_2024] for i in d[:MIN_LEN])
     assert any(d[0] == d[1] for d in draws[RULE_2024] if len(d) > 1)
     with pytest.raises(AssertionError, match="(do not fit|excludes)"):  # the fit has the power to tell
         assert_fits(draws[RULE_2026], want[RULE_2024], "2026 draws against 2024", complete=False)
@@ -140,7 +142,7 @@ def test_generate_samples_within_the_length_limits(engine, shaped):
         assert [g.codes for g in engine.generate(reqs, cfg)] == [g.codes for g in out]
         for r, g in zip(reqs, out):
             lo, hi = length_limits(len(r.text_ids), sampling)
-            assert g.error is None and all(0 <= c < V.SPEECH_TOKEN_SIZE for c in g.codes), g
+            assert g.error is None and all(0 <= c < V.family("cosyvoice2").speech_token_size for c in g.codes), g
             assert len(g.codes) <= hi and (g.stopped or len(g.codes) == hi), (r.key, len(g.codes), lo, hi)
             assert rule == RULE_2026 or len(g.codes) >= lo, (r.key, len(g.codes), lo)
         print(f"[{rule}] sampled lengths {[len(g.codes) for g in out]}")

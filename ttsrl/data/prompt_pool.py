@@ -9,7 +9,7 @@ A pool is a folder ``DIR`` holding ``DIR/prompt_speech_tokens.jsonl`` (what
 reward server finds ``DIR/<ID>.wav`` by it and refuses an id it does not know), unique;
 ``prompt_text`` the wav's transcript (zero-shot training puts it before the row's text, as
 CosyVoice2's LLM input does); ``prompt_speech_tokens`` a non-empty list of speech codes in
-``0..SPEECH_TOKEN_SIZE-1`` (``ttsrl.model.vocab``); ``speaker`` optional (the embedded
+speech codes of a registered family (``ttsrl.families``; the run's own vocabulary checks them again where they become token ids); ``speaker`` optional (the embedded
 world's pools name the simulated speaker). For the real backends every id also has its wav,
 ``DIR/<ID>.wav`` (``need_wavs``); the embedded world's pool has none.
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ttsrl.jsonl import DataError, RecordReader
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE, speech_token_name_in
+from ttsrl.families import FAMILIES
+from ttsrl.model.vocab import speech_token_name_in
 
 POOL_FILE = "prompt_speech_tokens.jsonl"  # the same name stage 4's test-set folders use
 MAX_ID_BYTES = 255  # a file stem (the reward server's PROMPT_ID limit)
@@ -93,8 +94,9 @@ def _codes_problem(value) -> str | None:
     for c in value:
         if not isinstance(c, int) or isinstance(c, bool):
             return f"\"prompt_speech_tokens\" holds {c!r}, not an integer"
-        if not 0 <= c < SPEECH_TOKEN_SIZE:
-            return f"\"prompt_speech_tokens\" holds {c}, outside 0..{SPEECH_TOKEN_SIZE - 1}"
+        n = max(f.speech_token_size for f in FAMILIES.values())
+        if not 0 <= c < n:
+            return f"\"prompt_speech_tokens\" holds {c}, outside 0..{n - 1}"
     return None
 
 

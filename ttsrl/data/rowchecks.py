@@ -19,13 +19,13 @@ import pyarrow as pa
 
 from ttsrl.jsonl import DataError, Invalid
 from ttsrl.limits import text_length_problem
-from ttsrl.model.vocab import FAMILIES, SOS_TOKEN, TASK_ID_TOKEN, SpeechVocab, speech_token_name_in
+from ttsrl.model.vocab import FAMILIES, SpeechVocab, speech_token_name_in
 from ttsrl.text import unreadable
 
 OUTPUT_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 _OUTPUT_COLUMN_SET = frozenset(OUTPUT_COLUMNS)
 # Tokens the chat template adds around the text (used by the estimate only).
-TEMPLATE_TOKENS = len((SOS_TOKEN, TASK_ID_TOKEN))
+TEMPLATE_TOKENS = 2  # sos and task_id around the text (every family's template)
 
 
 # ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 No neural codec runs here, so the embedded preset replaces speech with a fixed,
 invertible code: a sentence becomes its toned pinyin (``ttsrl.text.pinyin``, the
 same normalisation the reward uses) and every unit becomes a short pattern of
-speech codes in 0..SPEECH_TOKEN_SIZE-1:
+speech codes in 0..CODE_SPACE-1:
 
     Chinese syllable   [initial code, final+tone code]     "hao3" -> [I(h), F(ao, 3)]
                         (syllables without an initial use the "zero initial" code)
@@ -15,7 +15,7 @@ numbers read out) and the code book; the reward is then honest: ``decode`` turns
 ANY token stream into a toned-pinyin transcript the reward scores against the text.
 
 The code book uses 249 of the 6561 codes, spread over the range by a fixed
-permutation (logical index k -> (k * _STRIDE + _OFFSET) mod SPEECH_TOKEN_SIZE), so it
+permutation (logical index k -> (k * _STRIDE + _OFFSET) mod CODE_SPACE), so it
 is the same in every process and Python version (no ``hash()``, no RNG).
 
 Speakers (zero-shot TTS needs a voice to continue). Each of the ``SPEAKERS`` has its
@@ -40,8 +40,11 @@ from dataclasses import dataclass
 from string import ascii_lowercase
 from typing import Iterable, Sequence
 
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
 from ttsrl.text import SYLLABLES_PER_SECOND, is_toned_syllable, pinyin, syllables
+
+#: the simulated codec's vocabulary: as large as CosyVoice's speech tokenizers' (v2 and v3), so the
+#: LM of a CosyVoice family writes every code; a family with a smaller vocabulary cannot voice it
+CODE_SPACE = 6561
 
 INITIALS = ("", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x",
             "zh", "ch", "sh", "r", "z", "c", "s", "y", "w")  # "" = zero initial
@@ -66,11 +69,11 @@ SPEAKERS = ("spk0", "spk1", "spk2", "spk3")
 DEFAULT_SPEAKER = SPEAKERS[0]
 #: share of a non-default speaker's syllables the simulated ASR reads with a wrong tone
 MISREAD_RATE = 0.2
-assert len(SPEAKERS) * NUM_CODES <= SPEECH_TOKEN_SIZE  # disjoint books
+assert len(SPEAKERS) * NUM_CODES <= CODE_SPACE  # disjoint books
 
 
 def _code(k: int, speaker: int = 0) -> int:
-    return ((k + speaker * NUM_CODES) * _STRIDE + _OFFSET) % SPEECH_TOKEN_SIZE
+    return ((k + speaker * NUM_CODES) * _STRIDE + _OFFSET) % CODE_SPACE
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ INITIAL_CODES = _DEFAULT.initials
 FINAL_CODES = _DEFAULT.finals
 LETTER_CODES = _DEFAULT.letters
 USED_CODES = _DEFAULT.codes
-assert len(USED_CODES) == NUM_CODES <= SPEECH_TOKEN_SIZE
+assert len(USED_CODES) == NUM_CODES <= CODE_SPACE
 
 # code -> (kind, value) for the decoder; code -> speaker; code -> logical index
 _KIND: dict[int, tuple[str, object]] = {}

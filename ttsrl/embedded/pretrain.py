@@ -46,7 +46,7 @@ from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.jsonl import iter_objects
 from ttsrl.model import vocab as V
 from ttsrl.model.convert import BLANK_EN
-from ttsrl.model.cosyvoice_lm import DEFAULT_RULE, IGNORE_ID, LM_CLASSES, Qwen2LM, SamplingConfig
+from ttsrl.model.cosyvoice_lm import IGNORE_ID, Qwen2LM, SamplingConfig, lm_class
 
 INFO_FILE = "build_info.json"
 
@@ -220,7 +220,7 @@ def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed:
     sampling rule, no minimum length, unless ``sampling``)."""
     from ttsrl.text import error_counts
 
-    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=DEFAULT_RULE[model.family.name])
+    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule)
     g = torch.Generator().manual_seed(seed)
     errs = total = 0
     prefix = prefix_ids(tokenizer, model.family)
@@ -240,7 +240,7 @@ def heldout_zero_shot(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, s
     from ttsrl.embedded.speakers import similarity
     from ttsrl.text import error_counts
 
-    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=DEFAULT_RULE[model.family.name])
+    sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule)
     g = torch.Generator().manual_seed(seed)
     errs = total = 0
     sims = []
@@ -312,7 +312,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     fam = V.family(cfg.family)
     n_text = V.add_cosyvoice_specials(tok, fam)
     inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
-    model = LM_CLASSES[fam.name](inner)
+    model = lm_class(fam)(inner)
     prefix = prefix_ids(tok, fam)
 
     def example(t: str) -> tuple[list[int], list[int]]:

@@ -18,7 +18,7 @@ from ttsrl.atomic import atomic_torch_save
 from ttsrl.embedded.tiny_tokenizer import save_blank_en, train_tokenizer
 from ttsrl.model import vocab as V
 from ttsrl.model.convert import BLANK_EN
-from ttsrl.model.cosyvoice_lm import LM_CLASSES, Qwen2LM
+from ttsrl.model.cosyvoice_lm import Qwen2LM, lm_class
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def make_tiny_cosyvoice2(out_dir: str | Path, texts: Iterable[str], cfg: TinyCon
     inner.save_pretrained(out / BLANK_EN)
     if model is None:
         torch.manual_seed(cfg.seed)
-        model = LM_CLASSES[fam.name](inner)
+        model = lm_class(fam)(inner)
         randomize_(model, cfg.seed)
     atomic_torch_save(model.state_dict(), out / "llm.pt")
     return model

@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 
 from ttsrl.atomic import atomic_path, atomic_write_text
 from ttsrl.eval.seedtts_eval import share_above
+from ttsrl.families import family, token2wav_families
 from ttsrl.stats import (
     DEFAULT_RESAMPLES,
     METRICS,
@@ -203,13 +204,11 @@ def _sim(r: dict) -> str:
 
 #: what SIM is, by the scoring backend: (column label, note)
 SIM_MODELS = {
-    "cosyvoice2": ("campplus", "mean over utterances of the cosine of the model folder's campplus speaker embeddings of "
-                               "the generated speech and its prompt"),
+    **{name: family(name).token2wav.sim_model for name in token2wav_families()},
     "sim": ("simulated", "mean over utterances of the share of the generated codes in the prompt speaker's code book "
                          "(the embedded world's speaker model, ttsrl.embedded.speakers.similarity: 1 wholly in the "
                          "prompt's voice, 0 wholly in another; its scale is not campplus's)"),
 }
-SIM_MODELS["cosyvoice3"] = SIM_MODELS["cosyvoice2"]
 
 
 def sim_model(rows: Sequence[dict]) -> tuple[str, str]:
@@ -221,7 +220,7 @@ def sim_model(rows: Sequence[dict]) -> tuple[str, str]:
 
 
 NO_SIM_NOTE = ("No SIM column: no utterance has a speaker similarity. The token2wav backend of this sweep has no "
-               "speaker model (sim, whisper: cosyvoice2 and cosyvoice3 have one, their model folder's campplus), or "
+               f"speaker model (sim, whisper: {' and '.join(token2wav_families())} have one, their model folder's campplus), or "
                "nothing was voiced.")
 
 

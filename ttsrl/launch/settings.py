@@ -90,7 +90,7 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
   TENSORBOARD_DIR (TRAINER=dpo|kto: MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH
   EXP_DIR/llm-$TRAINER.pt; PAIRS_FILE, USER_PAIRS). Defaults: LOGGERS=console REWARD_PORT=8000
   REWARD_START_TIMEOUT_S=300 BUILD_BASE_MODEL=0 DEV_SIZE=0.
-  MODEL_FAMILY: cosyvoice2 (default) or cosyvoice3 (ttsrl/model/vocab.py FAMILIES): the LLM's layout;
+  MODEL_FAMILY: cosyvoice2 (default) or cosyvoice3 (ttsrl/families/): the LLM's layout;
   stage -1 refuses an llm.pt of another family, and EVAL_ARGS' --sampling-rule must be the family's.
   LLM_FILE (llm.pt): the LLM stage -1 converts, e.g. LLM_FILE=llm.rl.pt (Fun-CosyVoice3's RL one).
   Named variants: REWARD (REWARDS in ttsrl/reward/rewards.py; default tanh), ALGORITHM (stage 2's

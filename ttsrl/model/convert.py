@@ -45,7 +45,7 @@ from ttsrl.model.checkpoint import (
     read_hf_tensors,
     read_json_file,
 )
-from ttsrl.model.cosyvoice_lm import LM_CLASSES, Qwen2LM, family_of_state, load_llm_state_dict
+from ttsrl.model.cosyvoice_lm import Qwen2LM, family_of_state, lm_class, load_llm_state_dict
 
 ARCH = "CosyVoice2Qwen2ForCausalLM"
 BLANK_EN = "CosyVoice-BlankEN"
@@ -110,15 +110,15 @@ def check_output_path(source: Path, out: Path, force: bool = False) -> None:
                          "replaced as a whole. Choose a new or empty folder, or pass --force to replace it.")
 
 
-def expected_llm_shapes(inner_config, fam: V.Family = V.COSYVOICE2) -> dict[str, torch.Size]:
+def expected_llm_shapes(inner_config, fam: V.Family = V.DEFAULT_FAMILY) -> dict[str, torch.Size]:
     """Key -> shape of the family's LM (``Qwen2LM``/``CosyVoice3LM``) for this inner config
     (built on the meta device)."""
     with torch.device("meta"):
-        model = LM_CLASSES[fam.name](inner_config)
+        model = lm_class(fam)(inner_config)
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def check_llm_state(state: dict, inner_config, source: str, fam: V.Family = V.COSYVOICE2) -> None:
+def check_llm_state(state: dict, inner_config, source: str, fam: V.Family = V.DEFAULT_FAMILY) -> None:
     expected = expected_llm_shapes(inner_config, fam)
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
@@ -174,9 +174,10 @@ def hf_tensors(state: dict, inner_config, sv: V.SpeechVocab, dtype, stock: bool)
     embed = torch.zeros(sv.padded_vocab_size, hidden, dtype=dtype)
     embed[:lo] = state[INNER + "embed_tokens.weight"][:lo]
     embed[lo:hi] = state["speech_embedding.weight"]
-    if sv.family.input_embedding == "llm_embedding":
-        embed[sv.sos_id] = state["llm_embedding.weight"][V.SOS_ROW]
-        embed[sv.task_id] = state["llm_embedding.weight"][V.TASK_ID_ROW]
+    key, (sos_row, task_row) = sv.family.input_rows()
+    if key == "llm_embedding.weight":  # else they are speech_embedding rows, copied above
+        embed[sv.sos_id] = state[key][sos_row]
+        embed[sv.task_id] = state[key][task_row]
     yield "model.embed_tokens.weight", embed
     del embed
 
@@ -360,7 +361,7 @@ def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: 
             "non_speech_mass_stock": torch.cat(leaks).mean().item()}
 
 
-def cosyvoice_own_lm(inner_config, family: V.Family = V.COSYVOICE2) -> torch.nn.Module:
+def cosyvoice_own_lm(inner_config, family: V.Family = V.DEFAULT_FAMILY) -> torch.nn.Module:
     """CosyVoice's own LM class of ``family`` (``family.upstream_class`` of ``cosyvoice.llm.llm``:
     ``Qwen2LM``, or ``CosyVoice3LM``, which only a CosyVoice source checkout has: import it first,
     ``ttsrl.reward.backends.cosyvoice_code.import_cosyvoice``) from the installed CosyVoice code
@@ -462,7 +463,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
         ref = cosyvoice_own_lm(inner, sv.family)
         logits_of = functools.partial(cosyvoice_own_logits, ref)
     elif reference == "ttsrl":
-        ref = LM_CLASSES[sv.family.name](inner)
+        ref = lm_class(sv.family)(inner)
         logits_of = ref.forward_logits
     else:
         raise ValueError(f"reference {reference!r}: expected 'ttsrl' or 'cosyvoice'")
@@ -480,7 +481,7 @@ def verify_export(hf_dir: str | Path, llm_pt: str | Path, n_seqs: int = 4, seed:
         b = hf.model(torch.tensor([ids])).logits[0, :, lo:hi]
         worst = max(worst, (a - b).abs().max().item())
         texts.append(text)
-    if reference == "cosyvoice" and decode_steps > 0 and sv.family is V.COSYVOICE2:  # CosyVoice2's loop
+    if reference == "cosyvoice" and decode_steps > 0 and sv.family.upstream_class == "Qwen2LM":  # the loop of upstream's Qwen2LM
         for text in texts:
             want, whole = checkpoint_greedy(hf, sv, text, decode_steps)
             got = cosyvoice_own_greedy(ref, text, decode_steps)

@@ -1,4 +1,4 @@
-"""CosyVoice2's text-to-speech-token LM (``Qwen2LM``), re-implemented faithfully.
+"""CosyVoice's text-to-speech-token LM (``Qwen2LM``), re-implemented faithfully, for any family.
 
 This is the reference the Hugging Face conversion is checked against, and the way
 tiny checkpoints in CosyVoice2's own ``llm.pt`` format are made. Module names match
@@ -13,7 +13,9 @@ released ``llm.pt``:
     llm_decoder.weight / .bias           (6564, H)  speech-token head (with bias)
     speech_embedding.weight              (6564, H)
 
-Sequence layout (unistream): ``[sos] + text + [task_id] + speech``.
+Sequence layout (unistream): ``[sos] + text + [task_id] + speech``. Another family's LM is this
+class with that family's layout (:func:`lm_class`: its head size and bias, where sos/task_id live,
+its stop rows); the sampling rules run here, each family names its own (``Family.rules``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 
 from ttsrl.cli import add_fields, given, option
-from ttsrl.model.vocab import COSYVOICE2, COSYVOICE3, SOS_ROW, TASK_ID_ROW, Family
+from ttsrl.families import DEFAULT_FAMILY, Family, family, family_of_rule, family_of_state, sampling_rules
 
 IGNORE_ID = -1
 
@@ -46,58 +48,34 @@ class Qwen2Encoder(nn.Module):
         return out.last_hidden_state, out.past_key_values
 
 
-# Sampling rules, by name. CosyVoice changed its sampling twice in February 2026; the
-# default follows its current code, the older rule stays selectable so numbers made
-# with it (our sweeps before this change, CosyVoice releases before 2026-02) can be
-# reproduced.
-#
-#   "cosyvoice2-2026" (default): CosyVoice's current code, read at FunAudioLLM/CosyVoice
-#       ace7c47 (2026-03-16):
-#       - cosyvoice/utils/common.py ras_sampling, commit f2ddcbe ("fix ras", 2026-02-04):
-#         when the nucleus pick already occurs >= win_size * tau_r times in the last
-#         win_size tokens, ITS SCORE IS SET TO -inf and a token is drawn from the full
-#         distribution of the remaining scores;
-#       - cosyvoice/llm/llm.py TransformerLM.sampling_ids, commit 0e62489 ("simply code",
-#         2026-02-11): before the minimum length the score of row speech_token_size
-#         (6561, the trained eos) is set to -inf and ONE draw is made. Only that row: the
-#         other stop rows (6562, 6563) stay drawable and, as in Qwen2LM.inference, end
-#         the utterance when drawn.
-#       Both writes are in place on the step's scores, so the eos block also holds in the
-#       repetition redraw.
-#   "cosyvoice2-2024": the rule before those commits: the repeated nucleus pick is NOT
-#       blocked in the redraw, and before the minimum length any stop index (6561..6563)
-#       is rejected and the whole draw repeated, at most max_trials times, then
-#       SamplingError.
-#   "cosyvoice3-2026": CosyVoice3LM at ace7c47 samples with the same ras_sampling and the same
-#       sampling_ids, whose min-length write hits row 6561, which for CosyVoice3 is sos, not its
-#       eos (6562): upstream's HF loop can stop before the minimum length on any of the 199 other
-#       stop rows, while its vLLM path (SamplingParams min_tokens, stop_token_ids = all 200)
-#       cannot. This rule takes the consistent reading: before the minimum length every stop
-#       row (6561..6760) is -inf (Family.min_len_held), one draw.
+# Sampling rules, by name: each family declares its own (its folder's docstring says what each
+# does and which upstream commit it follows); a rule is of one kind:
+#   "2026": before the minimum length the family's ``min_len_held`` rows are -inf, one draw;
+#       repetition-aware sampling blocks the repeated pick in its redraw (-inf in place);
+#   "2024": the repeated pick is not blocked in the redraw, and before the minimum length any stop
+#       index is rejected and the whole draw repeated, at most max_trials times, then SamplingError.
 # A rule belongs to one family (its stop rows); a generator refuses a rule of another family.
-RULE_2026 = "cosyvoice2-2026"
-RULE_2024 = "cosyvoice2-2024"
-RULE_COSYVOICE3 = "cosyvoice3-2026"
-_RULES: dict[str, tuple[Family, str]] = {RULE_2026: (COSYVOICE2, "2026"), RULE_2024: (COSYVOICE2, "2024"),
-                                         RULE_COSYVOICE3: (COSYVOICE3, "2026")}
-SAMPLING_RULES = tuple(_RULES)
-DEFAULT_RULE = {f.name: r for r, (f, kind) in reversed(_RULES.items()) if kind == "2026"}
+SAMPLING_RULES = sampling_rules()  # the command-line choices (families registered at import)
 
 
 def rule_family(rule: str) -> Family:
     """The family whose stop rows the rule holds back."""
-    return _RULES[rule][0]
+    return family_of_rule(rule)[0]
+
+
+def default_rule(fam: Family | str) -> str:
+    return family(fam).default_rule
 
 
 def _is_2026(rule: str) -> bool:
-    return _RULES[rule][1] == "2026"
+    return family_of_rule(rule)[1] == "2026"
 
 
 def check_rule_family(rule: str, fam: Family) -> None:
     """Refuse sampling a model of family ``fam`` with another family's rule."""
     if rule_family(rule) is not fam:
         raise ValueError(f"sampling rule {rule} is {rule_family(rule).name}'s, but the model is {fam.name}: use "
-                         f"--sampling-rule {DEFAULT_RULE[fam.name]} (rules: {', '.join(SAMPLING_RULES)})")
+                         f"--sampling-rule {fam.default_rule} (rules: {', '.join(sampling_rules())})")
 
 
 @dataclass(frozen=True)
@@ -115,15 +93,13 @@ class SamplingConfig:
     max_token_text_ratio: float = option(20.0, help="maximum speech codes per text token")
     max_trials: int = option(100, cli=False, help="rule cosyvoice2-2024 only: redraws while stop tokens are not "
                                                   "allowed")
-    rule: str = option(RULE_2026, flag="--sampling-rule", choices=SAMPLING_RULES,
-                       help="CosyVoice's sampling rule: cosyvoice2-2026 = its current code (RAS blocks the "
-                            "repeated token; before the minimum length only eos 6561 is -inf, one draw), "
-                            "cosyvoice2-2024 = the earlier rule (for comparison with older numbers), "
-                            "cosyvoice3-2026 = CosyVoice3's (every stop row -inf before the minimum length)")
+    rule: str = option(DEFAULT_FAMILY.default_rule, flag="--sampling-rule", choices=SAMPLING_RULES,
+                       help="CosyVoice's sampling rule, one of the model family's own (each family's folder, "
+                            "ttsrl/families/NAME/, says what its rules do): FAMILY-2026 = CosyVoice's current code, "
+                            "cosyvoice2-2024 = the earlier rule (for comparison with older numbers)")
 
     def __post_init__(self):
-        if self.rule not in SAMPLING_RULES:
-            raise ValueError(f"unknown sampling rule {self.rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
+        family_of_rule(self.rule)  # an unknown rule raises, naming the known ones
 
 
 def add_sampling_args(parser) -> None:
@@ -185,7 +161,7 @@ class SamplingError(RuntimeError):
 
 def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg: SamplingConfig,
                greedy: bool = False, generator: torch.Generator | None = None) -> int:
-    """Next output index (0..6563) from one step's log-probs over the 6564 outputs.
+    """Next output index (0..N-1) from one step's log-probs over the family's N outputs.
 
     The one place the sampling rule lives (``cfg.rule``, see ``SAMPLING_RULES``): the
     batched generator, the reference ``Qwen2LM.inference`` and the vLLM path call it.
@@ -193,8 +169,8 @@ def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg
     the rule's -inf writes go to this step's own copy of the scores, which every later
     draw of the step then uses (CosyVoice writes into its step's scores in place).
 
-    cosyvoice2-2026: before the minimum length the eos row (6561) is -inf, then
-    repetition-aware sampling once. cosyvoice2-2024: repetition-aware sampling,
+    A rule of kind "2026": before the minimum length the family's ``min_len_held`` rows are
+    -inf, then repetition-aware sampling once. Kind "2024": repetition-aware sampling,
     redrawn while a stop index comes out before the minimum length, at most
     ``max_trials`` times, then :class:`SamplingError`. Greedy (not a CosyVoice mode):
     argmax over the same rows the rule allows."""
@@ -217,8 +193,7 @@ def pick_token(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bool, cfg
 
 def held_before_min_len(rule: str) -> tuple[int, ...]:
     """Output indices that argmax decoding may not pick before the minimum length: the
-    eos row (6561) under cosyvoice2-2026, every stop index under cosyvoice2-2024 and
-    cosyvoice3-2026 (the family's ``min_len_held`` under a 2026 rule)."""
+    family's ``min_len_held`` under a rule of kind "2026", every stop index under "2024"."""
     fam = rule_family(rule)
     return fam.min_len_held if _is_2026(rule) else fam.stop_indices
 
@@ -247,7 +222,7 @@ def held_before_min_len(rule: str) -> tuple[int, ...]:
 
 def repeated_mask(decoded: Sequence[Sequence[int]], cfg: SamplingConfig,
                   device: torch.device | str | None = None) -> torch.Tensor:
-    """(B, 6564) bool: True at the indices a nucleus pick would count as repeated
+    """(B, N) bool: True at the indices a nucleus pick would count as repeated
     (:func:`_repeated`) after row b's decoded output indices ``decoded[b]``."""
     rows: list[int] = []
     cols: list[int] = []
@@ -303,9 +278,9 @@ def _reject_stops(d: torch.Tensor, max_trials: int, n_speech: int) -> torch.Tens
 
 def rule_distributions(logp: torch.Tensor, repeated: torch.Tensor, allow_stop: torch.Tensor,
                        cfg: SamplingConfig) -> torch.Tensor:
-    """P(pick_token returns x) for a batch of steps: ``logp`` (B, 6564) log-probs,
-    ``repeated`` (B, 6564) from :func:`repeated_mask`, ``allow_stop`` (B,) bool.
-    Returns (B, 6564) float64; a row sums to 1 minus the probability that pick_token
+    """P(pick_token returns x) for a batch of steps: ``logp`` (B, N) log-probs,
+    ``repeated`` (B, N) from :func:`repeated_mask`, ``allow_stop`` (B,) bool.
+    Returns (B, N) float64; a row sums to 1 minus the probability that pick_token
     raises (see the formulas above). Sampling only; greedy is :func:`held_before_min_len`."""
     scores = logp.detach().float().clone()
     fam = rule_family(cfg.rule)
@@ -330,9 +305,9 @@ def rule_distribution(logp: torch.Tensor, decoded: Sequence[int], allow_stop: bo
 
 
 class Qwen2LM(nn.Module):
-    """CosyVoice2's LM (``family`` = COSYVOICE2); :class:`CosyVoice3LM` is CosyVoice3's."""
+    """CosyVoice2's LM, upstream's ``Qwen2LM``; :func:`lm_class` gives another family's."""
 
-    family: Family = COSYVOICE2
+    family: Family = family("cosyvoice2")
 
     def __init__(self, qwen2_config):
         super().__init__()
@@ -368,11 +343,8 @@ class Qwen2LM(nn.Module):
     def input_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(sos, task_id) embeddings, each (1, H): ``llm_embedding`` rows 0 and 1 (CosyVoice2)
         or the sos and task_id rows of ``speech_embedding`` (CosyVoice3)."""
-        fam = self.family
-        if fam.input_embedding == "llm_embedding":
-            w, rows = self.llm_embedding.weight, (SOS_ROW, TASK_ID_ROW)
-        else:
-            w, rows = self.speech_embedding.weight, (fam.sos_index, fam.task_id_index)
+        key, rows = self.family.input_rows()
+        w = self.llm_embedding.weight if key == "llm_embedding.weight" else self.speech_embedding.weight
         return w[rows[0]: rows[0] + 1], w[rows[1]: rows[1] + 1]
 
     # ---- teacher-forced forward -----------------------------------------------
@@ -406,7 +378,7 @@ class Qwen2LM(nn.Module):
         prompt speech follows task_id; before ``min_len`` the stop rows are held back
         by ``sampling.rule`` (see :func:`pick_token`; default the family's rule); a drawn
         stop token ends generation; at most ``max_len`` codes. Lengths count the target text only."""
-        sampling = sampling or SamplingConfig(rule=DEFAULT_RULE[self.family.name])
+        sampling = sampling or SamplingConfig(rule=self.family.default_rule)
         check_rule_family(sampling.rule, self.family)
         n_text = len(text_ids)
         lm_input = self.build_inputs(list(prompt_text_ids) + list(text_ids), prompt_speech)
@@ -425,34 +397,23 @@ class Qwen2LM(nn.Module):
             lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
 
 
-class CosyVoice3LM(Qwen2LM):
-    """CosyVoice3's LM (upstream ``CosyVoice3LM``, ace7c47): no ``llm_embedding`` (sos and
-    task_id are rows 6561 and 6563 of ``speech_embedding``), a 6761-row head without bias,
-    every index >= 6561 a stop. State-dict keys are upstream's:
-
-        llm.model.model.*                    inner Qwen2 (text embeddings, blocks, norm)
-        llm.model.lm_head.weight  (V, H)     tied to embed_tokens, unused
-        llm_decoder.weight        (6761, H)  speech-token head (no bias)
-        speech_embedding.weight   (6761, H)
-    """
-
-    family = COSYVOICE3
+_LM_CLASSES: dict[str, type[Qwen2LM]] = {Qwen2LM.family.name: Qwen2LM}
 
 
-LM_CLASSES = {cls.family.name: cls for cls in (Qwen2LM, CosyVoice3LM)}
+def lm_class(fam: Family | str) -> type[Qwen2LM]:
+    """The family's LM class: :class:`Qwen2LM` with its layout, named as upstream names it
+    (``CosyVoice3LM``); state-dict keys are upstream's."""
+    f = family(fam)
+    cls = _LM_CLASSES.get(f.name)
+    if cls is None or cls.family is not f:
+        cls = _LM_CLASSES[f.name] = type(f.upstream_class, (Qwen2LM,), {"family": f, "__doc__": (
+            f"{f.name}'s LM (upstream {f.upstream_class}): {f.num_outputs} outputs, "
+            f"sos/task_id in {f.input_rows()[0]}, head bias {f.head_bias}.")})
+    return cls
 
 
-def family_of_state(state: dict) -> Family:
-    """The family an ``llm.pt`` state dict belongs to, from its keys and head size."""
-    if "llm_embedding.weight" in state:
-        return COSYVOICE2
-    rows = state.get("speech_embedding.weight")
-    for cls in LM_CLASSES.values():
-        if cls.family.input_embedding == "speech_embedding" and rows is not None and rows.shape[0] == cls.family.num_outputs:
-            return cls.family
-    shape = None if rows is None else tuple(rows.shape)
-    raise ValueError(f"llm.pt is neither CosyVoice2's (has llm_embedding) nor CosyVoice3's (no llm_embedding, "
-                     f"speech_embedding with {COSYVOICE3.num_outputs} rows); speech_embedding is {shape}")
+__all__ = ["IGNORE_ID", "Qwen2LM", "SamplingConfig", "SamplingError", "family_of_state", "lm_class",
+           "load_llm_state_dict", "pick_token", "rule_distribution", "rule_distributions"]
 
 
 def load_llm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,154 +1,25 @@
-"""The speech-token vocabulary of each model family: the one place that knows their token ids.
+"""A family's speech vocabulary on a text tokenizer: token ids, names and the tokenizer's extension.
 
-A model family is one :class:`Family` description: the sizes of its speech vocabulary,
-its stop set, where its two input-only vectors (sos, task_id) live, whether its head has
-a bias, its prompt format and the family details of its sampling rule. Every consumer
-(conversion, the HF and vLLM classes, verl's rollout, stage 0, the reward protocol, the
-sweep, mining, export) reads them from here, through the :class:`SpeechVocab` of a
-tokenizer (:func:`vocab_of` finds the family from the tokenizer's own entries) or by
-name (:func:`family`). No other module writes a family's numbers.
-
-**cosyvoice2** (CosyVoice2-0.5B, ``Qwen2LM``): the LLM predicts one of 6564 classes:
-0..6560 speech tokens, 6561 the end of speech, 6562 and 6563 further stop tokens (6563
-is the "fill" token of bistream training). Its input side has two learned vectors,
-``llm_embedding`` rows 0 (sos) and 1 (task_id). In the Hugging Face checkpoint they
-become vocabulary entries appended after the text tokenizer (Qwen's plus CosyVoice's
-specials)::
-
-    <|s_0|> .. <|s_6560|>   speech tokens        (LLM index 0..6560)
-    <|eos1|>                the real end of speech (LLM index 6561)
-    <|eos2|>, <|eos3|>      the other stop tokens (LLM index 6562, 6563)
-    <|sos|>, <|task_id|>    the two input-only vectors of ``llm_embedding``
-
-For the released model (Qwen2-0.5B tokenizer) the first speech id is 151663, the
-tokenizer has 158229 entries and the embedding is padded to 158336 rows.
-
-**cosyvoice3** (Fun-CosyVoice3-0.5B-2512, ``CosyVoice3LM`` at FunAudioLLM/CosyVoice
-ace7c47, cosyvoice/llm/llm.py): no ``llm_embedding``; ``speech_embedding`` and the
-bias-free ``llm_decoder`` have 6761 rows (speech_token_size + 200): 0..6560 speech,
-6561 sos, 6562 the end of speech, 6563 task_id, 6564 fill, 6565..6760 unused; every
-index >= 6561 stops (its ``stop_token_ids``). All 6761 rows map to HF entries::
-
-    <|s_0|> .. <|s_6560|>   speech tokens (0..6560)
-    <|sos|> <|eos|> <|task_id|> <|fill|>   6561..6564 (sos and task_id are also inputs)
-    <|x_6565|> .. <|x_6760|>               the unused stop rows
-
-Its text tokenizer adds ``<|endofsystem|>``, ARPAbet and toned-pinyin tokens after
-CosyVoice2's specials (151924 text ids on Qwen2-0.5B's tokenizer), and every text must
-hold ``<|endofprompt|>``: prompts start with "You are a helpful assistant.<|endofprompt|>".
+The numbers belong to the families (``ttsrl.families``: each family's folder); this module
+turns one family's layout into the ids of one tokenizer (:class:`SpeechVocab`), extends a Qwen
+tokenizer with it (:func:`extend_tokenizer`) and finds the family an extended tokenizer holds
+(:func:`vocab_of`). Every consumer (conversion, the HF and vLLM classes, verl's rollout, stage 0,
+the reward protocol, the sweep, mining, export) reads ids through a :class:`SpeechVocab`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-PAD_MULTIPLE = 128  # embedding rows are padded to a multiple of this
+from ttsrl.families import DEFAULT_FAMILY, FAMILIES, PAD_MULTIPLE, QWEN_SPECIALS, Family, family, speech_name
 
-# Special tokens CosyVoice adds to Qwen's tokenizer at run time, in order
-# (cosyvoice/tokenizer/tokenizer.py: CosyVoice2Tokenizer, CosyVoice3Tokenizer). The Qwen ones
-# already exist in CosyVoice-BlankEN; adding them again is a no-op.
-QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-COSYVOICE_SPECIALS = (
-    "<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]",
-    "[laughter]", "[cough]", "[clucking]", "[accent]", "[quick_breath]",
-    "<laughter>", "</laughter>", "[hissing]", "[sigh]", "[vocalized-noise]",
-    "[lipsmack]", "[mn]",
-)
-# CosyVoice3Tokenizer's list after [mn] (upstream ace7c47): <|endofsystem|>, ARPAbet phones
-# with stress digits, and toned pinyin finals/initials, in upstream's order (ids follow it).
-_ARPABET = ("AA AA0 AA1 AA2 AE AE0 AE1 AE2 AH AH0 AH1 AH2 AO AO0 AO1 AO2 AW AW0 AW1 AW2 AY AY0 AY1 AY2 B CH D DH "
-            "EH EH0 EH1 EH2 ER ER0 ER1 ER2 EY EY0 EY1 EY2 F G HH IH IH0 IH1 IH2 IY IY0 IY1 IY2 JH K L M N NG OW "
-            "OW0 OW1 OW2 OY OY0 OY1 OY2 P R S SH T TH UH UH0 UH1 UH2 UW UW0 UW1 UW2 V W Y Z ZH")
-_PINYIN = ("a ai an ang ao b c ch d e ei en eng f g h i ian in ing iu ià iàn iàng iào iá ián iáng iáo iè ié iòng "
-           "ióng iù iú iā iān iāng iāo iē iě iōng iū iǎ iǎn iǎng iǎo iǒng iǔ j k l m n o ong ou p q r s sh t u uang "
-           "ue un uo uà uài uàn uàng uá uái uán uáng uè ué uì uí uò uó uā uāi uān uāng uē uě uī uō uǎ uǎi uǎn uǎng "
-           "uǐ uǒ vè w x y z zh à ài àn àng ào á ái án áng áo è èi èn èng èr é éi én éng ér ì ìn ìng í ín íng ò òng "
-           "òu ó óng óu ù ùn ú ún ā āi ān āng āo ē ēi ēn ēng ě ěi ěn ěng ěr ī īn īng ō ōng ōu ū ūn ǎ ǎi ǎn ǎng ǎo "
-           "ǐ ǐn ǐng ǒ ǒng ǒu ǔ ǔn ǘ ǚ ǜ")
-COSYVOICE3_SPECIALS = COSYVOICE_SPECIALS + ("<|endofsystem|>",) + tuple(
-    f"[{t}]" for t in (_ARPABET + " " + _PINYIN).split())
-ENDOFPROMPT = "<|endofprompt|>"
+__all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "QWEN_SPECIALS", "SpeechVocab", "add_cosyvoice_specials",
+           "added_token_names", "check_tokenizer", "extend_tokenizer", "family", "family_of_tokenizer",
+           "padded_size", "parse_speech_text", "speech_token_name", "speech_token_name_in", "text_offset_of", "vocab_of"]
 
-
-@dataclass(frozen=True)
-class Family:
-    """Everything that differs between model families, as data.
-
-    ``output_names`` names the LLM's non-speech output classes (index ``speech_token_size``
-    on); ``input_names`` the input-only vectors appended after them in the HF vocabulary.
-    ``sos_name``/``task_id_name`` are among the two. ``min_len_held``: output indices the
-    sampling rule sets to -inf before the minimum length (rule "2026" of the family);
-    ``stop_indices``: indices that end an utterance when drawn."""
-
-    name: str
-    speech_token_size: int
-    num_outputs: int
-    eos_index: int
-    output_names: tuple[str, ...]
-    input_names: tuple[str, ...]
-    sos_name: str
-    task_id_name: str
-    head_bias: bool
-    specials: tuple[str, ...]
-    min_len_held: tuple[int, ...]
-    system_prefix: str = ""  # text every LLM input starts with (CosyVoice3's instruction)
-    token_rate_hz: float = 25.0  # speech tokens per second of audio
-    sample_rate: int = 24000  # token2wav's output rate
-    input_embedding: str = "llm_embedding"  # llm.pt tensor holding sos/task_id
-    upstream_class: str = "Qwen2LM"
-    release: str = ""
-    stop_indices: tuple[int, ...] = field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop_indices", tuple(range(self.speech_token_size, self.num_outputs)))
-        if len(self.output_names) != self.num_outputs - self.speech_token_size:
-            raise ValueError(f"family {self.name}: {len(self.output_names)} output names for "
-                             f"{self.num_outputs - self.speech_token_size} non-speech outputs")
-
-    def __repr__(self) -> str:
-        return f"Family({self.name!r})"
-
-    @property
-    def added_names(self) -> tuple[str, ...]:
-        """The tokens appended after the text vocabulary, in id order."""
-        return tuple(_speech_name(i) for i in range(self.speech_token_size)) + self.output_names + self.input_names
-
-    @property
-    def eos_name(self) -> str:
-        return self.output_names[self.eos_index - self.speech_token_size]
-
-    def added_index(self, name: str) -> int:
-        """Position of ``name`` among :attr:`added_names` (= HF id - speech offset)."""
-        if name in self.output_names:
-            return self.speech_token_size + self.output_names.index(name)
-        return self.num_outputs + self.input_names.index(name)
-
-    @property
-    def sos_index(self) -> int:
-        return self.added_index(self.sos_name)
-
-    @property
-    def task_id_index(self) -> int:
-        return self.added_index(self.task_id_name)
-
-    @property
-    def chat_template(self) -> str:
-        """User turn: sos + system prefix + text + task_id; assistant turn: its content
-        verbatim (speech tokens). System turns carry nothing the model was trained on and
-        are dropped."""
-        return ("{%- for message in messages -%}"
-                "{%- if message['role'] == 'user' -%}"
-                "{{ '" + self.sos_name + self.system_prefix + "' + message['content'] + '" + self.task_id_name + "' }}"
-                "{%- elif message['role'] == 'assistant' -%}"
-                "{{ message['content'] }}"
-                "{%- endif -%}"
-                "{%- endfor -%}")
-
-
-def _speech_name(code: int) -> str:
-    return f"<|s_{code}|>"
+_speech_name = speech_name
 
 
 def speech_token_name(index: int, fam: "Family | str | None" = None) -> str:
@@ -161,61 +32,25 @@ def speech_token_name(index: int, fam: "Family | str | None" = None) -> str:
     raise ValueError(f"LLM output index {index} outside 0..{f.num_outputs - 1}")
 
 
-COSYVOICE2 = Family(
-    name="cosyvoice2", speech_token_size=6561, num_outputs=6564, eos_index=6561,
-    output_names=("<|eos1|>", "<|eos2|>", "<|eos3|>"), input_names=("<|sos|>", "<|task_id|>"),
-    sos_name="<|sos|>", task_id_name="<|task_id|>", head_bias=True, specials=COSYVOICE_SPECIALS,
-    # CosyVoice's sampling_ids at ace7c47 (0e62489): before min_len row speech_token_size is -inf
-    min_len_held=(6561,), release="CosyVoice2-0.5B")
-COSYVOICE3 = Family(
-    name="cosyvoice3", speech_token_size=6561, num_outputs=6761, eos_index=6562,
-    output_names=("<|sos|>", "<|eos|>", "<|task_id|>", "<|fill|>") + tuple(f"<|x_{i}|>" for i in range(6565, 6761)),
-    input_names=(), sos_name="<|sos|>", task_id_name="<|task_id|>", head_bias=False, specials=COSYVOICE3_SPECIALS,
-    # Upstream's HF loop inherits CosyVoice2's mask of row 6561, which for CosyVoice3 is sos, so
-    # its eos (6562) and the 198 other stops stay drawable before min_len; its vLLM path
-    # (min_tokens) holds back every stop id. ttsrl holds back every stop (docs/exactness.md).
-    min_len_held=tuple(range(6561, 6761)), system_prefix="You are a helpful assistant." + ENDOFPROMPT,
-    input_embedding="speech_embedding", upstream_class="CosyVoice3LM", release="Fun-CosyVoice3-0.5B-2512")
-FAMILIES = {f.name: f for f in (COSYVOICE2, COSYVOICE3)}
-DEFAULT_FAMILY = COSYVOICE2
-
-
-def family(name: str | Family) -> Family:
-    """The family of this name (a Family passes through)."""
-    if isinstance(name, Family):
-        return name
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise ValueError(f"unknown model family {name!r}; choose one of {', '.join(FAMILIES)}") from None
-
-
-# The codec every family shares: speech codes 0..6560 at 25 per second (speech_tokenizer_v2
-# and v3 alike). The wire protocol, test sets, pairs and the embedded codec check codes against
-# it; a family with another codec must make those read its own (this fails first).
-SPEECH_TOKEN_SIZE = COSYVOICE2.speech_token_size
-TOKEN_RATE_HZ = COSYVOICE2.token_rate_hz
-assert all(f.speech_token_size == SPEECH_TOKEN_SIZE and f.token_rate_hz == TOKEN_RATE_HZ for f in FAMILIES.values())
-# CosyVoice2's numbers under their historical names (CosyVoice2 code and tests read them).
-NUM_OUTPUTS = COSYVOICE2.num_outputs
-NUM_STOP_TOKENS = NUM_OUTPUTS - SPEECH_TOKEN_SIZE
-EOS_INDEX = COSYVOICE2.eos_index
-STOP_INDICES = COSYVOICE2.stop_indices
-SOS_ROW, TASK_ID_ROW = 0, 1  # rows of CosyVoice2's llm_embedding
-STOP_TOKEN_NAMES = COSYVOICE2.output_names
-SOS_TOKEN, TASK_ID_TOKEN = COSYVOICE2.sos_name, COSYVOICE2.task_id_name
-CHAT_TEMPLATE = COSYVOICE2.chat_template
-
 _SPEECH_RE = re.compile(r"<\|s_(\d+)\|>")
-_ANY_NAMES = sorted({n for f in FAMILIES.values() for n in f.output_names + f.input_names}, key=len, reverse=True)
-_NAME_IN_TEXT_RE = re.compile(r"<\|s_\d+\|>|" + "|".join(re.escape(n) for n in _ANY_NAMES))
+
+
+def _name_in_text_re() -> re.Pattern:
+    """Any family's speech-vocabulary names (rebuilt when a family is registered)."""
+    names = tuple(sorted({n for f in FAMILIES.values() for n in f.output_names + f.input_names}, key=len, reverse=True))
+    if _NAME_RE_CACHE.get("names") != names:
+        _NAME_RE_CACHE.update(names=names, re=re.compile(r"<\|s_\d+\|>|" + "|".join(re.escape(n) for n in names)))
+    return _NAME_RE_CACHE["re"]
+
+
+_NAME_RE_CACHE: dict = {}
 
 
 def speech_token_name_in(text: str) -> str | None:
     """The first name of a speech-vocabulary token of any family spelled in ``text``
     (``<|s_12|>``, ``<|eos1|>``, ``<|sos|>``, ``<|task_id|>``, ``<|x_6600|>``), which a
     tokenizer would read as that token's id inside the prompt; None when there is none."""
-    m = _NAME_IN_TEXT_RE.search(text) if "<|" in text else None
+    m = _name_in_text_re().search(text) if "<|" in text else None
     return m.group(0) if m else None
 
 
@@ -331,15 +166,24 @@ class SpeechVocab:
         """Speech codes -> the ``<|s_N|>`` string an assistant turn carries (every family)."""
         return "".join(_speech_name(int(c)) for c in codes)
 
-    @staticmethod
-    def parse_speech_text(text: str, speech_token_size: int = SPEECH_TOKEN_SIZE) -> list[int]:
+    def parse_speech_text(self, text: str) -> list[int]:
         """``<|s_12|><|s_7|>...`` -> [12, 7, ...]; anything else is ignored,
-        codes outside the speech vocabulary raise."""
-        codes = [int(m) for m in _SPEECH_RE.findall(text)]
-        for c in codes:
-            if c >= speech_token_size:
-                raise ValueError(f"speech code {c} outside 0..{speech_token_size - 1}")
+        codes outside the family's speech vocabulary raise."""
+        codes = parse_speech_text(text)
+        self.family.check_codes(codes)
         return codes
+
+
+def parse_speech_text(text: str) -> list[int]:
+    """``<|s_12|><|s_7|>...`` -> [12, 7, ...] where the family is not known here (verl's reward
+    function): anything else is ignored; a code beyond every family's speech vocabulary raises
+    (the reward server checks the rest against its own family)."""
+    codes = [int(m) for m in _SPEECH_RE.findall(text)]
+    n = max(f.speech_token_size for f in FAMILIES.values())
+    bad = next((c for c in codes if c >= n), None)
+    if bad is not None:
+        raise ValueError(f"speech code {bad} outside every family's speech vocabulary (0..{n - 1})")
+    return codes
 
 
 def text_offset_of(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> int:

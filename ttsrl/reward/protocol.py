@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ttsrl.model.vocab import SPEECH_TOKEN_SIZE
+from ttsrl.families import DEFAULT_FAMILY
 from ttsrl.reward.triton_binary import BinaryDataError, attach_inputs, split_body
 
 DEFAULT_MODEL_NAME = "token2wav_asr"
@@ -427,7 +427,8 @@ def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> b
     return v
 
 
-def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) -> InferRequest:
+def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None,
+                speech_token_size: int = DEFAULT_FAMILY.speech_token_size) -> InferRequest:
     """Validate an infer body (JSON, or JSON + binary tensor data when ``header_length``,
     the ``Inference-Header-Content-Length`` header, is given: ``ttsrl.reward.triton_binary``)."""
     try:
@@ -474,8 +475,8 @@ def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None) 
         raise RequestError(f"input TOKEN_LENS: {n} is not in 0..{tshape[1]} (the length of TOKENS)")
     codes = tokens[:n]
     for c in codes:
-        if not 0 <= c < SPEECH_TOKEN_SIZE:
-            raise RequestError(f"input TOKENS: speech code {c} outside 0..{SPEECH_TOKEN_SIZE - 1}")
+        if not 0 <= c < speech_token_size:
+            raise RequestError(f"input TOKENS: speech code {c} outside 0..{speech_token_size - 1}")
     text = _text(by_name["GT_TEXT"])
     prompt_id = _prompt_id(by_name[PROMPT_ID]) if PROMPT_ID in by_name else None
     finished = None

@@ -44,8 +44,10 @@ import jiwer
 from pypinyin import Style, lazy_pinyin
 
 from ttsrl import knobs
-from ttsrl.model.vocab import TOKEN_RATE_HZ
+from ttsrl.families import DEFAULT_FAMILY
 from ttsrl.text import SYLLABLES_PER_SECOND, cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
+
+TOKEN_RATE_HZ = DEFAULT_FAMILY.token_rate_hz  # the run's family's, where a caller knows it
 
 # ---------------------------------------------------------------------------
 # length plausibility

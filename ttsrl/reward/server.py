@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from aiohttp import web
 
 from ttsrl.cli import option
+from ttsrl.families import DEFAULT_FAMILY, FAMILIES, family
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from ttsrl.reward.backends.base import prompt_pool_sha1, unknown_prompt_message
@@ -85,6 +86,9 @@ class ServerConfig:
     max_delay_ms: float = option(10.0, help="longest wait after the oldest queued request before a batch runs")
     max_queue: int = option(4096, help="requests that may wait; beyond it the server answers 503 + Retry-After")
     max_body_bytes: int = option(1 << 20, help="largest request body (413 above)")
+    family: str = option(DEFAULT_FAMILY.name, choices=tuple(FAMILIES),
+                         help="the model family whose speech codes requests carry (MODEL_FAMILY): codes are checked "
+                              "against its speech vocabulary")
     max_tokens: int = option(MAX_SPEECH_CODES,  # CosyVoice2: 25/s -> 164 s
                              help="most speech codes per sequence (413 above)")
     max_text_chars: int = option(MAX_TEXT_CHARS, cli=False, help="characters of GT_TEXT (ttsrl.limits)")
@@ -452,7 +456,8 @@ class RewardServer:
             if self.guard is not None:
                 self.guard.reading(request.transport, False)
         t_parse = time.perf_counter_ns()
-        req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER))
+        req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER),
+                              family(self.cfg.family).speech_token_size)
         triton = self.stats.triton
         triton.durations["compute_input"].add(time.perf_counter_ns() - t_parse)
         why = text_problem(req.text, self.cfg.max_text_chars)

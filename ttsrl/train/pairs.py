@@ -154,9 +154,10 @@ def _check_codes(value, where: str, name: str) -> list[int]:
     too_long = codes_problem(len(value))
     if too_long:
         raise PairsError(f"{where}: '{name}' has {too_long}")
-    bad = [c for c in value if not 0 <= c < V.SPEECH_TOKEN_SIZE]
+    n = max(f.speech_token_size for f in V.FAMILIES.values())  # the run's own: SpeechVocab.codes_to_ids
+    bad = [c for c in value if not 0 <= c < n]
     if bad:
-        raise PairsError(f"{where}: '{name}' holds speech code {bad[0]} outside 0..{V.SPEECH_TOKEN_SIZE - 1}")
+        raise PairsError(f"{where}: '{name}' holds speech code {bad[0]} outside 0..{n - 1}")
     return list(value)
 
 

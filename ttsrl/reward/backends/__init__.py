@@ -9,22 +9,26 @@ tests get a :class:`SpeechPipeline`. Backend presets:
 ``sim``        simulated codec (no audio) ``ttsrl.embedded.codec.decode``
                (speakers: ``--prompt-dir``)
 ``whisper``    espeak-ng on sim pinyin    Whisper (faster-whisper)
-``cosyvoice2`` CosyVoice2 flow + HiFT     Whisper, or sherpa-onnx (``asr``)
-``cosyvoice3`` CosyVoice3 DiT + HiFT      Whisper, or sherpa-onnx (``asr``)
+FAMILY         the family's token2wav         Whisper, or sherpa-onnx (``asr``)
+               (``Family.token2wav``: CosyVoice2 flow + HiFT, CosyVoice3 DiT + HiFT)
 =============  =========================  ==================================
+
+A family with a token2wav (``ttsrl.families``) is a backend of its own name.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
 from ttsrl.cli import option
+from ttsrl.families import family, token2wav_families
 from ttsrl.reward.backends.base import ASR, Audio, SpeakerPrompt, SpeechPipeline, Token2Wav, Transcript, stable_index
 
-BACKENDS = ("sim", "whisper", "cosyvoice2", "cosyvoice3")
 #: the backends that voice codes with CosyVoice's code and a model folder of their family
-COSYVOICE_BACKENDS = ("cosyvoice2", "cosyvoice3")
+COSYVOICE_BACKENDS = token2wav_families()
+BACKENDS = ("sim", "whisper") + COSYVOICE_BACKENDS
 ASRS = ("default", "sim", "whisper", "sherpa")
 SHERPA_KINDS = ("sense_voice", "paraformer")
 
@@ -73,21 +77,23 @@ class BackendConfig:
     def model_dir(self) -> str:
         """The model folder this backend serves, absolute ("" for a backend without one): what the
         reward server publishes as ``model_dir`` so a launcher can tell two servers apart."""
-        if self.backend in COSYVOICE_BACKENDS and self.cosyvoice_model_dir:
+        if self.backend in token2wav_families() and self.cosyvoice_model_dir:
             return os.path.abspath(self.cosyvoice_model_dir)
         return ""
 
     def validate(self) -> None:
-        if self.backend not in BACKENDS:
+        if self.backend not in ("sim", "whisper") + token2wav_families():
             raise ValueError(f"unknown backend {self.backend!r}; choose from {BACKENDS}")
         if self.asr not in ASRS:
             raise ValueError(f"unknown ASR {self.asr!r}; choose from {ASRS}")
-        if self.backend in COSYVOICE_BACKENDS and not self.cosyvoice_model_dir:
+        if self.backend in token2wav_families() and not self.cosyvoice_model_dir:
             raise ValueError(f"backend {self.backend} needs --cosyvoice-model-dir (and --prompt-dir for "
                              "texts without their own prompt wav, e.g. the reward)")
-        if self.backend == "cosyvoice3" and self.cosyvoice_batch_flow:
-            raise ValueError("--cosyvoice-batch-flow is backend cosyvoice2's (CosyVoice2's flow encoder); "
-                             "backend cosyvoice3 voices one utterance at a time")
+        if self.backend in token2wav_families() and self.cosyvoice_batch_flow \
+                and not family(self.backend).token2wav.batch_flow:
+            batched = [n for n in token2wav_families() if family(n).token2wav.batch_flow]
+            raise ValueError(f"--cosyvoice-batch-flow is backend {', '.join(batched)}'s; backend {self.backend} "
+                             "voices one utterance at a time")
         if self.asr == "sherpa" and not self.sherpa_model_dir:
             raise ValueError("ASR sherpa needs --sherpa-model-dir")
 
@@ -121,6 +127,12 @@ def _build_asr(cfg: BackendConfig, name: str, device: str) -> ASR:
     raise ValueError(f"unknown ASR {name!r}")
 
 
+def _load(path: str):
+    """The object a "module:Name" path names."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
     cfg.validate()
     if cfg.backend == "sim":
@@ -133,19 +145,11 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
 
         t2w = EspeakToken2Wav()
         asr_name = "whisper"
-    elif cfg.backend == "cosyvoice2":
-        from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
-
-        t2w = CosyVoice2Token2Wav(CosyVoice2Config(model_dir=cfg.cosyvoice_model_dir or "",
-                                                   prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
-                                                   device=device, batch_flow=cfg.cosyvoice_batch_flow))
-        asr_name = "whisper"
-    else:
-        from ttsrl.reward.backends.cosyvoice3 import CosyVoice3Config, CosyVoice3Token2Wav
-
-        t2w = CosyVoice3Token2Wav(CosyVoice3Config(model_dir=cfg.cosyvoice_model_dir or "",
-                                                   prompt_dir=cfg.prompt_dir, checkout=cfg.cosyvoice_checkout,
-                                                   device=device))
+    else:  # a family's token2wav
+        spec = family(cfg.backend).token2wav
+        Backend, Config = _load(spec.backend), _load(spec.config)
+        t2w = Backend(Config(model_dir=cfg.cosyvoice_model_dir or "", prompt_dir=cfg.prompt_dir,
+                             checkout=cfg.cosyvoice_checkout, device=device, batch_flow=cfg.cosyvoice_batch_flow))
         asr_name = "whisper"
     if cfg.asr != "default":
         asr_name = cfg.asr

@@ -28,7 +28,9 @@ import numpy as np
 
 from ttsrl.atomic import atomic_path
 from ttsrl.data.prompt_pool import pool_sha1
-from ttsrl.model.vocab import TOKEN_RATE_HZ
+from ttsrl.families import DEFAULT_FAMILY, token2wav_families
+
+TOKEN_RATE_HZ = DEFAULT_FAMILY.token_rate_hz
 
 
 @dataclass(frozen=True)
@@ -273,8 +275,8 @@ def unknown_prompt_message(prompt_id: str, backend: str, known: Sequence[str]) -
     """What a request naming an unknown prompt id is told: the id, how many ids there are, a few of them."""
     if not known:
         return (f"unknown prompt id {prompt_id!r}: this server knows 0 prompt ids (backend {backend} "
-                + ("cannot voice a speaker prompt: PROMPT_ID needs backend cosyvoice2, cosyvoice3 or sim with "
-                   "--prompt-dir)" if backend not in ("cosyvoice2", "cosyvoice3", "sim")
+                + (f"cannot voice a speaker prompt: PROMPT_ID needs backend {', '.join(token2wav_families())} or "
+                   "sim with --prompt-dir)" if backend not in token2wav_families() + ("sim",)
                    else "was started without --prompt-dir)"))
     some = ", ".join(repr(k) for k in known[:5]) + (", ..." if len(known) > 5 else "")
     where = ("the ids of its --prompt-dir's prompt_speech_tokens.jsonl" if backend == "sim"

@@ -43,10 +43,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ttsrl.families import Token2WavSpec, family
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
 from ttsrl.reward.backends.cosyvoice_code import (
-    COSYVOICE2,
-    Token2WavFamily,
+    DEFAULT_T2W,
     call_matching,
     check_model_dir,
     import_cosyvoice,
@@ -67,7 +67,7 @@ _SHARED_LOCKS: dict[tuple, threading.Lock] = {}
 _SHARED_GUARD = threading.Lock()
 
 
-def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path, family: Token2WavFamily = COSYVOICE2) -> tuple:
+def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path, family: Token2WavSpec = DEFAULT_T2W) -> tuple:
     """What a prompt wav's features depend on: the model's feature files (path, size, mtime),
     the CosyVoice code, and the wav's bytes (sha1)."""
     d = Path(model_dir).resolve()
@@ -104,7 +104,7 @@ def _seed(codes: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
 
 
-def _check_prompt(prompt: SpeakerPrompt, family: Token2WavFamily = COSYVOICE2) -> None:
+def _check_prompt(prompt: SpeakerPrompt, family: Token2WavSpec = DEFAULT_T2W) -> None:
     if prompt.data is None:
         raise ValueError(f"{family.name} token2wav needs a speaker prompt: give --prompt-dir (reward) "
                          "or each utterance's prompt wav (zero-shot evaluation)")
@@ -128,7 +128,7 @@ class PromptTokenizer:
     CosyVoice3's (speech_tokenizer_v3.onnx, the same frontend call)."""
 
     def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu",
-                 family: Token2WavFamily = COSYVOICE2):
+                 family: Token2WavSpec = DEFAULT_T2W):
         check_model_dir(model_dir, family=family)
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
@@ -155,7 +155,7 @@ class CosyVoice2Token2Wav(Token2Wav):
     ``cosyvoice3.CosyVoice3Token2Wav``) is this class with another ``family``."""
 
     name = "cosyvoice2"
-    family: Token2WavFamily = COSYVOICE2
+    family: Token2WavSpec = family("cosyvoice2").token2wav  # type: ignore[assignment]
     has_speaker_model = True  # campplus.onnx of the model folder
 
     def __init__(self, cfg: CosyVoice2Config):

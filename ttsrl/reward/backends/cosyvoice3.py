@@ -10,7 +10,7 @@ Weights: a CosyVoice3 model folder (Fun-CosyVoice3-0.5B-2512): cosyvoice3.yaml, 
 hift.pt, campplus.onnx, speech_tokenizer_v3.onnx (llm.pt and CosyVoice-BlankEN/ are the LLM's).
 
 Everything else is the cosyvoice2 backend's (:class:`CosyVoice2Token2Wav` with CosyVoice3's
-:data:`COSYVOICE3` family): the yaml built without the LLM (only ``flow``, ``hift`` and
+family ``cosyvoice3``'s ``token2wav``): the yaml built without the LLM (only ``flow``, ``hift`` and
 ``feat_extractor``), CosyVoice's own ``CosyVoice3Model.token2wav`` (non-streaming, finalize) and
 ``CosyVoiceFrontEnd.frontend_zero_shot`` (its mel at 24 kHz, hop 480, trimmed to 2 frames per
 25 Hz speech token; speech_tokenizer_v3; campplus), explicit devices, prompt features extracted
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ttsrl.families import Token2WavSpec, family
 from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
-from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, Token2WavFamily
 
 
 @dataclass
@@ -44,7 +44,7 @@ class CosyVoice3Config(CosyVoice2Config):
 
 class CosyVoice3Token2Wav(CosyVoice2Token2Wav):
     name = "cosyvoice3"
-    family: Token2WavFamily = COSYVOICE3
+    family: Token2WavSpec = family("cosyvoice3").token2wav  # type: ignore[assignment]
     has_speaker_model = True  # campplus.onnx of the model folder
 
     def __init__(self, cfg: CosyVoice3Config):

@@ -1,5 +1,5 @@
 """CosyVoice's code and model folder, as our token2wav (``cosyvoice2``, ``cosyvoice3``) and
-prompt tokenizer use them: which files a model folder of each family must hold (:class:`Token2WavFamily`),
+prompt tokenizer use them: which files a model folder of each family must hold (``Family.token2wav``),
 importing CosyVoice (installed, or a source checkout) and checking it has the family's classes,
 loading its yaml without the LLM, its frontend on a chosen device, ``frontend_zero_shot`` on a
 prompt wav, the campplus embedding of a waveform, and reading audio at the 16 kHz its speech
@@ -16,69 +16,26 @@ import logging
 import re
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ttsrl.model import vocab as V
+from ttsrl.families import DEFAULT_FAMILY, Token2WavSpec
 from ttsrl.reward.wavcheck import check_prompt_wav
 
-
-@dataclass(frozen=True)
-class Token2WavFamily:
-    """One CosyVoice model family as token2wav reads it: its model folder's files, the model
-    class of CosyVoice's code that runs them, and where that code first has them (the LLM's
-    side of a family is ``ttsrl.model.vocab.Family``)."""
-
-    name: str  # "CosyVoice2"
-    yaml: str  # the model folder's hyperpyyaml
-    speech_tokenizer: str  # the model folder's speech tokenizer (ONNX)
-    model_class: str  # in cosyvoice.cli.model
-    release: str  # the released model folder
-    #: what CosyVoice's code must have (a path under the checkout, a class it defines), and since when
-    needs_code: tuple[tuple[str, str], ...] = ()
-    since: str = ""
-
-    @property
-    def token2wav_files(self) -> tuple[str, ...]:
-        """What token2wav loads from the model folder (the LLM's llm.pt and CosyVoice-BlankEN/ are not)."""
-        return (self.yaml, "flow.pt", "hift.pt", "campplus.onnx", self.speech_tokenizer)
-
-    @property
-    def model_dir_entries(self) -> tuple[str, ...]:
-        """What a released folder holds that the whole recipe (stage -1 included) needs."""
-        return ("llm.pt",) + self.token2wav_files + ("CosyVoice-BlankEN/",)
-
-
-COSYVOICE2 = Token2WavFamily("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", V.COSYVOICE2.release)
-#: CosyVoice3's token2wav classes first appear together in upstream's dd2d926 (2025-08-20); the
-#: released Fun-CosyVoice3-0.5B-2512 goes with its code of December 2025 (56d9876 on); ttsrl is
-#: tested against ace7c47 (2026-03-16). The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it.
-COSYVOICE3 = Token2WavFamily("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model",
-                    V.COSYVOICE3.release,
-                    needs_code=(("cosyvoice/cli/model.py", "CosyVoice3Model"),
-                                ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
-                                ("cosyvoice/flow/DiT/dit.py", "DiT"),
-                                ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator")),
-                    since="dd2d926 (FunAudioLLM/CosyVoice, 2025-08-20; tested at ace7c47)")
-#: by the LLM family's name (ttsrl.model.vocab.FAMILIES: the vocabulary's side of each family)
-FAMILIES = {V.COSYVOICE2.name: COSYVOICE2, V.COSYVOICE3.name: COSYVOICE3}
-
-#: CosyVoice2's token2wav files and released-folder entries (scripts/check_inputs.py keeps a copy)
-TOKEN2WAV_FILES = COSYVOICE2.token2wav_files
-MODEL_DIR_ENTRIES = COSYVOICE2.model_dir_entries
+#: the default family's token2wav (each family's own: ``ttsrl.families``, ``Family.token2wav``)
+DEFAULT_T2W: Token2WavSpec = DEFAULT_FAMILY.token2wav  # type: ignore[assignment]
 YAML_KEEP = ("flow", "hift", "feat_extractor")
 log = logging.getLogger("ttsrl.reward.backends")
 
 
-def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = TOKEN2WAV_FILES) -> list[str]:
+def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = DEFAULT_T2W.token2wav_files) -> list[str]:
     d = Path(model_dir)
     return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
 
 
-def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Token2WavFamily = COSYVOICE2) -> None:
+def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Token2WavSpec = DEFAULT_T2W) -> None:
     """One error naming every missing file of a model folder of ``family`` (its token2wav files
     unless ``entries``)."""
     entries = family.token2wav_files if entries is None else entries
@@ -124,7 +81,7 @@ def to_16k(wav: np.ndarray, rate: int):
     return resample(wav, rate, 16000)
 
 
-def checkout_lacks(checkout: str | Path, family: Token2WavFamily) -> list[str]:
+def checkout_lacks(checkout: str | Path, family: Token2WavSpec) -> list[str]:
     """What of ``family``'s code a CosyVoice checkout lacks ("path: Class"), read from its files
     (nothing imported); [] when it has it all."""
     root = Path(checkout)
@@ -137,7 +94,7 @@ def checkout_lacks(checkout: str | Path, family: Token2WavFamily) -> list[str]:
     return out
 
 
-def _lacks_family(family: Token2WavFamily, where: str, lacking: Sequence[str]) -> ImportError:
+def _lacks_family(family: Token2WavSpec, where: str, lacking: Sequence[str]) -> ImportError:
     return ImportError(f"{family.name} token2wav needs a CosyVoice source checkout at or after {family.since} "
                        f"(--cosyvoice-checkout DIR; the PyPI package cosyvoice-minicpmo lacks {family.name}); "
                        f"{where} lacks {', '.join(lacking)}")
@@ -179,7 +136,7 @@ def _use_code(root: Path | None) -> None:
             del sys.modules[name]
 
 
-def import_cosyvoice(checkout: str | None, family: Token2WavFamily = COSYVOICE2):
+def import_cosyvoice(checkout: str | None, family: Token2WavSpec = DEFAULT_T2W):
     """CosyVoice's frontend class and ``family``'s model class, from ``checkout`` (a source
     checkout) or the installed ``cosyvoice`` package."""
     if checkout:
@@ -359,7 +316,7 @@ class _OrtOn:
 _FRONTEND_LOCK = threading.Lock()  # replicas are built in threads; one swaps the module's onnxruntime at a time
 
 
-def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Token2WavFamily = COSYVOICE2):
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Token2WavSpec = DEFAULT_T2W):
     """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
     and the speech tokenizer never read text), its device set to ``dev``.
 
