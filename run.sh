@@ -69,7 +69,7 @@ reward_servers() {  # this machine's server started (or adopted, or used) and ev
   local ours=()
   if (( STARTED_SERVER )); then ours=(--ours); fi
   launch server up "${ours[@]}" -- "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" \
-    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" "${REWARD_ARGS[@]}"
+    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}"
   [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1  # the pid file names the server this run stops
 }
 on_exit() {

@@ -77,7 +77,7 @@ backend_args() {
 serve() {
   local port=${1##*:} t0=$SECONDS be
   mapfile -t be < <(backend_args)
-  setsid "$PY" token2wav_asr_server.py "${be[@]}" --cosyvoice-model-dir "$2" \
+  setsid "$PY" token2wav_asr_server.py "${be[@]}" --family "$FAMILY" --cosyvoice-model-dir "$2" \
     --prompt-dir "$WORK/prompts" --port "$port" --log-level INFO > "$3" 2>&1 &
   echo $! > "$WORK/server.pid"
   "$PY" -c "import sys; from ttsrl.reward.health import wait_ready; sys.exit(0 if wait_ready('$1', 600) else 1)" \

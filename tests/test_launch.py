@@ -125,7 +125,8 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
     got = server_identity(["py", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir",
                            "m", "--reward", "toneless", "--want-sim"])
     assert got == {"reward": "toneless", "backend": "cosyvoice2", "model_dir": os.path.abspath("m"),
-                   "sim_weight": "0.0", "length_guard": "True"}
+                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2"}
+    assert server_identity(["p", "token2wav_asr_server.py", "--family", "cosyvoice3"])["family"] == "cosyvoice3"
     assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"
     assert server_identity(["p", "/x/token2wav_asr_server.py", "--backend", "sim"])["model_dir"] == ""
 

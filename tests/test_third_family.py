@@ -119,6 +119,7 @@ def test_stage_0_renders_its_template(toy, tmp_path):
 
 
 def test_the_reward_server_checks_codes_against_its_family(toy):
+    from ttsrl.reward.health import metadata
     from ttsrl.reward.server import BackgroundServer, ServerConfig
 
     def ask(url, codes):
@@ -129,6 +130,7 @@ def test_the_reward_server_checks_codes_against_its_family(toy):
         return requests.post(f"{url}/v2/models/token2wav_asr/infer", json=payload, timeout=60)
 
     with BackgroundServer(ServerConfig(port=0, family="toy")) as srv:
+        assert metadata(srv.url)["family"] == "toy"  # part of the identity a run adopts a server by
         assert ask(srv.url, [1, 2, 299]).status_code == 200
         r = ask(srv.url, [1, 2, 300])
         assert r.status_code == 400 and "outside 0..299" in r.text

@@ -86,7 +86,7 @@ def _cluster(a):
 def server_identity(command: list[str]) -> dict[str, str]:
     """What a server started with ``command`` (``PY token2wav_asr_server.py ARGS``) would publish
     as its identity, read with the server's own parser: reward, backend, model folder, SIM weight,
-    length guard (each changes the reward a run trains on)."""
+    length guard (each changes the reward a run trains on), and the family whose codes it accepts."""
     if str(settings.ROOT) not in sys.path:
         sys.path.insert(0, str(settings.ROOT))
     import token2wav_asr_server
@@ -94,7 +94,7 @@ def server_identity(command: list[str]) -> dict[str, str]:
     script = next(i for i, word in enumerate(command) if word.endswith("token2wav_asr_server.py"))
     cfg = token2wav_asr_server.parse_args(command[script + 1:])
     return {"reward": cfg.reward, "backend": cfg.backend.backend, "model_dir": cfg.backend.model_dir,
-            "sim_weight": str(cfg.sim_weight), "length_guard": str(cfg.length_guard)}
+            "sim_weight": str(cfg.sim_weight), "length_guard": str(cfg.length_guard), "family": cfg.family}
 
 
 def cmd_server(a) -> int:

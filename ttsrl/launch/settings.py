@@ -314,19 +314,21 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
 
 
 def resolve_family(r: Resolved, name: str) -> None:
-    """MODEL_FAMILY names a family of ttsrl.model.vocab (stdlib only); a sampling rule in
-    EVAL_ARGS must be one of that family's (rules are named FAMILY-YEAR)."""
-    from ttsrl.model.vocab import FAMILIES
+    """MODEL_FAMILY names a registered family (ttsrl.families, stdlib only); a sampling rule in
+    EVAL_ARGS must be one of that family's."""
+    from ttsrl.families import FAMILIES
 
     if name not in FAMILIES:
         raise SettingsError([f"MODEL_FAMILY={name}: expected one of {', '.join(FAMILIES)}"])
+    fam = FAMILIES[name]
+    rules = [rule for rule, _ in fam.rules]
     args = r.lists.get("EVAL_ARGS", [])
     for i, word in enumerate(args):
         rule = word.split("=", 1)[1] if word.startswith("--sampling-rule=") else (
             args[i + 1] if word == "--sampling-rule" and i + 1 < len(args) else None)
-        if rule is not None and not rule.startswith(name + "-"):
+        if rule is not None and rule not in rules:
             raise SettingsError([f"EVAL_ARGS samples with --sampling-rule {rule}, a rule of another family than "
-                                 f"MODEL_FAMILY={name}: use {name}-2026"])
+                                 f"MODEL_FAMILY={name}: use {fam.default_rule}"])
 
 
 def _ipv4(name: str) -> str | None:

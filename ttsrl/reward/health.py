@@ -68,7 +68,7 @@ READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it s
 
 #: what a run asks of a server it adopts -> the model metadata field that says it
 IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "sim_weight": "sim_weight",
-                   "length_guard": "length_guard", "pid": "pid", "prompt_pool": "prompt_pool_sha1"}
+                   "length_guard": "length_guard", "pid": "pid", "prompt_pool": "prompt_pool_sha1", "family": "family"}
 
 
 def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:

@@ -394,7 +394,7 @@ class RewardServer:
                     backend_name=b.backend, asr=b.asr, model_dir=b.model_dir, pid=os.getpid(),
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
-                    length_guard=self.cfg.length_guard,
+                    length_guard=self.cfg.length_guard, family=self.cfg.family,
                     reward_range=list(reward_range(self.cfg.sim_weight)),
                     prompt_ids=len(self.prompt_ids), prompt_pool_sha1=prompt_pool_sha1(self.prompt_ids))
         return _json(meta)
