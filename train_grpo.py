@@ -111,10 +111,12 @@ def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, li
     """What this run trains on: the reward variant and backend asked for, the servers and the
     model metadata each serves (``error`` where it gave none); and a sentence per server that
     serves another reward or backend than asked."""
-    from ttsrl.reward.health import metadata
+    from ttsrl.reward.health import identity_mismatches, metadata
     from ttsrl.reward.protocol import DEFAULT_URL, split_urls
 
     urls = split_urls(cfg.reward_urls or environ.get("TTSRL_REWARD_URL") or DEFAULT_URL)
+    expect = {k: str(v) for k, v in (("reward", cfg.reward), ("backend", cfg.reward_backend),
+                                     ("sim_weight", cfg.expected_sim_weight)) if v is not None}
     served, problems = {}, []
     for url in urls:
         try:
@@ -122,15 +124,10 @@ def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, li
         except Exception as e:  # down now: the client fails over, and the launcher waited for it
             served[url] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        for key, field in (("reward", "reward"), ("backend_name", "reward_backend")):
-            asked = getattr(cfg, field)
-            if asked is not None and meta.get(key) != asked:
-                problems.append(f"the reward server at {url} serves {key} {meta.get(key)!r}, but this run asks for "
-                                f"{asked!r} (--{field.replace('_', '-')})")
-        weight = cfg.expected_sim_weight
-        if weight is not None and meta.get("sim_weight") != weight:
-            problems.append(f"the reward server at {url} serves SIM weight {meta.get('sim_weight')!r}, but this run "
-                            f"asks for {weight:g} (--sim-weight / --reward-weights)")
+        wrong = identity_mismatches(meta, expect)
+        if wrong:
+            problems.append(f"the reward server at {url} serves {', '.join(wrong)} (--reward, --reward-backend, "
+                            "--sim-weight / --reward-weights)")
     return {"reward": cfg.reward, "backend": cfg.reward_backend, "sim_weight": cfg.expected_sim_weight,
             "reward_weights": cfg.reward_weights, "gdpo_reward_keys": gdpo_keys(cfg),
             "urls": list(urls), "served": served}, problems

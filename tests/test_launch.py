@@ -228,7 +228,7 @@ def test_the_run_record_holds_the_reward_and_what_each_server_serves(tanh_server
             "--checkpoint-dir", str(ckpt), "--reward-backend", "sim", "--reward-urls", tanh_server]
     with pytest.raises(SystemExit) as e:
         train_grpo.main([*argv, "--reward", "exp_toneless"])
-    assert "serves reward 'tanh', but this run asks for 'exp_toneless'" in str(e.value.code)
+    assert "serves reward 'tanh' (this run asks for 'exp_toneless')" in str(e.value.code)
     assert not ckpt.exists()
     with pytest.raises(SystemExit):
         train_grpo.main([*argv, "--reward", "tanh"])

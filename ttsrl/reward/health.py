@@ -90,10 +90,26 @@ def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODE
         meta = metadata(url, model)
     except (requests.RequestException, ValueError) as e:
         return f"{url} gave no model metadata ({type(e).__name__}: {e})"
-    expect = {k: os.path.abspath(v) if k == "model_dir" and v else v for k, v in expect.items()}
-    wrong = [f"{k} {meta.get(IDENTITY_FIELDS[k])!r} (this run asks for {v!r})" for k, v in expect.items()
-             if str(meta.get(IDENTITY_FIELDS[k])) != v]
+    wrong = identity_mismatches(meta, expect)
     return f"the reward server at {url} serves {', '.join(wrong)}" if wrong else None
+
+
+def identity_mismatches(meta: dict, expect: dict[str, str]) -> list[str]:
+    """What a server's model metadata ``meta`` serves unlike ``expect`` (keys of IDENTITY_FIELDS),
+    one phrase each: the one comparison of a server's identity, before any training (the launcher
+    adopting a server, train_grpo.py before verl starts)."""
+    expect = {k: os.path.abspath(v) if k == "model_dir" and v else v for k, v in expect.items()}
+    return [f"{k} {meta.get(IDENTITY_FIELDS[k])!r} (this run asks for {v!r})" for k, v in expect.items()
+            if not _same(k, meta.get(IDENTITY_FIELDS[k]), v)]
+
+
+def _same(key: str, served, asked: str) -> bool:
+    if key == "sim_weight":  # a number however it was spelled (0, 0.0, "0.1")
+        try:
+            return float(served) == float(asked)
+        except (TypeError, ValueError):
+            return False
+    return str(served) == asked
 
 
 def launch_server(*args: str, timeout: float = 120.0, root: Path | None = None) -> tuple[subprocess.Popen, str]:
