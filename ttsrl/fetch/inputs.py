@@ -81,7 +81,7 @@ class Input:
         ours = f"python -m ttsrl.fetch {self.flag} {self.dest}"
         if self.key in ("model", "asr"):
             return f"{self.repo.cli(str(self.dest))}   (or, in a ttsrl checkout: {ours})"
-        return f"{ours}   (in a ttsrl checkout; it lays out {self.repo.cli()})"
+        return f"{ours}   (in a ttsrl checkout; the source files alone: {self.repo.cli()})"
 
     def present(self) -> bool:
         """Whether something usable is in place (by this tool or by hand): what check_inputs.py needs."""
