@@ -80,10 +80,12 @@ on_exit() {
   fi
 }
 trap 'on_exit $?' EXIT
-# presets with user-provided files (gpu8) check them all up front, with one message
-if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 )); then
-  "$(host_py)" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1
-fi
+# presets with user-provided files (gpu8) check them all with one message: up front, or, when the run
+# fetches them (FETCH_ARGS and stage -1 in range), right after the fetch at the start of stage -1
+FETCHING=0
+if [[ -n ${FETCH_ARGS+set} ]] && stage -1; then FETCHING=1; fi
+check_inputs() { "$(host_py)" scripts/check_inputs.py "${CHECK_INPUTS_ARGS[@]}" || exit 1; }
+if [[ -n ${CHECK_INPUTS_ARGS+set} ]] && (( STOP >= -1 && ! FETCHING )); then check_inputs; fi
 
 # PROMPT_POOL=DIR: zero-shot, every row (dev rows and mined texts too) with a speaker prompt of DIR,
 # chosen by stage 0's seeded rule (empty: text-only): the same flags for devsplit and prepare; mining
@@ -107,6 +109,14 @@ if stage -2; then
   fi
   tail -n +$(( seen + 1 )) "$LOG_DIR/install.log" | { grep '^\[install\]' || true; } | sed 's/^/     /'
   done_stage -2
+fi
+
+if stage -1 && (( FETCHING )); then  # every node: its reward server and stage 4 read the inputs
+  need_venv
+  banner -1 "fetch the inputs with a public source (python -m ttsrl.fetch), then check them all" "$(dirname "$COSYVOICE2_DIR"), data/"
+  "$PY" -m ttsrl.fetch "${FETCH_ARGS[@]}" || exit 1
+  if [[ -n ${CHECK_INPUTS_ARGS+set} ]]; then check_inputs; fi
+  done_stage -1
 fi
 
 if stage -1 && head_only -1; then

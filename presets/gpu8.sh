@@ -1,8 +1,9 @@
 # shellcheck shell=bash disable=SC2034
 # (sourced by run.sh, which reads these variables)
 # 8-GPU preset: CosyVoice2-0.5B, vLLM rollouts, CosyVoice2 token2wav + ASR reward.
-# Files the user provides once (README, "GPU recipe"; run.sh checks them all up front via
-# scripts/check_inputs.py and names what is missing):
+# Inputs: run.sh fetches every one with a public source at the start of stage -1 (FETCH_ARGS below:
+# python -m ttsrl.fetch, ttsrl/fetch/inputs.py names each source; offline it stops with one message
+# saying how to place them), then checks them all via scripts/check_inputs.py and names what is missing:
 #   $COSYVOICE2_DIR   released CosyVoice2-0.5B: llm.pt cosyvoice2.yaml flow.pt hift.pt campplus.onnx
 #                     speech_tokenizer_v2.onnx CosyVoice-BlankEN/
 #   $PROMPT_DIR       reward speaker prompts *.wav (>= 16 kHz, <= 30 s; one chosen per text)
@@ -17,7 +18,9 @@
 #                     server voices each rollout with its row's prompt and measures SIM against that wav:
 #                     its --prompt-dir is the pool then (PROMPT_DIR is not used).
 #   $ASR_MODEL_DIR    sherpa-onnx Paraformer (model[.int8].onnx + tokens.txt)
-#   $TRAIN_FILE       training texts (JSONL, "text")     $TEST_FILE  held-out texts (JSONL)
+#   $TRAIN_FILE       training texts (JSONL, "text"; fetched: the reference recipe's first 80,000 lines of
+#                     voxbox's aishell-3.jsonl)     $TEST_FILE  held-out texts (JSONL)
+#   $CV3_ZH_DIR       CV3-Eval zero_shot zh (fetched; stage 4 adds it with EVAL_EXTRA="--test-set cv3_zh=$CV3_ZH_DIR")
 #   $SEEDTTS_ZH_DIR   Seed-TTS test_zh (meta.lst + prompt wavs) and its prompt_speech_tokens.jsonl,
 #                     made once with scripts/prompt_tokens.py
 # CosyVoice's code comes from the pinned cosyvoice-minicpmo package (requirements.txt); set
@@ -41,7 +44,7 @@
 : "${COSYVOICE2_DIR:=pretrained_models/CosyVoice2-0.5B}"
 : "${COSYVOICE_ROOT:=}"
 
-: "${TRAIN_FILE:=data/emilia_zh_train.jsonl}"
+: "${TRAIN_FILE:=data/aishell3_train.jsonl}"
 : "${TEST_FILE:=data/corpus/test.jsonl}"
 # dev set (stage 5 chooses the step on it): DEV_FILE, or 200 training texts held out by stage 0
 : "${DEV_SIZE:=200}"
@@ -56,6 +59,7 @@
 # dies stops the wait at once, so the margin costs nothing when start-up fails
 : "${REWARD_START_TIMEOUT_S:=900}"
 : "${SEEDTTS_ZH_DIR:=data/seedtts_testset/zh}"
+: "${CV3_ZH_DIR:=data/cv3_eval/zero_shot/zh}"
 # argument lists are bash arrays: a path with a space stays one argument
 SPEECH_ARGS=(${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"} --cosyvoice-model-dir "$COSYVOICE2_DIR"
   --prompt-dir "${PROMPT_POOL:-$PROMPT_DIR}" --asr sherpa --sherpa-model-dir "$ASR_MODEL_DIR" --sherpa-kind paraformer)
@@ -89,4 +93,8 @@ EVAL_ARGS=(--backend cosyvoice2 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEED
 
 CHECK_INPUTS_ARGS=(--model-dir "$COSYVOICE2_DIR" --prompt-dir "${PROMPT_POOL:-$PROMPT_DIR}" --sherpa-model-dir "$ASR_MODEL_DIR"
   --train-file "$TRAIN_FILE" --test-file "$TEST_FILE" --seedtts-dir "$SEEDTTS_ZH_DIR" ${PROMPT_POOL:+--prompt-pool "$PROMPT_POOL"}
+  ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})
+# stage -1 starts by fetching these (python -m ttsrl.fetch; the pool only with PROMPT_POOL set)
+FETCH_ARGS=(--model-dir "$COSYVOICE2_DIR" --sherpa-model-dir "$ASR_MODEL_DIR" --train-file "$TRAIN_FILE"
+  --seedtts-dir "$SEEDTTS_ZH_DIR" --cv3-dir "$CV3_ZH_DIR" --prompt-dir "$PROMPT_DIR" ${PROMPT_POOL:+--prompt-pool "$PROMPT_POOL"}
   ${COSYVOICE_ROOT:+--cosyvoice-checkout "$COSYVOICE_ROOT"})

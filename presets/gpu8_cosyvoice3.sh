@@ -3,7 +3,8 @@
 # 8-GPU preset for Fun-CosyVoice3-0.5B-2512: presets/gpu8.sh (its GRPO, DPO/KTO and stage-4 settings,
 # read it first) with CosyVoice3's model folder, token2wav and sampling rule (docs/families.md).
 #   PRESET=presets/gpu8_cosyvoice3.sh COSYVOICE_ROOT=/path/to/CosyVoice bash run.sh -1 5
-# Files the user provides once (run.sh checks them all up front via scripts/check_inputs.py):
+# Inputs (run.sh fetches those with a public source at the start of stage -1, as gpu8.sh; then
+# checks them all via scripts/check_inputs.py):
 #   $COSYVOICE2_DIR   the released Fun-CosyVoice3-0.5B-2512 folder (the setting keeps its historical
 #                     name): llm.pt (and llm.rl.pt: LLM_FILE=llm.rl.pt goes on from upstream's RL
 #                     checkpoint) cosyvoice3.yaml flow.pt hift.pt campplus.onnx speech_tokenizer_v3.onnx
@@ -30,3 +31,4 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu8.sh"
 EVAL_ARGS=(--backend cosyvoice3 "${SPEECH_ARGS[@]}" --test-set "seedtts_zh=$SEEDTTS_ZH_DIR"
   --sampling-rule cosyvoice3-2026 --min-token-text-ratio 2 --max-token-text-ratio 20 --batch-size 64)
 CHECK_INPUTS_ARGS+=(--backend cosyvoice3)
+FETCH_ARGS+=(--backend cosyvoice3)  # its release, llm.rl.pt included; prompt tokens by speech_tokenizer_v3

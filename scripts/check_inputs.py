@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     found = problems(a)
     if found:
         print("The GPU recipe needs files that are missing or unusable (README, 'GPU recipe', lists them):\n  - "
-              + "\n  - ".join(found), file=sys.stderr)
+              + "\n  - ".join(found) + "\nThose with a public source are fetched by stage -1 (python -m ttsrl.fetch "
+              "--preset PRESET; docs/gpu.md lists each source).", file=sys.stderr)
         return 1
     return 0
 

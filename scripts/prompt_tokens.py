@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ttsrl.data.testsets import PROMPT_TOKENS_FILE  # noqa: E402
+from ttsrl.families import family, token2wav_families  # noqa: E402
 from ttsrl.jsonl import iter_text_lines  # noqa: E402
 
 
@@ -88,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help=f"JSONL to write (default: INPUT's folder/{PROMPT_TOKENS_FILE})")
     ap.add_argument("--cosyvoice-checkout", default=None,
                     help="CosyVoice source checkout (default: the installed cosyvoice package)")
+    ap.add_argument("--backend", choices=token2wav_families(), default=token2wav_families()[0],
+                    help="the model family whose speech tokenizer --model-dir holds (cosyvoice3: speech_tokenizer_v3.onnx)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the ONNX tokenizer runs there)")
     ap.add_argument("--texts", default=None, metavar="FILE",
                     help="transcripts of a wav list, kaldi style ('ID transcript' a line); a Seed-TTS meta.lst "
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
     bad = [f"{uid}: {why}" for uid, wav in items if (why := prompt_wav_problem(wav))]
     if bad:  # all of them, before loading the model
         raise SystemExit(f"{len(bad)} prompt wav(s) cannot be used:\n  " + "\n  ".join(bad))
-    tok = PromptTokenizer(a.model_dir, checkout=a.cosyvoice_checkout, device=a.device)
+    tok = PromptTokenizer(a.model_dir, checkout=a.cosyvoice_checkout, device=a.device,
+                          family=family(a.backend).token2wav)
     lines = []
     for uid, wav in tqdm(items, desc="prompt tokens", unit="wav"):
         try:

@@ -13,6 +13,7 @@ importing only from layers below it (``tests/test_layers.py`` checks this):
 2. ``embedded`` - the CPU preset's simulated codec and tiny model;
    ``data``     - stage 0, test sets, the dev split
 3. ``reward``   - the reward service, its backends, protocol and client (stage 1)
+   ``fetch``    - the GPU recipe's inputs from their public homes, laid out and recorded (stage -1)
 4. ``train``    - GRPO, DPO/KTO, merging, step choice (stages 2, 3, 5)
 5. ``eval``     - the CER sweep and its report (stage 4)
 6. ``launch``   - under run.sh: settings, reward servers, stage 2 runner, node roles

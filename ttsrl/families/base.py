@@ -49,6 +49,12 @@ class Token2WavSpec:
     #: the speaker model SIM is measured with: (column label, what the figure is)
     sim_model: tuple[str, str] = ("campplus", "mean over utterances of the cosine of the model folder's campplus "
                                               "speaker embeddings of the generated speech and its prompt")
+    #: where the released folder is published (``python -m ttsrl.fetch`` downloads it): its Hugging Face
+    #: model repository, its ModelScope id, and files of the release the recipe may use beside
+    #: :attr:`model_dir_entries` (CosyVoice3's ``llm.rl.pt``: ``LLM_FILE=llm.rl.pt``)
+    hub_repo: str = ""
+    modelscope_repo: str = ""
+    release_extras: tuple[str, ...] = ()
 
     @property
     def token2wav_files(self) -> tuple[str, ...]:

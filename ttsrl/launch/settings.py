@@ -43,6 +43,7 @@ LISTS = {"REWARD_ARGS": None, "GRPO_ARGS": None, "EVAL_ARGS": None,
          "PREF_ARGS": ["--lr", "1e-5", "--batch-size", "8", "--epochs", "1"],
          "PREF_LAUNCH": [],  # e.g. (-m accelerate.commands.launch --num_processes 8 ...)
          "CHECK_INPUTS_ARGS": None,  # presets with user-provided files (gpu8): checked up front
+         "FETCH_ARGS": None,  # presets whose inputs have public sources (gpu8): python -m ttsrl.fetch, stage -1
          "RAY_START_ARGS": [],
          "BASE_MODEL_ARGS": []}  # stage -1's build_base_model.py options (the embedded world)
 #: words a user adds to a list: NAME_EXTRA -> the list it extends

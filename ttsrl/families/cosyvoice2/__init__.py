@@ -50,5 +50,7 @@ FAMILY = Family(
     release=RELEASE,
     token2wav=Token2WavSpec("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", RELEASE,
                         backend="ttsrl.reward.backends.cosyvoice2:CosyVoice2Token2Wav",
-                        config="ttsrl.reward.backends.cosyvoice2:CosyVoice2Config", batch_flow=True),
+                        config="ttsrl.reward.backends.cosyvoice2:CosyVoice2Config", batch_flow=True,
+                        # upstream README's download lines (ModelScope iic/..., Hugging Face FunAudioLLM/...)
+                        hub_repo="FunAudioLLM/CosyVoice2-0.5B", modelscope_repo="iic/CosyVoice2-0.5B"),
 )

@@ -59,5 +59,8 @@ FAMILY = Family(
                                     ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
                                     ("cosyvoice/flow/DiT/dit.py", "DiT"),
                                     ("cosyvoice/hifigan/generator.py", "CausalHiFTGenerator")),
-                        since="dd2d926 (FunAudioLLM/CosyVoice, 2025-08-20; tested at ace7c47)"),
+                        since="dd2d926 (FunAudioLLM/CosyVoice, 2025-08-20; tested at ace7c47)",
+                        # upstream README's ids (the code moved to QwenAudio/CosyVoice; the hub namespace stays)
+                        hub_repo="FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+                        modelscope_repo="FunAudioLLM/Fun-CosyVoice3-0.5B-2512", release_extras=("llm.rl.pt",)),
 )
