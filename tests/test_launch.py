@@ -14,6 +14,7 @@ import sys
 import pytest
 from helpers import ROOT, dead_url
 
+from ttsrl.data.prompt_pool import pool_sha1, read_pool
 from ttsrl.launch import roles, server, settings
 from ttsrl.launch.__main__ import build_parser, parse, server_identity
 from ttsrl.reward.protocol import ResponseError, build_response, parse_response
@@ -125,7 +126,15 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
     got = server_identity(["py", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir",
                            "m", "--reward", "toneless", "--want-sim"])
     assert got == {"reward": "toneless", "backend": "cosyvoice2", "model_dir": os.path.abspath("m"),
-                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2"}
+                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2",
+                   "prompt_pool": pool_sha1([])}  # no --prompt-dir: no prompt id
+    # the pool's digest as the server would publish it: sim's from the jsonl's ids, a family's from its wavs
+    pool = ROOT / "data" / "corpus" / "prompt_pool"
+    assert server_identity(["p", "token2wav_asr_server.py", "--prompt-dir", str(pool)])["prompt_pool"] == \
+        read_pool(pool, need_text=False).sha1
+    (tmp_path / "spk_b.wav").write_bytes(b""), (tmp_path / "spk_a.wav").write_bytes(b"")
+    assert server_identity(["p", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir", "m",
+                            "--prompt-dir", str(tmp_path)])["prompt_pool"] == pool_sha1(["spk_a", "spk_b"])
     assert server_identity(["p", "token2wav_asr_server.py", "--family", "cosyvoice3"])["family"] == "cosyvoice3"
     assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"
     assert server_identity(["p", "/x/token2wav_asr_server.py", "--backend", "sim"])["model_dir"] == ""

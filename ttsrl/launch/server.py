@@ -3,7 +3,8 @@
 :func:`up` (stages 1 and 2, DPO mining): when ``REWARD_URLS`` lists this machine's server
 (``url``), a server that answers there already is
 
-* **refused** when it serves another reward, backend or model folder than the run asks for
+* **refused** when it serves another reward, backend, model folder, family or prompt pool (the
+  digest of the prompt ids it knows) than the run asks for
   (``expect``: what the run's server would publish in its model metadata), naming both; with
   ``any_server`` it is used anyway, and said so;
 * **adopted** when the pid file names the process answering there and that process is a reward
@@ -64,8 +65,8 @@ def local_up(url: str, pid_file: Path, log: Path, timeout: float, expect: dict[s
         problem = identity_problem(url, expect)
         if problem and not any_server:
             asked = ", ".join(f"{k} {v!r}" for k, v in expect.items())
-            return _fail(f"{problem}; this run asks for {asked}: stop that server, set REWARD/REWARD_BACKEND (or "
-                         "REWARD_PORT) to match, or REWARD_ANY_SERVER=1 to use it anyway")
+            return _fail(f"{problem}; this run asks for {asked}: stop that server, set REWARD, REWARD_BACKEND, PROMPT_POOL "
+                         "or MODEL_FAMILY (or REWARD_PORT) to match, or REWARD_ANY_SERVER=1 to use it anyway")
         if problem:
             _say(f"REWARD_ANY_SERVER=1: using it anyway: {problem}")
         pid = read_pid(pid_file)

@@ -104,8 +104,11 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
 
 The reward: stages 1, 2 (and DPO mining) use the reward servers of REWARD_URLS (default this
   machine's, http://127.0.0.1:REWARD_PORT); stage 1 starts the local one when the list holds it.
-  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND and
-  model folder; else the stage stops naming both (REWARD_ANY_SERVER=1: use it anyway, said so).
+  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND,
+  model folder, MODEL_FAMILY and prompt pool (the ids of PROMPT_POOL); else the stage stops naming
+  both (REWARD_ANY_SERVER=1: use it anyway, said so). A training step that lost more than
+  TTSRL_REWARD_MAX_FAIL_FRACTION (10%) of its rewards stops the run before it trains; every step's
+  line shows the shares with no reward and of groups dropped (CKPT_DIR/ttsrl_run.json: reward_health).
   Training refuses a server that answers with another reward; stage 2 records the reward, the
   servers and their metadata in CKPT_DIR/ttsrl_run.json; stage 4 scores with the same REWARD.
   REWARD_MIN_READY=N waits for N servers instead of all; REWARD_START_TIMEOUT_S how long.
