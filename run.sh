@@ -222,7 +222,8 @@ if stage 4; then
   if (( NNODES > 1 )) && is_head; then ARGS+=(--wait-shares "$SHARE_WAIT_S"); fi
   # ttsrl.lifeline: torchrun (and, through infer_dataset.py, its ranks) dies with this script
   "$PY" -m ttsrl.lifeline "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
-    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${ARGS[@]}" "${EVAL_ARGS[@]}"
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" --family "$MODEL_FAMILY" \
+    "${ARGS[@]}" "${EVAL_ARGS[@]}"
   done_stage 4
 fi
 
@@ -230,6 +231,7 @@ if stage 5 && head_only 5; then
   need_venv
   banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to $MODEL_FAMILY's llm.pt" "$EXPORT_PATH"
   "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
-    --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" --verify
+    --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" \
+    --family "$MODEL_FAMILY" --verify
   done_stage 5
 fi
