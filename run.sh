@@ -68,15 +68,20 @@ need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh 
 reward_servers() {  # this machine's server started (or adopted, or used) and every server checked
   local ours=()
   if (( STARTED_SERVER )); then ours=(--ours); fi
+  local rc=0
   launch server up "${ours[@]}" -- "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" \
-    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}"
-  [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1  # the pid file names the server this run stops
+    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}" \
+    || rc=$?
+  # the pid file names the server this run stops, also when the check of the other servers failed
+  [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1
+  return "$rc"
 }
 on_exit() {
   local rc=$1
   (( rc == 0 || ! HEAD_RUN )) || launch failed "$rc" "${LAST_STAGE:-?}" || true
-  if (( STARTED_SERVER )); then
-    if (( STOP >= 2 )); then launch server down; else echo "     reward server left running (stop: kill \$(cat $SERVER_PID_FILE))"; fi
+  if (( STARTED_SERVER )); then  # a failed run stops it too: nothing would use it, nothing else stops it
+    if (( STOP >= 2 || rc != 0 )); then launch server down
+    else echo "     reward server left running (stop: kill \"\$(cat $(printf %q "$SERVER_PID_FILE"))\")"; fi
   fi
 }
 trap 'on_exit $?' EXIT

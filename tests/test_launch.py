@@ -278,3 +278,35 @@ def test_model_family_is_checked_and_the_sampling_rule_must_be_its_own():
         resolve({"MODEL_FAMILY": "cosyvoice4"})
     with pytest.raises(settings.SettingsError, match="another family than MODEL_FAMILY=cosyvoice3"):
         resolve({"MODEL_FAMILY": "cosyvoice3"}, {"EVAL_ARGS": ["--sampling-rule=cosyvoice2-2026"]})
+
+
+# ---------------------------------------------------------------------------- numbers and the servers a run starts
+
+
+@pytest.mark.parametrize("name,value", [("NODE_RANK", "٠"), ("DEV_SIZE", "١"), ("REWARD_PORT", "0"),
+                                        ("REWARD_PORT", "３９０７０"), ("REWARD_PORT", "99999"), ("RAY_PORT", "²"),
+                                        ("MAX_PROMPT_LENGTH", "３２"), ("EXPORT_STEP", "4x"),
+                                        ("REWARD_START_TIMEOUT_S", "٣"), ("ALLOW_LEAK", "true")])
+def test_every_numeric_setting_is_ascii_digits_in_its_range(name, value):
+    """`NODE_RANK='٠'` passed Python's isdigit, bash arithmetic then failed and stage 0 was "skipped
+    (not the head)", exit 0; `DEV_SIZE='١'` skipped the dev split; REWARD_PORT was never checked
+    (0, '３９０７０', 99999 each left a server running or an OverflowError in its log); ALLOW_LEAK=true
+    was ignored. Each is refused up front, naming the setting."""
+    with pytest.raises(settings.SettingsError) as e:
+        resolve({name: value})
+    assert any(line.startswith(f"run.sh: {name}=") or line.startswith(f"{name}=") for line in e.value.lines), e.value
+    assert resolve({"REWARD_PORT": "65535", "EXPORT_STEP": "", "ALLOW_LEAK": "1"}).values["REWARD_PORT"] == "65535"
+
+
+def test_a_server_this_run_started_is_stopped_when_it_does_not_come_up_in_time(tmp_path, capsys):
+    """`REWARD_START_TIMEOUT_S=1`: the stage failed (rc 1) and the server, which came up later, kept
+    running with nothing to stop it (run.sh only learns of it from the pid file after success)."""
+    url = dead_url()
+    pid_file, log = tmp_path / "server.pid", tmp_path / "server.log"
+    late = [sys.executable, "-c", "import time; time.sleep(600)"]  # a server still loading its models
+    assert server.local_up(url, pid_file, log, 1, {}, False, late) == 1
+    err = capsys.readouterr().err
+    assert "did not come up (waited up to 1s" in err and "it was stopped" in err, err
+    assert not pid_file.exists()
+    out = subprocess.run(["pgrep", "-f", "import time; time.sleep(600)"], capture_output=True, text=True).stdout
+    assert out.strip() == "", f"the late server still runs: {out}"
