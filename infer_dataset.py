@@ -74,7 +74,9 @@ from ttsrl.reward.backends.options import add_backend_args, backend_config
 
 def parser() -> argparse.ArgumentParser:
     """One option per field of EvalConfig, GenerationConfig, SamplingConfig and BackendConfig."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: run.sh checks EVAL_ARGS' --sampling-rule by its whole name; an abbreviation would slip past
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, EvalConfig)  # in its groups: models and outputs, generation, scoring backend
     add_fields(group(p, GEN), GenerationConfig)  # --greedy, --seed, --batch-size
     add_sampling_args(group(p, GEN))  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio

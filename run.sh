@@ -20,6 +20,7 @@ export PRESET=${PRESET:-presets/embedded.sh}
 [[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
 : "${NODE_RANK:=${SLURM_NODEID:-0}}" "${LOGGERS:=console}"  # before the preset, which may read them
 export NODE_RANK LOGGERS
+ENV_NAMES=$(compgen -e | tr '\n' ' ')  # a list given here as a string is refused (the preset's array would win)
 set +u -a  # what the preset leaves unset is named by the launcher, all at once; its values exported
 # shellcheck source=presets/embedded.sh
 source "$PRESET"
@@ -34,7 +35,7 @@ arrays() {  # every array the preset set, NUL-separated: NAME COUNT ITEM...
     unset -n list
   done
 }
-SETTINGS=$(launch settings --arrays <(arrays) -- "$@") || exit $?
+SETTINGS=$(launch settings --arrays <(arrays) --env-names "$ENV_NAMES" -- "$@") || exit $?
 eval "$SETTINGS"  # export NAME=... for every setting, NAME=(...) for every list (ttsrl/launch/settings.py)
 RAY_ARGS=("${RAY_START_ARGS[@]/#/--ray-arg=}")
 export PYTHONUNBUFFERED=1

@@ -310,3 +310,29 @@ def test_a_server_this_run_started_is_stopped_when_it_does_not_come_up_in_time(t
     assert not pid_file.exists()
     out = subprocess.run(["pgrep", "-f", "import time; time.sleep(600)"], capture_output=True, text=True).stdout
     assert out.strip() == "", f"the late server still runs: {out}"
+
+
+def test_a_list_given_in_the_environment_as_a_string_is_refused_naming_its_extra():
+    """`GRPO_ARGS="--lr 1e-9" bash run.sh --config` said GRPO.lr=0.0003 with no message (the preset's
+    array won); RAY_START_ARGS=--foo was refused blaming the preset."""
+    for name, hint in (("GRPO_ARGS", 'GRPO_EXTRA="--flag value"'), ("EVAL_ARGS", "EVAL_EXTRA"),
+                       ("MINE_ARGS", "a preset of your own"), ("RAY_START_ARGS", "a preset of your own")):
+        with pytest.raises(settings.SettingsError) as e:
+            settings.resolve({**EMBEDDED, name: "--lr 1e-9"}, ARRAYS, [], frozenset({name, "PATH"}))
+        assert f"{name} is given in the environment as a string" in e.value.lines[0] and hint in e.value.lines[0]
+    r = subprocess.run(["bash", "run.sh", "--config"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "GRPO_ARGS": "--lr 1e-9"})
+    assert r.returncode == 2 and "GRPO_EXTRA" in r.stderr, r.stdout + r.stderr
+
+
+def test_abbreviations_do_not_pass_the_one_road():
+    """`REWARD_EXTRA='--rew toneless'`: the banner said tanh, the server served toneless (argparse
+    took --rew for --reward). run.sh refuses an abbreviation of a flag it owns; the stage CLIs
+    take no abbreviation at all."""
+    for words, owner in ((["--rew", "toneless"], "REWARD"), (["--sim-w", "0.1"], "REWARD_WEIGHTS"),
+                         (["--weig=glm_tts"], "REWARD_WEIGHTS")):
+        with pytest.raises(settings.SettingsError, match=f"set {owner} instead"):
+            resolve({}, {"REWARD_ARGS": words})
+    with pytest.raises(SystemExit):
+        server_identity(["p", "token2wav_asr_server.py", "--no-length"])
+    assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"

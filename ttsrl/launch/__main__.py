@@ -53,7 +53,7 @@ def _grpo_fields(r: settings.Resolved, environ) -> dict:
 def cmd_settings(a) -> int:
     try:
         arrays = settings.read_arrays(Path(a.arrays).read_bytes()) if a.arrays else {}
-        r = settings.resolve(os.environ, arrays, a.argv)
+        r = settings.resolve(os.environ, arrays, a.argv, frozenset((a.env_names or "").split()))
         grpo = {}
         if r.show_config or (r.stop >= 2 >= r.start and r.values["TRAINER"] == "grpo"):
             try:  # stage 2's own checks now, not after the stages before it
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("help", help="run.sh's --help")
     s = sub.add_parser("settings", help="the run's settings as bash")
     s.add_argument("--arrays", help="run.sh's arrays, NUL-separated (NAME COUNT ITEM...)")
+    s.add_argument("--env-names", help="the variables of the environment before the preset, space-separated")
     s.add_argument("argv", nargs="*", help="run.sh's arguments, after --")
     sv = sub.add_parser("server", help="the reward servers: up or down")
     sv.add_argument("action", choices=("up", "down"))

@@ -254,9 +254,12 @@ def words(text: str, what: str) -> list[str]:
 # ---------------------------------------------------------------------------- resolution
 
 
-def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[str]) -> Resolved:
+def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[str],
+            env_names: frozenset[str] = frozenset()) -> Resolved:
     """The run's settings from the environment (the preset's values exported into it) and the
-    preset's arrays; raises :class:`SettingsError` with every problem found."""
+    preset's arrays; raises :class:`SettingsError` with every problem found. ``env_names``: the
+    variables the environment held before the preset was sourced (a list given there as a string
+    is refused: the preset's array would silently win over it)."""
     start, stop, overrides, show = parse_argv(argv)
     r = Resolved(start, stop, show)
     v = r.values
@@ -276,8 +279,14 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     if missing:
         problems.append(f"{preset}: it does not set {' '.join(missing)} (every preset sets {' '.join(REQUIRED)} "
                         f"and the arrays {' '.join(REQUIRED_ARRAYS)}; a value may also come from the environment)")
+    extra_of = {target: extra for extra, target in EXTRAS.items()}
     for name in LISTS:
-        if name not in arrays and env.get(name):
+        how = (f"{extra_of[name]}=\"--flag value\" adds words to it" if name in extra_of else
+               "a preset of your own sets it")
+        if name in env_names:  # the environment cannot carry an array; the preset's would win silently
+            problems.append(f"{name} is given in the environment as a string, which cannot set a list "
+                            f"(an array of the preset): {how}")
+        elif name not in arrays and env.get(name):
             problems.append(f'{preset}: {name} must be a bash array, e.g. {name}=(--flag "a value")')
     if problems:
         raise SettingsError(problems)
@@ -297,6 +306,8 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
              "--weights": "REWARD_WEIGHTS", "--sim-weight": "REWARD_WEIGHTS"}
     for word in r.lists["REWARD_ARGS"]:
         flag = word.split("=", 1)[0]
+        # an abbreviation (--rew) is the flag too: the server's parser takes none, refused here first
+        flag = next((f for f in owned if flag.startswith("--") and len(flag) > 2 and f.startswith(flag)), flag)
         if flag in owned:
             raise SettingsError([f"REWARD_ARGS/REWARD_EXTRA hold {flag}: set {owned[flag]} instead (run.sh passes it "
                                  "to the server, records it and checks that an adopted server serves it)"])
