@@ -208,7 +208,12 @@ def _patch_v1(module) -> None:
             batch, extra = sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
             if partition_id == "train":  # validation scores, it does not train
                 extra = dict(extra or {})
-                check_step(self, module.tq, batch, global_steps, batch_size, extra)
+                try:
+                    check_step(self, module.tq, batch, global_steps, batch_size, extra)
+                except RewardHealthError:
+                    raise
+                except Exception as e:  # a count that cannot be taken is said in the log, never a stop
+                    _warn_once("the step's reward count", e)
             return batch, extra
 
         buffer.sample = checked_sample
