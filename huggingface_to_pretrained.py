@@ -25,7 +25,7 @@ from pathlib import Path
 from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.model import convert
-from ttsrl.model.checkpoint import MARKER, check_merged
+from ttsrl.model.checkpoint import MARKER, check_family, check_merged
 from ttsrl.train import steps
 
 RECORD_SUFFIX = ".selection.json"
@@ -62,6 +62,8 @@ class ExportConfig:
     start_model: str | None = option(None, metavar="DIR", help="with --from-sweep: the converted start model (step 0)")
     step: int | None = option(None, metavar="N",
                               help="with --from-sweep: export this step instead of the dev set's choice")
+    family: str | None = option(None, metavar="NAME", help="the run's model family (MODEL_FAMILY): a model of "
+                                                          "another is refused (none: not checked)")
     verify: bool = option(False, help="reload the written llm.pt as CosyVoice2's Qwen2LM and compare its logits "
                                       "with the HF model")
 
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
                 why = check_merged(Path(src_dir))
                 if why is not None:
                     raise ValueError(f"{src_dir} is not a complete, verified step: {why}")
+        what = (f"step {step}" if step else "the start model (step 0)") if a.from_sweep else "the checkpoint"
+        check_family(src_dir, a.family, what)
         convert.hf_to_cosyvoice(src_dir, a.output_path)
         print(f"wrote {a.output_path}")
         if a.from_sweep:

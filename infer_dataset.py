@@ -66,6 +66,7 @@ import sys
 from ttsrl.cli import add_fields, group, parse_into
 from ttsrl.data.testsets import TestSetError
 from ttsrl.eval.evaluate import GEN, SCORING, EvalConfig, run_sweep
+from ttsrl.model.checkpoint import FamilyMismatch
 from ttsrl.model.cosyvoice_lm import add_sampling_args, sampling_from_args
 from ttsrl.model.generate import GenerationConfig
 from ttsrl.reward.backends.options import add_backend_args, backend_config
@@ -73,7 +74,9 @@ from ttsrl.reward.backends.options import add_backend_args, backend_config
 
 def parser() -> argparse.ArgumentParser:
     """One option per field of EvalConfig, GenerationConfig, SamplingConfig and BackendConfig."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: run.sh checks EVAL_ARGS' --sampling-rule by its whole name; an abbreviation would slip past
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, EvalConfig)  # in its groups: models and outputs, generation, scoring backend
     add_fields(group(p, GEN), GenerationConfig)  # --greedy, --seed, --batch-size
     add_sampling_args(group(p, GEN))  # --sampling-rule, --top-p, --top-k, --win-size, --tau-r, --min/max-token-text-ratio
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # one progress bar (ours), not one per model load
     try:
         run_sweep(cfg, log=lambda line: print(line, flush=True))
-    except (TestSetError, FileNotFoundError) as e:
+    except (TestSetError, FileNotFoundError, FamilyMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -42,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
     from ttsrl.model.cosyvoice_lm import add_sampling_args
     from ttsrl.train.pairs import MineConfig
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: run.sh's lists are checked by whole flags; an abbreviation would slip past
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, MineConfig)
     add_sampling_args(p.add_argument_group("sampling (CosyVoice2's rule; mining only)"))
     return p

@@ -20,6 +20,7 @@ export PRESET=${PRESET:-presets/embedded.sh}
 [[ -f $PRESET ]] || { echo "preset $PRESET not found" >&2; exit 2; }
 : "${NODE_RANK:=${SLURM_NODEID:-0}}" "${LOGGERS:=console}"  # before the preset, which may read them
 export NODE_RANK LOGGERS
+ENV_NAMES=$(compgen -e | tr '\n' ' ')  # a list given here as a string is refused (the preset's array would win)
 set +u -a  # what the preset leaves unset is named by the launcher, all at once; its values exported
 # shellcheck source=presets/embedded.sh
 source "$PRESET"
@@ -34,7 +35,7 @@ arrays() {  # every array the preset set, NUL-separated: NAME COUNT ITEM...
     unset -n list
   done
 }
-SETTINGS=$(launch settings --arrays <(arrays) -- "$@") || exit $?
+SETTINGS=$(launch settings --arrays <(arrays) --env-names "$ENV_NAMES" -- "$@") || exit $?
 eval "$SETTINGS"  # export NAME=... for every setting, NAME=(...) for every list (ttsrl/launch/settings.py)
 RAY_ARGS=("${RAY_START_ARGS[@]/#/--ray-arg=}")
 export PYTHONUNBUFFERED=1
@@ -68,15 +69,20 @@ need_venv() { [[ -x $PY ]] || { echo "no .venv: run stage -2 first (bash run.sh 
 reward_servers() {  # this machine's server started (or adopted, or used) and every server checked
   local ours=()
   if (( STARTED_SERVER )); then ours=(--ours); fi
+  local rc=0
   launch server up "${ours[@]}" -- "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" \
-    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}"
-  [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1  # the pid file names the server this run stops
+    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}" \
+    || rc=$?
+  # the pid file names the server this run stops, also when the check of the other servers failed
+  [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1
+  return "$rc"
 }
 on_exit() {
   local rc=$1
   (( rc == 0 || ! HEAD_RUN )) || launch failed "$rc" "${LAST_STAGE:-?}" || true
-  if (( STARTED_SERVER )); then
-    if (( STOP >= 2 )); then launch server down; else echo "     reward server left running (stop: kill \$(cat $SERVER_PID_FILE))"; fi
+  if (( STARTED_SERVER )); then  # a failed run stops it too: nothing would use it, nothing else stops it
+    if (( STOP >= 2 || rc != 0 )); then launch server down
+    else echo "     reward server left running (stop: kill \"\$(cat $(printf %q "$SERVER_PID_FILE"))\")"; fi
   fi
 }
 trap 'on_exit $?' EXIT
@@ -232,7 +238,8 @@ if stage 4; then
   if (( NNODES > 1 )) && is_head; then ARGS+=(--wait-shares "$SHARE_WAIT_S"); fi
   # ttsrl.lifeline: torchrun (and, through infer_dataset.py, its ranks) dies with this script
   "$PY" -m ttsrl.lifeline "$PY" -m torch.distributed.run --standalone --nproc_per_node "$EVAL_NPROC" infer_dataset.py \
-    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" "${ARGS[@]}" "${EVAL_ARGS[@]}"
+    --start-model "$HF_MODEL_DIR" --merged-dir "$MERGED_DIR" --out-dir "$EVAL_DIR" --family "$MODEL_FAMILY" \
+    "${ARGS[@]}" "${EVAL_ARGS[@]}"
   done_stage 4
 fi
 
@@ -240,6 +247,7 @@ if stage 5 && head_only 5; then
   need_venv
   banner 5 "export the step chosen on the dev set (or EXPORT_STEP) to $MODEL_FAMILY's llm.pt" "$EXPORT_PATH"
   "$PY" huggingface_to_pretrained.py --from-sweep "$EVAL_DIR/summary.json" --merged-dir "$MERGED_DIR" \
-    --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" --verify
+    --start-model "$HF_MODEL_DIR" ${EXPORT_STEP:+--step "$EXPORT_STEP"} --output-path "$EXPORT_PATH" \
+    --family "$MODEL_FAMILY" --verify
   done_stage 5
 fi

@@ -30,7 +30,8 @@ from ttsrl.reward.server import ServerConfig, run
 
 def parser() -> argparse.ArgumentParser:
     """One option per field of BackendConfig and ServerConfig."""
-    p = argparse.ArgumentParser(prog="token2wav_asr_server.py", description=__doc__,
+    # allow_abbrev=False: run.sh refuses REWARD_ARGS that set the reward's identity by whole flags; an abbreviation (--rew) would pass that check
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="token2wav_asr_server.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_args(p)
     add_fields(p, ServerConfig)

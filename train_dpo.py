@@ -94,7 +94,9 @@ class PreferenceRun:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: run.sh's lists are checked by whole flags; an abbreviation would slip past
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fields(p, PreferenceRun)
     return p
 

@@ -63,7 +63,8 @@ class Run(NamedTuple):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train_grpo.py", description=__doc__,
+    # allow_abbrev=False: the flags run.sh and its checks own are whole words; an abbreviation would slip past them
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="train_grpo.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     shown = "; ".join(f"{name}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the field defaults")
                       for name, values in PRESETS.items())

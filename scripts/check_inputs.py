@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ttsrl.data.prompt_pool import PoolError, read_pool  # noqa: E402 - stdlib-only import
+from ttsrl.data.prompt_pool import PoolError, prompt_id_problem, read_pool  # noqa: E402 - stdlib-only import
 from ttsrl.families import family, token2wav_families  # noqa: E402 - stdlib-only import
 from ttsrl.reward.wavcheck import prompt_wav_header_problem, prompt_wav_problem  # noqa: E402 - stdlib-only import
 
@@ -45,6 +45,9 @@ def problems(a) -> list[str]:
         if not wavs:
             out.append(f"speaker prompts (PROMPT_DIR): no *.wav in {d}")
         out += [f"speaker prompt {m}" for m in filter(None, map(_wav_problem, wavs))]
+        # the server names each wav by its stem (PROMPT_ID): the pool's one id rule
+        out += [f"speaker prompt {w}: its stem {w.stem!r} {why} (the reward server would refuse it)"
+                for w in wavs if (why := prompt_id_problem(w.stem))]
     if a.prompt_pool:  # zero-shot training: transcripts, tokens and a usable wav for every id
         try:
             pool = read_pool(a.prompt_pool, need_wavs=True)

@@ -7,6 +7,7 @@ CosyVoice3's weights cannot be had here: the checkpoints are random, in upstream
 and bias-free head)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,3 +246,42 @@ def test_preference_pairs_in_cosyvoice3s_layout(cv3, tmp_path):
     assert lm.tokenizer.decode(pair.prompt_ids) == "<|sos|>You are a helpful assistant.<|endofprompt|>今天<|task_id|>"
     row = pairs_to_rows([pair], sv)[0]
     assert row["chosen_ids"] == sv.codes_to_ids([1, 2]) + [sv.speech_offset + 6562]
+
+
+def test_a_step_of_another_family_is_refused_by_stage_4_and_5_naming_it(cv3, tiny_hf, tmp_path):
+    """`EXPORT_STEP=41 bash run.sh 5 5` where merged/step_41 is a CosyVoice3 step of a cosyvoice2
+    run said "to cosyvoice2's llm.pt" and wrote CosyVoice3's, exit 0; stage 4 scored two steps,
+    then failed in torchrun naming nothing. Both now refuse up front, naming the step, its family
+    and MODEL_FAMILY (run.sh passes --family to both), and write nothing."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from ttsrl.eval.evaluate import EvalConfig, models_to_score
+    from ttsrl.model.checkpoint import FamilyMismatch, write_marker
+
+    d, _, _ = cv3
+    merged = tmp_path / "merged"
+    shutil.copytree(tiny_hf, merged / "step_20")
+    write_marker(merged / "step_20", {"step": 20})
+    shutil.copytree(d / "hf", merged / "step_41")
+    write_marker(merged / "step_41", {"step": 41})
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps([{"step": s, "test_set": "dev", "role": "dev", "cer_utt_mean": 0.5,
+                                    "headline": "cer_utt_mean"} for s in (0, 20, 41)]))
+    out = tmp_path / "llm-new.pt"
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "huggingface_to_pretrained.py"), "--from-sweep", str(summary),
+                        "--merged-dir", str(merged), "--start-model", str(tiny_hf), "--step", "41",
+                        "--output-path", str(out), "--family", "cosyvoice2"], cwd=root, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "step 41" in p.stderr and "is a cosyvoice3 model" in p.stderr and "family is cosyvoice2" in p.stderr, p.stderr
+    assert "MODEL_FAMILY" in p.stderr and not out.exists()
+    cfg = EvalConfig(start_model=str(tiny_hf), out_dir=str(tmp_path / "eval"), test_sets=[], merged_dir=str(merged),
+                     family="cosyvoice2")
+    with pytest.raises(FamilyMismatch, match=r"step 41 \(.*\) is a cosyvoice3 model, and this run's family is "
+                                             "cosyvoice2"):
+        models_to_score(cfg)
+    assert sorted(models_to_score(EvalConfig(**{**cfg.__dict__, "steps": (0, 20)}))) == [0, 20]

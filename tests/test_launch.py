@@ -14,6 +14,7 @@ import sys
 import pytest
 from helpers import ROOT, dead_url
 
+from ttsrl.data.prompt_pool import pool_sha1, read_pool
 from ttsrl.launch import roles, server, settings
 from ttsrl.launch.__main__ import build_parser, parse, server_identity
 from ttsrl.reward.protocol import ResponseError, build_response, parse_response
@@ -125,7 +126,15 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
     got = server_identity(["py", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir",
                            "m", "--reward", "toneless", "--want-sim"])
     assert got == {"reward": "toneless", "backend": "cosyvoice2", "model_dir": os.path.abspath("m"),
-                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2"}
+                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2",
+                   "prompt_pool": pool_sha1([])}  # no --prompt-dir: no prompt id
+    # the pool's digest as the server would publish it: sim's from the jsonl's ids, a family's from its wavs
+    pool = ROOT / "data" / "corpus" / "prompt_pool"
+    assert server_identity(["p", "token2wav_asr_server.py", "--prompt-dir", str(pool)])["prompt_pool"] == \
+        read_pool(pool, need_text=False).sha1
+    (tmp_path / "spk_b.wav").write_bytes(b""), (tmp_path / "spk_a.wav").write_bytes(b"")
+    assert server_identity(["p", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir", "m",
+                            "--prompt-dir", str(tmp_path)])["prompt_pool"] == pool_sha1(["spk_a", "spk_b"])
     assert server_identity(["p", "token2wav_asr_server.py", "--family", "cosyvoice3"])["family"] == "cosyvoice3"
     assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"
     assert server_identity(["p", "/x/token2wav_asr_server.py", "--backend", "sim"])["model_dir"] == ""
@@ -269,3 +278,61 @@ def test_model_family_is_checked_and_the_sampling_rule_must_be_its_own():
         resolve({"MODEL_FAMILY": "cosyvoice4"})
     with pytest.raises(settings.SettingsError, match="another family than MODEL_FAMILY=cosyvoice3"):
         resolve({"MODEL_FAMILY": "cosyvoice3"}, {"EVAL_ARGS": ["--sampling-rule=cosyvoice2-2026"]})
+
+
+# ---------------------------------------------------------------------------- numbers and the servers a run starts
+
+
+@pytest.mark.parametrize("name,value", [("NODE_RANK", "٠"), ("DEV_SIZE", "١"), ("REWARD_PORT", "0"),
+                                        ("REWARD_PORT", "３９０７０"), ("REWARD_PORT", "99999"), ("RAY_PORT", "²"),
+                                        ("MAX_PROMPT_LENGTH", "３２"), ("EXPORT_STEP", "4x"),
+                                        ("REWARD_START_TIMEOUT_S", "٣"), ("ALLOW_LEAK", "true")])
+def test_every_numeric_setting_is_ascii_digits_in_its_range(name, value):
+    """`NODE_RANK='٠'` passed Python's isdigit, bash arithmetic then failed and stage 0 was "skipped
+    (not the head)", exit 0; `DEV_SIZE='١'` skipped the dev split; REWARD_PORT was never checked
+    (0, '３９０７０', 99999 each left a server running or an OverflowError in its log); ALLOW_LEAK=true
+    was ignored. Each is refused up front, naming the setting."""
+    with pytest.raises(settings.SettingsError) as e:
+        resolve({name: value})
+    assert any(line.startswith(f"run.sh: {name}=") or line.startswith(f"{name}=") for line in e.value.lines), e.value
+    assert resolve({"REWARD_PORT": "65535", "EXPORT_STEP": "", "ALLOW_LEAK": "1"}).values["REWARD_PORT"] == "65535"
+
+
+def test_a_server_this_run_started_is_stopped_when_it_does_not_come_up_in_time(tmp_path, capsys):
+    """`REWARD_START_TIMEOUT_S=1`: the stage failed (rc 1) and the server, which came up later, kept
+    running with nothing to stop it (run.sh only learns of it from the pid file after success)."""
+    url = dead_url()
+    pid_file, log = tmp_path / "server.pid", tmp_path / "server.log"
+    late = [sys.executable, "-c", "import time; time.sleep(600)"]  # a server still loading its models
+    assert server.local_up(url, pid_file, log, 1, {}, False, late) == 1
+    err = capsys.readouterr().err
+    assert "did not come up (waited up to 1s" in err and "it was stopped" in err, err
+    assert not pid_file.exists()
+    out = subprocess.run(["pgrep", "-f", "import time; time.sleep(600)"], capture_output=True, text=True).stdout
+    assert out.strip() == "", f"the late server still runs: {out}"
+
+
+def test_a_list_given_in_the_environment_as_a_string_is_refused_naming_its_extra():
+    """`GRPO_ARGS="--lr 1e-9" bash run.sh --config` said GRPO.lr=0.0003 with no message (the preset's
+    array won); RAY_START_ARGS=--foo was refused blaming the preset."""
+    for name, hint in (("GRPO_ARGS", 'GRPO_EXTRA="--flag value"'), ("EVAL_ARGS", "EVAL_EXTRA"),
+                       ("MINE_ARGS", "a preset of your own"), ("RAY_START_ARGS", "a preset of your own")):
+        with pytest.raises(settings.SettingsError) as e:
+            settings.resolve({**EMBEDDED, name: "--lr 1e-9"}, ARRAYS, [], frozenset({name, "PATH"}))
+        assert f"{name} is given in the environment as a string" in e.value.lines[0] and hint in e.value.lines[0]
+    r = subprocess.run(["bash", "run.sh", "--config"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "GRPO_ARGS": "--lr 1e-9"})
+    assert r.returncode == 2 and "GRPO_EXTRA" in r.stderr, r.stdout + r.stderr
+
+
+def test_abbreviations_do_not_pass_the_one_road():
+    """`REWARD_EXTRA='--rew toneless'`: the banner said tanh, the server served toneless (argparse
+    took --rew for --reward). run.sh refuses an abbreviation of a flag it owns; the stage CLIs
+    take no abbreviation at all."""
+    for words, owner in ((["--rew", "toneless"], "REWARD"), (["--sim-w", "0.1"], "REWARD_WEIGHTS"),
+                         (["--weig=glm_tts"], "REWARD_WEIGHTS")):
+        with pytest.raises(settings.SettingsError, match=f"set {owner} instead"):
+            resolve({}, {"REWARD_ARGS": words})
+    with pytest.raises(SystemExit):
+        server_identity(["p", "token2wav_asr_server.py", "--no-length"])
+    assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"

@@ -416,3 +416,51 @@ def test_prompt_tokens_reads_transcripts_from_meta_lst_cv3_and_texts(tmp_path):
     (tmp_path / "texts").write_text("a 你好\n\nb\n", encoding="utf-8")
     with pytest.raises(SystemExit, match=r"texts:3: expected 'ID transcript'"):
         prompt_tokens.read_texts(tmp_path / "texts")
+
+
+BAD_IDS = ("a\tb", "a\u200bb", "a\x85b")  # a tab, a zero-width space, NEL: each refused (400) by the server
+
+
+def test_one_prompt_id_rule_for_stage_0_the_server_and_the_checker(tmp_path):
+    """Ids the server refuses on the wire (a control or format character) were accepted by stage 0,
+    the server's --prompt-dir and check_inputs.py: every request naming one then got 400, its
+    reward 0 or its group dropped. One rule now (ttsrl.data.prompt_pool.prompt_id_problem): stage 0
+    and the checker list each such line, the server does not start on such a pool, the wire uses
+    the same function."""
+    import subprocess
+    import types
+
+    import numpy as np
+    import soundfile as sf
+
+    from ttsrl.data import prompt_pool
+    from ttsrl.reward import protocol
+    from ttsrl.reward.server import RewardServer
+
+    assert protocol.prompt_id_problem is prompt_pool.prompt_id_problem
+    pool = write_pool(tmp_path / "pool", 3)
+    rows = [json.loads(line) for line in (pool / POOL_FILE).read_text().splitlines()]
+    for row, bad in zip(rows, BAD_IDS):
+        row["id"] = bad
+    (pool / POOL_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PoolError) as e:  # stage 0 and the sim server read the pool through read_pool
+        read_pool(pool)
+    for line, bad in enumerate(BAD_IDS, 1):
+        assert f"{POOL_FILE}:{line}: \"id\" {bad!r} is not usable as a file stem: it holds the character" \
+            in str(e.value), str(e.value)
+    # check_inputs.py: the pool, and a prompt folder whose wav stems are the ids a cosyvoice server serves
+    wavs = tmp_path / "wavs"
+    wavs.mkdir()
+    for stem in ("ok", *BAD_IDS):
+        sf.write(wavs / f"{stem}.wav", np.zeros(16000, dtype=np.float32), 16000)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_inputs.py"), "--prompt-pool", str(pool),
+                        "--prompt-dir", str(wavs)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "prompt pool (PROMPT_POOL)" in r.stderr, r.stderr
+    assert sum("the reward server would refuse it" in line for line in r.stderr.splitlines()) == 3, r.stderr
+    # the server with such a folder (a cosyvoice backend: ids are the wav stems) refuses to start
+    pipe = types.SimpleNamespace(name="r0", token2wav=types.SimpleNamespace(prompt_pool={s: None for s in
+                                                                                      ("ok", *BAD_IDS)}))
+    fake = types.SimpleNamespace(pipelines=[pipe], cfg=types.SimpleNamespace(
+        backend=types.SimpleNamespace(prompt_dir=str(wavs))), prompt_ids=sorted(("ok", *BAD_IDS)))
+    with pytest.raises(ValueError, match=r"3 prompt id\(s\) break the id rule"):
+        RewardServer._check_prompt_pool(fake)

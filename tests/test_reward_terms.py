@@ -8,6 +8,7 @@ and console format, ``compute_score`` as verl calls it. No fakes.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import sys
 from pathlib import Path
@@ -291,3 +292,88 @@ def test_the_plugin_patches_verls_trainers_when_verl_imports_them():
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "PYTHONPATH": str(root)}
     p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["True", "True"], p.stderr[-2000:]
+
+
+def _fake_v1(tmp_path, infos_by_key, n=4):
+    """verl's v1 trainer as the plugin's patch sees it: a replay buffer whose sample returns the
+    keys of the trajectories that came back, the TransferQueue holding their reward extra info."""
+    import types
+
+    from omegaconf import OmegaConf
+
+    from ttsrl.verl_plugin.reward_metrics import _patch_v1
+
+    class Batch:
+        def __init__(self, keys):
+            self.keys, self.tags, self.partition_id = list(keys), [{} for _ in keys], "train"
+
+    class Buffer:
+        def sample(self, global_steps, partition_id, batch_size):
+            return Batch(infos_by_key), {"off_policy/x": 1.0}
+
+    class Column:
+        def __init__(self, rows):
+            self.rows = rows
+
+        def tolist(self):
+            return self.rows
+
+    class PPOTrainer:
+        config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": n}},
+                                   "trainer": {"default_local_dir": str(tmp_path)}})
+
+        def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+            return None
+
+        def _build_replay_buffer(self):
+            return Buffer()
+
+    tq = types.SimpleNamespace(kv_batch_get=lambda keys, partition_id, select_fields: {
+        "extra_fields": Column([{"reward_extra_info": infos_by_key[k]} for k in keys])})
+    module = types.SimpleNamespace(PPOTrainer=PPOTrainer, tq=tq)
+    _patch_v1(module)
+    return PPOTrainer()
+
+
+def test_a_step_that_lost_a_quarter_of_its_rewards_stops_the_run_naming_it(tmp_path, monkeypatch):
+    """The run that trained on a fraction of its rewards and exited 0: 4 groups of n=4 were asked
+    for; one group came back with none (verl dropped it: the reward function raised) and one
+    rollout was scored 0 after a failed request. Before, the step trained on what was left and
+    its metrics said reward_failed 0.06; now the step stops before its update, naming the step,
+    the counts and the knob, and the run record says so."""
+    from ttsrl.verl_plugin.reward_metrics import GROUPS_DROPPED, NO_REWARD, RewardHealthError
+
+    monkeypatch.delenv("TTSRL_REWARD_MAX_FAIL_FRACTION", raising=False)
+    (tmp_path / "ttsrl_run.json").write_text(json.dumps({"preset": "embedded"}))
+    ok = {"reward_failed": 0.0, "cer": 0.5}
+    infos = {f"g{g}_{s}_0": dict(ok) for g in range(3) for s in range(4)}
+    infos["g0_1_0"] = {"reward_failed": 1.0, "cer": 0.0}
+    trainer = _fake_v1(tmp_path, infos)
+    buffer = trainer._build_replay_buffer()
+    with pytest.raises(RewardHealthError) as e:
+        buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    why = str(e.value)
+    assert "step 1: 5 of 16 rollouts have no reward (31%: 1 scored 0" in why and "4 lost by verl" in why
+    assert "1 of 4 groups short" in why and "TTSRL_REWARD_MAX_FAIL_FRACTION=0.1" in why
+    health = json.loads((tmp_path / "ttsrl_run.json").read_text())["reward_health"]
+    assert health["stopped"]["step"] == 1 and health["steps_with_loss"]["1"]["missing"] == 4
+    assert health["limit"] == 0.1 and health["worst_share"] == pytest.approx(5 / 16)
+
+    # within the share: the step trains, its metrics say what it lacked, the record keeps the step
+    monkeypatch.setenv("TTSRL_REWARD_MAX_FAIL_FRACTION", "0.5")
+    batch, metrics = trainer._build_replay_buffer().sample(global_steps=2, partition_id="train", batch_size=4)
+    assert metrics[NO_REWARD] == pytest.approx(5 / 16) and metrics[GROUPS_DROPPED] == pytest.approx(0.25)
+    assert metrics["off_policy/x"] == 1.0 and len(batch.keys) == 12
+    assert "2" in json.loads((tmp_path / "ttsrl_run.json").read_text())["reward_health"]["steps_with_loss"]
+    # validation is not a training step: never stopped
+    trainer._build_replay_buffer().sample(global_steps=3, partition_id="val", batch_size=8)
+
+
+def test_console_line_shows_the_rewards_a_step_lacked():
+    console = StepConsole(total_steps=10)
+    line = console.feed(concat_dict_to_str({"critic/score/mean": 0.4, "reward/no_reward/share": 0.004,
+                                            "reward/groups_dropped/share": 0.25}, step=1))
+    assert "no reward 0.4%" in line and "groups dropped 25%" in line, line
+    line = console.feed(concat_dict_to_str({"critic/score/mean": 0.4, "reward/no_reward/share": 0.0,
+                                            "reward/groups_dropped/share": 0.0}, step=2))
+    assert "no reward 0%  groups dropped 0%" in line, line

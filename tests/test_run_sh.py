@@ -233,6 +233,19 @@ def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_pa
     assert r.returncode == 1 and "backend 'sim' (this run asks for 'whisper')" in r.stderr, r.stderr
 
 
+def test_a_server_with_another_prompt_pool_is_not_adopted(hand_started_server, tmp_path):
+    """A zero-shot run beside a server without the run's pool (or with another) was adopted: every
+    row naming a prompt id then got 422, verl dropped those groups and the run trained on a quarter
+    of its rewards. The pool's digest is part of the identity: stage 1 and 2 refuse it, naming it."""
+    proc, port = hand_started_server  # started without --prompt-dir: it knows no prompt id
+    exp, env = _dry_run_preset(tmp_path, port)
+    for stages in (("1", "1"), ("2", "2")):
+        r = run_sh(*stages, env={**env, "PROMPT_POOL": "data/corpus/prompt_pool"})
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "serves prompt_pool 'da39a3ee5e6b4b0d3255bfef95601890afd80709' (this run asks for '" in r.stderr, r.stderr
+        assert "PROMPT_POOL" in r.stderr and "stage 2 output follows" not in r.stdout and _alive(proc)
+
+
 @pytest.mark.slow  # run.sh stage 0: ~8 s
 def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
     """Two run.sh on one EXP_DIR used to run side by side (both started a server,

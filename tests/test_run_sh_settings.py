@@ -67,6 +67,10 @@ def test_the_environment_wins_over_every_preset_value(preset):
     assert {"DEVICE", "EXP_DIR", "TRAIN_FILE", "TEST_FILE", "DEV_SIZE", "EVAL_NPROC"} <= set(names), names
     plain = _config(preset=path)
     given = {name: str(7000 + i) for i, name in enumerate(names)}  # numbers: DEV_SIZE is one
+    from ttsrl.launch.settings import NUMERIC
+
+    given.update({name: "0" if plain.get(name) == "1" else "1" for name in names  # a flag is 0 or 1
+                  if NUMERIC.get(name, ("",))[0] == "flag"})
     got = _config(given, preset=path)
     words = {w for v in got.values() if isinstance(v, list) for w in v}
     for name, value in given.items():

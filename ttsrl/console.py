@@ -12,7 +12,8 @@ Every byte goes to ``--log`` (appended, so a resumed run keeps the killed run's
 log). The terminal gets ``[train_grpo]`` lines (the exact verl command) and, per
 step, one line: step/total, mean reward (``critic/score/mean``, the reward
 function's score), the reward's terms when the step logs them (``cer``, ``sim``, ``length``
-and the share of rollouts ``unfinished``: ``reward/<key>/mean``, which our verl plugin adds,
+and the share of rollouts ``unfinished``; the shares of rollouts with ``no reward`` and of ``groups
+dropped``: ``reward/<key>/mean`` and ``reward/{no_reward,groups_dropped}/share``, which our verl plugin adds,
 ``ttsrl.verl_plugin.reward_metrics``; else ``gdpo/<key>/mean``, which verl logs for
 ``--algorithm gdpo``; ``sim`` only where it was measured), mean response length, step time, ETA,
 and the validation reward at the steps that validate. SIGINT is ignored here so that after Ctrl-C
@@ -43,6 +44,9 @@ VAL_REWARD_RE = re.compile(r"^val-core/.*/reward/mean@\d+$")
 TERM_KEYS = ("cer", "sim", "length")  # the reward's terms (ttsrl.reward.rewards), shown in this order
 TERM_SOURCES = ("reward/{}/mean", "gdpo/{}/mean")  # ttsrl's plugin's metric, else verl's gdpo one
 UNFINISHED_KEY = "reward/unfinished/mean"
+# the step's rollouts without a reward and its groups verl cut short (ttsrl.verl_plugin.reward_metrics)
+NO_REWARD_KEY = "reward/no_reward/share"
+GROUPS_DROPPED_KEY = "reward/groups_dropped/share"
 SIM_MEASURED_KEY = "reward/sim_measured/mean"
 _NP_RE = re.compile(r"^np\.\w+\((.*)\)$")  # np.float64(0.5) -> 0.5
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
@@ -70,6 +74,13 @@ def parse_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
         except ValueError:
             continue
     return int(m.group(1)), metrics
+
+
+def share(x: float) -> str:
+    """A share as a percentage that never rounds a loss away: 0% only for none (0.4% stays 0.4%)."""
+    if x == 0:
+        return "0%"
+    return f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
 
 
 def duration(seconds: float) -> str:
@@ -168,6 +179,10 @@ class StepConsole:
                 out.append(f"{key} {value:.3f}")
         if UNFINISHED_KEY in metrics:
             out.append(f"unfinished {100 * metrics[UNFINISHED_KEY]:.0f}%")
+        if NO_REWARD_KEY in metrics:  # shown at 0% too: the line says the rewards were checked
+            out.append(f"no reward {share(metrics[NO_REWARD_KEY])}")
+        if GROUPS_DROPPED_KEY in metrics:
+            out.append(f"groups dropped {share(metrics[GROUPS_DROPPED_KEY])}")
         return out
 
     def summary(self) -> Optional[str]:

@@ -41,7 +41,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("TTSRL_REWARD_MODEL", str, None, "model name served by the reward server (unset: "
          "ttsrl.reward.protocol.DEFAULT_MODEL_NAME)", _REWARD),
     Knob("TTSRL_REWARD_MAX_FAIL_FRACTION", float, 0.1, "share of this process's last TTSRL_REWARD_FAIL_WINDOW "
-         "reward calls that may fail (scored 0, logged) before a call raises", _REWARD),
+         "reward calls that may fail (scored 0, logged) before a call raises; and of a training step's rollouts that "
+         "may be without a reward (scored 0 or lost) before the run stops, ahead of that step's update",
+         _REWARD + ", ttsrl/verl_plugin/reward_metrics.py"),
     Knob("TTSRL_REWARD_FAIL_WINDOW", int, 64, "how many of this process's most recent reward calls the failure "
          "fraction is judged over", _REWARD),
     Knob("TTSRL_REWARD_RETRIES", int, 4, "waits for a usable server when every listed one is out of rotation",

@@ -5,8 +5,8 @@ A pool is a folder ``DIR`` holding ``DIR/prompt_speech_tokens.jsonl`` (what
 
     {"id": ID, "prompt_text": TRANSCRIPT, "prompt_speech_tokens": [codes], "speaker": NAME}
 
-``id`` a non-empty string usable as a file stem (no ``/``, at most 255 UTF-8 bytes; the
-reward server finds ``DIR/<ID>.wav`` by it and refuses an id it does not know), unique;
+``id`` a string usable as a file stem (:func:`prompt_id_problem`, the one rule the reward server
+applies to PROMPT_ID too; it finds ``DIR/<ID>.wav`` by it and refuses an id it does not know), unique;
 ``prompt_text`` the wav's transcript (zero-shot training puts it before the row's text, as
 CosyVoice2's LLM input does); ``prompt_speech_tokens`` a non-empty list of speech codes in
 speech codes of a registered family (``ttsrl.families``; the run's own vocabulary checks them again where they become token ids); ``speaker`` optional (the embedded
@@ -22,6 +22,7 @@ its server name the same prompts).
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,14 +79,32 @@ def pool_sha1(ids) -> str:
     return hashlib.sha1("".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")).hexdigest()
 
 
-def _id_problem(value) -> str | None:
-    if not isinstance(value, str) or not value.strip():
-        return f"\"id\" must be a non-empty string, got {value!r}"
-    if value != value.strip() or "/" in value or "\\" in value or value in (".", "..") or "\x00" in value:
-        return f"\"id\" {value!r} is not usable as a file stem (no surrounding spaces, '/', '\\\\', NUL)"
-    if len(value.encode("utf-8")) > MAX_ID_BYTES:
-        return f"\"id\" is {len(value.encode('utf-8'))} UTF-8 bytes, more than {MAX_ID_BYTES} (a file stem)"
+def prompt_id_problem(v: str) -> str | None:
+    """Why ``v`` cannot be a prompt id (None when it can): the one rule, applied by stage 0 and the
+    checker (:func:`read_pool`), the reward server to its pool and to every request's PROMPT_ID
+    (``ttsrl.reward.protocol``). 1..MAX_ID_BYTES bytes of UTF-8, no control or format character
+    (Unicode category C: a tab, U+0085, U+200B ...), no '/' or '\\', no leading/trailing
+    whitespace, not '.' or '..' (the ids are the stems of a folder's wav files)."""
+    if not v:
+        return "is empty"
+    n = len(v.encode("utf-8", "surrogatepass"))
+    if n > MAX_ID_BYTES:
+        return f"is {n} bytes long (at most {MAX_ID_BYTES}: the ids are file stems)"
+    if v != v.strip():
+        return "starts or ends with whitespace"
+    if v in (".", ".."):
+        return "is not a file stem"
+    bad = next((c for c in v if c in "/\\" or unicodedata.category(c).startswith("C")), None)
+    if bad is not None:
+        return f"holds the character {bad!r} (ids are file stems: no '/', '\\' or control characters)"
     return None
+
+
+def _id_problem(value) -> str | None:
+    if not isinstance(value, str):
+        return f"\"id\" must be a non-empty string, got {value!r}"
+    why = prompt_id_problem(value)
+    return f"\"id\" {value[:80]!r} is not usable as a file stem: it {why}" if why else None
 
 
 def _codes_problem(value) -> str | None:

@@ -146,6 +146,9 @@ class EvalConfig:
         [], flag="--dev-set", append=True, parse=parse_test_set_arg, metavar="NAME=PATH", group=OUT,
         help="a dev set (same layouts): stage 5 chooses the step on dev sets only; repeatable")
     merged_dir: str | None = option(None, group=OUT, help="merged steps MERGED_DIR/step_N (stage 3); optional")
+    family: str | None = option(None, group=OUT, metavar="NAME",
+                                help="the run's model family (MODEL_FAMILY): every model must be one (none: not "
+                                     "checked)")
     steps: tuple[int, ...] | None = option(None, group=OUT, help="steps to score (none: 0 and every merged step)")
     backend: BackendConfig | None = option(None, cli=False, help="the scoring backend (its own options)")
     generation: GenerationConfig = option(GenerationConfig(), cli=False, help="decoding (its own options)")
@@ -214,7 +217,7 @@ def settings_of(cfg: EvalConfig, engine: str) -> dict:
 
 
 def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
-    from ttsrl.model.checkpoint import merged_steps
+    from ttsrl.model.checkpoint import check_family, merged_steps
 
     models = {0: Path(cfg.start_model)}
     if cfg.merged_dir:
@@ -227,6 +230,7 @@ def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
     for s, p in models.items():
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"model for step {s}: {p} has no config.json (not a HF checkpoint)")
+        check_family(p, cfg.family, "the start model" if s == 0 else f"step {s}")
     return dict(sorted(models.items()))
 
 

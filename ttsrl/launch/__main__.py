@@ -53,7 +53,7 @@ def _grpo_fields(r: settings.Resolved, environ) -> dict:
 def cmd_settings(a) -> int:
     try:
         arrays = settings.read_arrays(Path(a.arrays).read_bytes()) if a.arrays else {}
-        r = settings.resolve(os.environ, arrays, a.argv)
+        r = settings.resolve(os.environ, arrays, a.argv, frozenset((a.env_names or "").split()))
         grpo = {}
         if r.show_config or (r.stop >= 2 >= r.start and r.values["TRAINER"] == "grpo"):
             try:  # stage 2's own checks now, not after the stages before it
@@ -86,15 +86,18 @@ def _cluster(a):
 def server_identity(command: list[str]) -> dict[str, str]:
     """What a server started with ``command`` (``PY token2wav_asr_server.py ARGS``) would publish
     as its identity, read with the server's own parser: reward, backend, model folder, SIM weight,
-    length guard (each changes the reward a run trains on), and the family whose codes it accepts."""
+    length guard (each changes the reward a run trains on), the family whose codes it accepts, and
+    the digest of the prompt ids it knows (a server of another pool answers the run's rows 422)."""
     if str(settings.ROOT) not in sys.path:
         sys.path.insert(0, str(settings.ROOT))
     import token2wav_asr_server
+    from ttsrl.data.prompt_pool import pool_sha1
 
     script = next(i for i, word in enumerate(command) if word.endswith("token2wav_asr_server.py"))
     cfg = token2wav_asr_server.parse_args(command[script + 1:])
     return {"reward": cfg.reward, "backend": cfg.backend.backend, "model_dir": cfg.backend.model_dir,
-            "sim_weight": str(cfg.sim_weight), "length_guard": str(cfg.length_guard), "family": cfg.family}
+            "sim_weight": str(cfg.sim_weight), "length_guard": str(cfg.length_guard), "family": cfg.family,
+            "prompt_pool": pool_sha1(cfg.backend.served_prompt_ids())}
 
 
 def cmd_server(a) -> int:
@@ -142,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("help", help="run.sh's --help")
     s = sub.add_parser("settings", help="the run's settings as bash")
     s.add_argument("--arrays", help="run.sh's arrays, NUL-separated (NAME COUNT ITEM...)")
+    s.add_argument("--env-names", help="the variables of the environment before the preset, space-separated")
     s.add_argument("argv", nargs="*", help="run.sh's arguments, after --")
     sv = sub.add_parser("server", help="the reward servers: up or down")
     sv.add_argument("action", choices=("up", "down"))

@@ -3,7 +3,8 @@
 :func:`up` (stages 1 and 2, DPO mining): when ``REWARD_URLS`` lists this machine's server
 (``url``), a server that answers there already is
 
-* **refused** when it serves another reward, backend or model folder than the run asks for
+* **refused** when it serves another reward, backend, model folder, family or prompt pool (the
+  digest of the prompt ids it knows) than the run asks for
   (``expect``: what the run's server would publish in its model metadata), naming both; with
   ``any_server`` it is used anyway, and said so;
 * **adopted** when the pid file names the process answering there and that process is a reward
@@ -64,8 +65,8 @@ def local_up(url: str, pid_file: Path, log: Path, timeout: float, expect: dict[s
         problem = identity_problem(url, expect)
         if problem and not any_server:
             asked = ", ".join(f"{k} {v!r}" for k, v in expect.items())
-            return _fail(f"{problem}; this run asks for {asked}: stop that server, set REWARD/REWARD_BACKEND (or "
-                         "REWARD_PORT) to match, or REWARD_ANY_SERVER=1 to use it anyway")
+            return _fail(f"{problem}; this run asks for {asked}: stop that server, set REWARD, REWARD_BACKEND, PROMPT_POOL "
+                         "or MODEL_FAMILY (or REWARD_PORT) to match, or REWARD_ANY_SERVER=1 to use it anyway")
         if problem:
             _say(f"REWARD_ANY_SERVER=1: using it anyway: {problem}")
         pid = read_pid(pid_file)
@@ -86,11 +87,28 @@ def local_up(url: str, pid_file: Path, log: Path, timeout: float, expect: dict[s
                                 start_new_session=True)
     pid_file.write_text(f"{proc.pid}\n")
     if not wait_ready_all([url], timeout, pid=proc.pid):
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         state = f"exited with status {proc.poll()}" if proc.poll() is not None else f"waited up to {timeout:g}s"
-        return _fail(f"reward server did not come up ({state}: REWARD_START_TIMEOUT_S); see {log}\n{tail}")
+        stop_started(proc, pid_file)  # ours: a server that comes up after the stage failed is never left behind
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        return _fail(f"reward server did not come up ({state}: REWARD_START_TIMEOUT_S); it was stopped; see "
+                     f"{log}\n{tail}")
     _say(f"reward server pid {proc.pid} at {url} (log {log})")
     return 0
+
+
+def stop_started(proc: subprocess.Popen, pid_file: Path, grace: float = 10.0) -> None:
+    """Stop a server this call started (its whole session: the server may have spawned workers)
+    and forget its pid file."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except OSError:
+            pass
+    pid_file.unlink(missing_ok=True)
 
 
 def up(urls: str, url: str, pid_file: Path, log: Path, timeout: float, expect: dict[str, str],

@@ -105,8 +105,11 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
 
 The reward: stages 1, 2 (and DPO mining) use the reward servers of REWARD_URLS (default this
   machine's, http://127.0.0.1:REWARD_PORT); stage 1 starts the local one when the list holds it.
-  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND and
-  model folder; else the stage stops naming both (REWARD_ANY_SERVER=1: use it anyway, said so).
+  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND,
+  model folder, MODEL_FAMILY and prompt pool (the ids of PROMPT_POOL); else the stage stops naming
+  both (REWARD_ANY_SERVER=1: use it anyway, said so). A training step that lost more than
+  TTSRL_REWARD_MAX_FAIL_FRACTION (10%) of its rewards stops the run before it trains; every step's
+  line shows the shares with no reward and of groups dropped (CKPT_DIR/ttsrl_run.json: reward_health).
   Training refuses a server that answers with another reward; stage 2 records the reward, the
   servers and their metadata in CKPT_DIR/ttsrl_run.json; stage 4 scores with the same REWARD.
   REWARD_MIN_READY=N waits for N servers instead of all; REWARD_START_TIMEOUT_S how long.
@@ -132,6 +135,42 @@ Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell p
   every node needs the head's ~/.ray/auth_token.
   A rehearsal on one machine: presets/multinode_sim.sh (its top says how).
 """
+
+
+#: ASCII digits only: Python's ``isdigit`` and ``\\d`` take '٠' or '３', which bash arithmetic and
+#: the programs run.sh calls then refuse (or read as 0) after a stage has started
+ASCII_INT = re.compile(r"[0-9]+")
+ASCII_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+#: every numeric setting: (kind, low, high); "int" and "number" are ASCII, checked in one pass
+NUMERIC = {"DEV_SIZE": ("int", 0, None), "NODE_RANK": ("int", 0, None), "MAX_PROMPT_LENGTH": ("int", 1, None),
+           "EVAL_NPROC": ("int", 1, None), "REWARD_PORT": ("int", 1, 65535), "RAY_PORT": ("int", 1, 65535),
+           "RAY_NODE_PORT": ("int", 1, 65535), "RAY_NUM_CPUS": ("int", 1, None),
+           "RAY_START_ATTEMPTS": ("int", 1, None), "GPUS_PER_NODE": ("int", 0, None),
+           "REWARD_MIN_READY": ("int", 1, None), "EXPORT_STEP": ("int", 0, None),
+           "REWARD_START_TIMEOUT_S": ("number", 0, None), "JOIN_TIMEOUT_S": ("number", 0, None),
+           "HEAD_WAIT_S": ("number", 0, None), "SHARE_WAIT_S": ("number", 0, None),
+           "BUILD_BASE_MODEL": ("flag", 0, 1), "ALLOW_LEAK": ("flag", 0, 1), "REWARD_ANY_SERVER": ("flag", 0, 1)}
+
+
+def numeric_problems(values: Mapping[str, str]) -> list[str]:
+    """One line per numeric setting that is not an ASCII number in its range (an empty optional
+    one, e.g. EXPORT_STEP, is fine)."""
+    out = []
+    for name, (kind, low, high) in NUMERIC.items():
+        if name not in values:  # not resolved yet (checked again once it is)
+            continue
+        value = values[name]
+        if value == "" and name in ("EXPORT_STEP", "REWARD_MIN_READY", "RAY_NODE_PORT"):
+            continue
+        pattern = ASCII_NUMBER if kind == "number" else ASCII_INT
+        ok = pattern.fullmatch(value) is not None and (low is None or float(value) >= low) \
+            and (high is None or float(value) <= high)
+        if not ok:
+            want = {"int": "a whole number in ASCII digits", "number": "a number in ASCII digits (seconds)",
+                    "flag": "0 or 1"}[kind]
+            span = "" if kind == "flag" else f" from {low}" + (f" to {high}" if high is not None else "")
+            out.append(f"{name}={value!r}: expected {want}{span}")
+    return out
 
 
 class SettingsError(Exception):
@@ -216,9 +255,12 @@ def words(text: str, what: str) -> list[str]:
 # ---------------------------------------------------------------------------- resolution
 
 
-def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[str]) -> Resolved:
+def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[str],
+            env_names: frozenset[str] = frozenset()) -> Resolved:
     """The run's settings from the environment (the preset's values exported into it) and the
-    preset's arrays; raises :class:`SettingsError` with every problem found."""
+    preset's arrays; raises :class:`SettingsError` with every problem found. ``env_names``: the
+    variables the environment held before the preset was sourced (a list given there as a string
+    is refused: the preset's array would silently win over it)."""
     start, stop, overrides, show = parse_argv(argv)
     r = Resolved(start, stop, show)
     v = r.values
@@ -238,8 +280,14 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     if missing:
         problems.append(f"{preset}: it does not set {' '.join(missing)} (every preset sets {' '.join(REQUIRED)} "
                         f"and the arrays {' '.join(REQUIRED_ARRAYS)}; a value may also come from the environment)")
+    extra_of = {target: extra for extra, target in EXTRAS.items()}
     for name in LISTS:
-        if name not in arrays and env.get(name):
+        how = (f"{extra_of[name]}=\"--flag value\" adds words to it" if name in extra_of else
+               "a preset of your own sets it")
+        if name in env_names:  # the environment cannot carry an array; the preset's would win silently
+            problems.append(f"{name} is given in the environment as a string, which cannot set a list "
+                            f"(an array of the preset): {how}")
+        elif name not in arrays and env.get(name):
             problems.append(f'{preset}: {name} must be a bash array, e.g. {name}=(--flag "a value")')
     if problems:
         raise SettingsError(problems)
@@ -259,6 +307,8 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
              "--weights": "REWARD_WEIGHTS", "--sim-weight": "REWARD_WEIGHTS"}
     for word in r.lists["REWARD_ARGS"]:
         flag = word.split("=", 1)[0]
+        # an abbreviation (--rew) is the flag too: the server's parser takes none, refused here first
+        flag = next((f for f in owned if flag.startswith("--") and len(flag) > 2 and f.startswith(flag)), flag)
         if flag in owned:
             raise SettingsError([f"REWARD_ARGS/REWARD_EXTRA hold {flag}: set {owned[flag]} instead (run.sh passes it "
                                  "to the server, records it and checks that an adopted server serves it)"])
@@ -298,7 +348,7 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
                              "and kto offline with TRL on mined pairs"])
     # the dev set: stage 5 chooses the step on it (never on a test set)
     v["SPLIT_DIR"] = f"{v['DATA_DIR']}/split"
-    if not re.fullmatch(r"\d+", v["DEV_SIZE"]):
+    if not ASCII_INT.fullmatch(v["DEV_SIZE"]):
         raise SettingsError([f"DEV_SIZE={v['DEV_SIZE']}: expected a count of training texts (0: none held out)"])
     if v["DEV_FILE"]:
         v["DEV_SET"], v["TRAIN_TEXTS"] = v["DEV_FILE"], v["TRAIN_FILE"]
@@ -306,9 +356,15 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
         v["DEV_SET"], v["TRAIN_TEXTS"] = f"{v['SPLIT_DIR']}/dev.jsonl", f"{v['SPLIT_DIR']}/train.jsonl"
     else:
         v["DEV_SET"], v["TRAIN_TEXTS"] = "", v["TRAIN_FILE"]
+    numbers = numeric_problems(v)  # before anything does arithmetic with them
+    if numbers:
+        raise SettingsError([f"run.sh: {p}" for p in numbers])
     resolve_nodes(r, env)
     resolve_pool(r)
     resolve_reward(r, env)
+    numbers = numeric_problems(v)  # NODE_RANK, Ray's and REWARD_MIN_READY, as resolved
+    if numbers:
+        raise SettingsError([f"run.sh: {p}" for p in numbers])
     resolve_paths(r)
     r.lists["GRPO_ARGS"] = grpo_args(r) + extras["GRPO_EXTRA"]
     return r
@@ -368,7 +424,7 @@ def resolve_nodes(r: Resolved, env: Mapping[str, str]) -> None:
     nnodes = max(1, len(ips))
     rank = env.get("NODE_RANK") or env.get("SLURM_NODEID") or "0"
     v["NODE_RANK"], v["NNODES"] = rank, str(nnodes)
-    if not rank.isdigit() or int(rank) >= nnodes:
+    if not ASCII_INT.fullmatch(rank) or int(rank) >= nnodes:
         problems.append(f"NODE_RANK={rank}: expected 0..{nnodes - 1} (NODE_IPS={v['NODE_IPS']} lists {nnodes} nodes, "
                         "head first)" if ips else
                         f"NODE_RANK={rank}: expected 0 (NODE_IPS is empty: one node; set NODE_IPS=HEAD_IP,IP2,... for "
@@ -377,7 +433,7 @@ def resolve_nodes(r: Resolved, env: Mapping[str, str]) -> None:
     v["NODE_IP"] = ips[int(rank)] if ips and not problems else v["HEAD_IP"]
     get = lambda name, default: v.__setitem__(name, env.get(name) or default)  # noqa: E731
     get("RAY_PORT", "6379")
-    get("RAY_NODE_PORT", str(int(v["RAY_PORT"]) + 1) if v["RAY_PORT"].isdigit() else "")
+    get("RAY_NODE_PORT", str(int(v["RAY_PORT"]) + 1) if ASCII_INT.fullmatch(v["RAY_PORT"]) else "")
     for name, default in (("RAY_WORKER_PORTS", "10002-19999"), ("RAY_TEMP_DIR", ""), ("RAY_NUM_CPUS", "16"),
                           ("JOIN_TIMEOUT_S", "600"), ("HEAD_WAIT_S", "0"), ("RAY_START_ATTEMPTS", "3"),
                           ("SHARE_WAIT_S", "7200")):
@@ -395,7 +451,7 @@ def resolve_nodes(r: Resolved, env: Mapping[str, str]) -> None:
                     break
         if v["TRAINER"] != "grpo":
             problems.append(f"TRAINER={v['TRAINER']} runs on one node; NODE_IPS lists {nnodes} (multi-node is GRPO's)")
-        if not re.fullmatch(r"\d+-\d+", v["RAY_WORKER_PORTS"]):
+        if not re.fullmatch(r"[0-9]+-[0-9]+", v["RAY_WORKER_PORTS"]):
             problems.append(f"RAY_WORKER_PORTS={v['RAY_WORKER_PORTS']}: expected LOW-HIGH")
         if not re.fullmatch(r"[1-9][0-9]*", v["GPUS_PER_NODE"]):
             problems.append(f"GPUS_PER_NODE={v['GPUS_PER_NODE']}: expected a count >= 1 (DEVICE={v['DEVICE']})")
@@ -430,7 +486,7 @@ def resolve_pool(r: Resolved) -> None:
     folder and its prompt_speech_tokens.jsonl to exist (stage -1 may build the embedded world's)."""
     v = r.values
     pool = v["PROMPT_POOL"]
-    if not re.fullmatch(r"-?\d+", v["PROMPT_SEED"]):
+    if not re.fullmatch(r"-?[0-9]+", v["PROMPT_SEED"]):
         raise SettingsError([f"PROMPT_SEED={v['PROMPT_SEED']}: expected an integer (the prompt assignment's seed)"])
     if not pool:
         return

@@ -135,6 +135,33 @@ def read_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 # ---- step naming ------------------------------------------------------------------
 
+class FamilyMismatch(ValueError):
+    """A model folder of another family than the run's (MODEL_FAMILY)."""
+
+
+def folder_family(folder: str | Path) -> str | None:
+    """The family a model folder holds (its config.json's ``speech_family``, which the converter and
+    every step writer record); None when the folder does not say (nothing to compare)."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    fam = cfg.get("speech_family") if isinstance(cfg, dict) else None
+    return fam if isinstance(fam, str) else None
+
+
+def check_family(folder: str | Path, family: str | None, what: str) -> None:
+    """Raise :class:`FamilyMismatch` naming ``what`` (e.g. "step 41"), the folder, its family and the
+    run's, when ``folder`` holds another family than ``family`` (None: not checked). Stage 4 and 5
+    call it on every model before they use one: a CosyVoice3 step in a CosyVoice2 run would be
+    decoded with the wrong rule or exported as the wrong family's llm.pt."""
+    found = folder_family(folder)
+    if family is not None and found is not None and found != family:
+        raise FamilyMismatch(f"{what} ({folder}) is a {found} model, and this run's family is {family} "
+                             f"(MODEL_FAMILY): it belongs to another run; move it out of the run's folders, "
+                             f"or run with MODEL_FAMILY={found}")
+
+
 def step_path(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / f"{STEP_PREFIX}{step}"
 

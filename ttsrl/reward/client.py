@@ -7,9 +7,11 @@ them. ``TTSRL_REWARD_URL`` names one server or several (``ttsrl.reward.pool``); 
 
 A request that still fails is counted: the sample scores 0.0 with ``reward_failed`` 1.0 and a
 warning, until more than ``max_fail_fraction`` of this process's last ``fail_window`` requests
-failed; then the call raises :class:`RewardServiceError`, and verl trains without that sample. The
-window counts requests, not steps, because verl gives no step id and scores samples one at a time
-(docs/architecture.md, "The reward function's failures").
+failed; then the call raises :class:`RewardServiceError`, and verl drops that rollout from its
+group. The window counts requests, not steps, because verl gives no step id and scores samples one
+at a time (docs/architecture.md, "The reward function's failures"); the step's own count, which stops
+a run whose step lost more than the same share of its rewards, is the trainer's
+(``ttsrl.verl_plugin.reward_metrics``).
 
 Every sample's dict has the same keys, all finite (verl builds its columns from the first sample's):
 ``score``, the reward's terms ``cer``, ``sim``, ``length`` (``TERM_KEYS``: gdpo's components),

@@ -18,10 +18,10 @@ import binascii
 import json
 import math
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ttsrl.data.prompt_pool import MAX_ID_BYTES, prompt_id_problem
 from ttsrl.families import DEFAULT_FAMILY
 from ttsrl.reward.triton_binary import BinaryDataError, attach_inputs, split_body
 
@@ -35,7 +35,7 @@ INPUT_SPECS = (("TOKENS", "INT32", [1, -1]), ("TOKEN_LENS", "INT32", [1, 1]), ("
 OPTIONAL_INPUT_SPECS = (("PROMPT_ID", "BYTES", [1, 1]), ("FINISHED", "INT32", [1, 1]))
 PROMPT_ID = "PROMPT_ID"
 FINISHED = "FINISHED"
-MAX_PROMPT_ID_BYTES = 255  # a file name's limit on Linux: the ids are wav stems
+MAX_PROMPT_ID_BYTES = MAX_ID_BYTES  # a file name's limit on Linux: the ids are wav stems (the pool's rule)
 OUTPUT_SPECS = (("REWARDS", "FP32", [1, 1]), ("TRANSCRIPTS", "BYTES", [1, 1]), ("ERROR_RATES", "FP32", [1, 1]),
                 ("SIMS", "FP32", [1, 1]), ("CER_REWARDS", "FP32", [1, 1]), ("LENGTH_REWARDS", "FP32", [1, 1]))
 #: the reward's terms: sent only when a request names them in ``outputs``
@@ -371,25 +371,6 @@ def _text(spec: dict) -> str:
     if len(v) > MAX_GT_CHARS:
         raise RequestError(f"input {name}: text longer than {MAX_GT_CHARS} characters", 413)
     return v
-
-
-def prompt_id_problem(v: str) -> str | None:
-    """Why ``v`` cannot be a prompt id (None when it can): 1..MAX_PROMPT_ID_BYTES bytes of UTF-8,
-    no control or format character, no '/' or '\\', no leading/trailing whitespace, not '.' or '..'
-    (the ids are the stems of a folder's wav files)."""
-    if not v:
-        return "is empty"
-    n = len(v.encode("utf-8", "surrogatepass"))
-    if n > MAX_PROMPT_ID_BYTES:
-        return f"is {n} bytes long (at most {MAX_PROMPT_ID_BYTES}: the ids are file stems)"
-    if v != v.strip():
-        return "starts or ends with whitespace"
-    if v in (".", ".."):
-        return "is not a file stem"
-    bad = next((c for c in v if c in "/\\" or unicodedata.category(c).startswith("C")), None)
-    if bad is not None:
-        return f"holds the character {bad!r} (ids are file stems: no '/', '\\' or control characters)"
-    return None
 
 
 def _prompt_id(spec: dict) -> str:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from aiohttp import web
 
 from ttsrl.cli import option
+from ttsrl.data.prompt_pool import prompt_id_problem
 from ttsrl.families import DEFAULT_FAMILY, FAMILIES, family
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
@@ -272,6 +273,13 @@ class RewardServer:
             raise ValueError(f"the replicas know different prompt ids: {pools}")
         folder = self.cfg.backend.prompt_dir
         ids = set(self.prompt_ids)
+        # the one id rule (ttsrl.data.prompt_pool): an id it breaks would be refused (400) on every
+        # request naming it, so a pool holding one does not start
+        bad = [f"{i!r} {why}" for i in sorted(ids) if (why := prompt_id_problem(i))]
+        if bad:
+            raise ValueError(f"--prompt-dir {folder}: {len(bad)} prompt id(s) break the id rule, e.g. "
+                             f"{'; '.join(bad[:3])} (rename the wavs / fix the pool's ids: stage 0 and "
+                             "scripts/check_inputs.py apply the same rule)")
         if not folder or not ids:
             return
         from pathlib import Path

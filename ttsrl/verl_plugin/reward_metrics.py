@@ -15,16 +15,37 @@ metrics, so they reach every logger verl drives (console line, TensorBoard, wand
 share of rollouts that hit the response limit), ``reward/sim_measured/mean`` and
 ``reward/reward_failed/mean``. The patches are applied when verl's trainer modules are
 imported (an import hook: importing them here would cost every verl process seconds).
+
+**A step never trains on a silently broken reward.** A reward request that fails is scored 0
+and flagged ``reward_failed`` (``ttsrl.reward.client``) until too many of a process's recent
+requests failed; then the reward function raises, and verl 0.9.1 marks that rollout's group
+"failure" and trains the step without the lost rollouts (``agent_loop_tq.py:137``, the
+replay buffer pads them). Neither shows in verl's metrics. So, as each training batch is
+sampled (before any update), :func:`step_health` counts the step's rollouts without a reward
+(flagged, or lost) against ``train_batch_size x rollout.n`` and the groups that came back short:
+``reward/no_reward/share`` and ``reward/groups_dropped/share`` join the step's metrics (console
+line, TensorBoard), each step with a loss is written to the run record
+(``<checkpoint dir>/ttsrl_run.json``, ``reward_health``), and a step whose share exceeds
+``TTSRL_REWARD_MAX_FAIL_FRACTION`` (default 10%: the share the client's window allows, so a
+brief server hiccup passes and a server that refuses a class of rows does not) stops the run
+with :class:`RewardHealthError` naming the step, the counts and where the client's errors are,
+before that step updates the policy.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
 import logging
 import math
 import sys
-from typing import Callable, Iterable, Mapping
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from ttsrl import knobs
+from ttsrl.atomic import atomic_write_text
 
 log = logging.getLogger("ttsrl.verl_plugin")
 
@@ -47,6 +68,104 @@ def term_metrics(infos: Iterable[Mapping]) -> dict[str, float]:
             continue
         out[METRIC.format(key=key)] = float(sum(values) / len(values))
     return out
+
+
+NO_REWARD = "reward/no_reward/share"  # rollouts of the step without a reward (flagged or lost)
+GROUPS_DROPPED = "reward/groups_dropped/share"  # groups that came back with fewer than rollout.n rollouts
+LIMIT_KNOB = "TTSRL_REWARD_MAX_FAIL_FRACTION"
+RUN_RECORD = "ttsrl_run.json"  # train_grpo.py's record in the checkpoint folder
+HEALTH_KEY = "reward_health"
+
+
+class RewardHealthError(RuntimeError):
+    """A training step lost more of its rewards than the run allows: the run stops before it trains."""
+
+
+def step_health(keys: Sequence[str], tags: Sequence[Mapping], infos: Sequence[Mapping], prompts: int,
+                n: int) -> dict[str, int]:
+    """What a sampled training batch lacks. ``keys``: verl's ``{uid}_{session}_{index}`` per
+    trajectory, ``tags`` their tags (padding excluded), ``infos`` their reward extra info;
+    ``prompts`` groups of ``n`` rollouts were asked for. ``failed``: rollouts scored 0 after a failed
+    request (``reward_failed``); ``missing``: rollouts verl lost (the reward function raised);
+    ``groups_dropped``: groups with fewer than ``n`` rollouts (a group absent altogether included)."""
+    sessions: dict[str, set[str]] = {}
+    failed: set[tuple[str, str]] = set()
+    for key, tag, info in zip(keys, tags, infos):
+        if tag.get("is_padding", False):
+            continue
+        uid, _, rest = key.partition("_")
+        session = rest.split("_", 1)[0]
+        sessions.setdefault(uid, set()).add(session)
+        if isinstance(info, Mapping) and info.get("reward_failed") == 1.0:
+            failed.add((uid, session))
+    present = sum(len(s) for s in sessions.values())
+    full = sum(len(s) >= n for s in sessions.values())
+    missing = max(0, prompts * n - present)
+    return {"rollouts": prompts * n, "without_reward": len(failed) + missing, "failed": len(failed),
+            "missing": missing, "groups": prompts, "groups_dropped": max(0, prompts - full)}
+
+
+def health_metrics(h: Mapping[str, int]) -> dict[str, float]:
+    return {NO_REWARD: h["without_reward"] / max(1, h["rollouts"]),
+            GROUPS_DROPPED: h["groups_dropped"] / max(1, h["groups"])}
+
+
+def health_problem(step: int, h: Mapping[str, int], limit: float) -> str | None:
+    """The sentence that stops the run, or None while the step is within ``limit``."""
+    share = h["without_reward"] / max(1, h["rollouts"])
+    if share <= limit:
+        return None
+    return (f"step {step}: {h['without_reward']} of {h['rollouts']} rollouts have no reward ({share:.0%}: "
+            f"{h['failed']} scored 0 after a failed reward request, {h['missing']} lost by verl; "
+            f"{h['groups_dropped']} of {h['groups']} groups short), more than {LIMIT_KNOB}={limit:g} allows: the "
+            "run stops before this step trains. The reward client's errors (RewardServiceError, the server's "
+            "HTTP status and reason) are in the training log above; check the servers with "
+            "`python -m ttsrl.reward.health URL` and their log (EXP_DIR/logs/reward_server.log)")
+
+
+def record_health(checkpoint_dir: str | None, step: int, h: Mapping[str, int], limit: float,
+                  stopped: str | None = None) -> None:
+    """Add the step to the run record's ``reward_health`` (steps with a loss only, the worst share,
+    and the stop, if any); a record that is missing or unreadable is left alone (a metric never
+    stops training)."""
+    if not checkpoint_dir:
+        return
+    path = Path(checkpoint_dir) / RUN_RECORD
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(record, dict):
+        return
+    health = record.get(HEALTH_KEY) if isinstance(record.get(HEALTH_KEY), dict) else {}
+    share = h["without_reward"] / max(1, h["rollouts"])
+    health.update({"limit": limit, "knob": LIMIT_KNOB, "last_step": step,
+                   "steps_checked": int(health.get("steps_checked", 0)) + 1,
+                   "worst_share": max(float(health.get("worst_share", 0.0)), share)})
+    if h["without_reward"] or h["groups_dropped"]:
+        health.setdefault("steps_with_loss", {})[str(step)] = dict(h)
+    if stopped:
+        health["stopped"] = {"step": step, "why": stopped, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    record[HEALTH_KEY] = health
+    try:
+        atomic_write_text(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    except OSError as e:
+        _warn_once("run record", e)
+
+
+def check_step(trainer, tq, batch, global_steps: int, batch_size: int, metrics: dict) -> None:
+    """The rule of the module doc for one sampled training batch of ``trainer`` (verl's v1 trainer)."""
+    n = int(trainer.config.actor_rollout_ref.rollout.n)
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    fields = data.pop("extra_fields").tolist()
+    infos = [(f.get("reward_extra_info") or {}) if isinstance(f, dict) else {} for f in fields]
+    h = step_health(batch.keys, batch.tags, infos, batch_size, n)
+    metrics.update(health_metrics(h))
+    limit = float(knobs.get(LIMIT_KNOB))
+    why = health_problem(global_steps, h, limit)
+    record_health(trainer.config.trainer.get("default_local_dir"), global_steps, h, limit, why)
+    if why:
+        raise RewardHealthError(why)
 
 
 def _warn_once(what: str, e: BaseException) -> None:
@@ -78,6 +197,29 @@ def _patch_v1(module) -> None:
 
     setattr(_compute_metrics, _MARK, True)
     cls._compute_metrics = _compute_metrics
+
+    build = cls._build_replay_buffer
+
+    def _build_replay_buffer(self):
+        buffer = build(self)
+        sample = buffer.sample
+
+        def checked_sample(global_steps, partition_id, batch_size):
+            batch, extra = sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+            if partition_id == "train":  # validation scores, it does not train
+                extra = dict(extra or {})
+                try:
+                    check_step(self, module.tq, batch, global_steps, batch_size, extra)
+                except RewardHealthError:
+                    raise
+                except Exception as e:  # a count that cannot be taken is said in the log, never a stop
+                    _warn_once("the step's reward count", e)
+            return batch, extra
+
+        buffer.sample = checked_sample
+        return buffer
+
+    cls._build_replay_buffer = _build_replay_buffer
 
 
 def _patch_legacy(module) -> None:

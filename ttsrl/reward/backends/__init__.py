@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from ttsrl.cli import option
 from ttsrl.families import family, token2wav_families
@@ -80,6 +81,22 @@ class BackendConfig:
         if self.backend in token2wav_families() and self.cosyvoice_model_dir:
             return os.path.abspath(self.cosyvoice_model_dir)
         return ""
+
+    def served_prompt_ids(self) -> list[str]:
+        """The prompt ids a server with these settings knows (PROMPT_ID; its ``prompt_pool_sha1`` is
+        their digest), read from the folder without loading a model: what a launcher compares
+        with a server that already answers. sim: the ids of ``prompt_dir``'s
+        prompt_speech_tokens.jsonl; a family's token2wav: the stems of its ``*.wav``; none without
+        ``prompt_dir`` or for whisper (raises ``PoolError`` for a pool sim could not read)."""
+        if not self.prompt_dir:
+            return []
+        if self.backend == "sim":
+            from ttsrl.data.prompt_pool import read_pool
+
+            return sorted(p.id for p in read_pool(self.prompt_dir, need_text=False).prompts)
+        if self.backend in token2wav_families():
+            return sorted(w.stem for w in Path(self.prompt_dir).glob("*.wav"))
+        return []
 
     def validate(self) -> None:
         if self.backend not in ("sim", "whisper") + token2wav_families():
