@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
+from ttsrl.cli import add_fields, option, parse_into
 from ttsrl.families import token2wav_families
 from ttsrl.fetch.inputs import catalogue, fetch, run_tokens
 
@@ -34,39 +37,49 @@ def preset_args(preset: str) -> list[str]:
     return [w.decode() for w in r.stdout.split(b"\0")[:-1]]
 
 
+@dataclass
+class FetchConfig:
+    """What to fetch; each field is an option of ``python -m ttsrl.fetch``."""
+    preset: Optional[str] = option(None, metavar="FILE", help="take the inputs from this preset's FETCH_ARGS")
+    model_dir: Optional[str] = option(None, metavar="DIR", help="the model folder (COSYVOICE2_DIR) of --backend's "
+                                                                "release")
+    backend: str = option(token2wav_families()[0], choices=token2wav_families(),
+                          help="the model family whose release --model-dir is")
+    sherpa_model_dir: Optional[str] = option(None, metavar="DIR", help="the sherpa-onnx Paraformer (ASR_MODEL_DIR)")
+    train_file: Optional[str] = option(None, metavar="FILE", help="training texts (TRAIN_FILE)")
+    seedtts_dir: Optional[str] = option(None, metavar="DIR", help="Seed-TTS test_zh (SEEDTTS_ZH_DIR)")
+    cv3_dir: Optional[str] = option(None, metavar="DIR", help="CV3-Eval zero_shot zh (CV3_ZH_DIR)")
+    prompt_dir: Optional[str] = option(None, metavar="DIR", help="speaker prompts (PROMPT_DIR)")
+    prompt_pool: Optional[str] = option(None, metavar="DIR", help="the zero-shot prompt pool (PROMPT_POOL)")
+    cosyvoice_checkout: Optional[str] = option(None, metavar="DIR", help="passed to scripts/prompt_tokens.py")
+    source: str = option("auto", choices=("auto", "huggingface", "modelscope"),
+                         help="auto: Hugging Face (HF_ENDPOINT), ModelScope for the model folders when Hugging Face "
+                              "cannot be reached and modelscope is installed")
+    prompt_tokens: bool = option(True, flag="--no-prompt-tokens", negated=True,
+                                 help="do not run scripts/prompt_tokens.py")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m ttsrl.fetch", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ttsrl.fetch", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default=None, help="take the inputs from this preset's FETCH_ARGS")
-    ap.add_argument("--model-dir", help="the model folder (COSYVOICE2_DIR) of --backend's release")
-    ap.add_argument("--backend", choices=token2wav_families(), default=token2wav_families()[0],
-                    help="the model family whose release --model-dir is")
-    ap.add_argument("--sherpa-model-dir", help="the sherpa-onnx Paraformer (ASR_MODEL_DIR)")
-    ap.add_argument("--train-file", help="training texts (TRAIN_FILE)")
-    ap.add_argument("--seedtts-dir", help="Seed-TTS test_zh (SEEDTTS_ZH_DIR)")
-    ap.add_argument("--cv3-dir", help="CV3-Eval zero_shot zh (CV3_ZH_DIR)")
-    ap.add_argument("--prompt-dir", help="speaker prompts (PROMPT_DIR)")
-    ap.add_argument("--prompt-pool", help="the zero-shot prompt pool (PROMPT_POOL)")
-    ap.add_argument("--cosyvoice-checkout", default=None, help="passed to scripts/prompt_tokens.py")
-    ap.add_argument("--source", choices=("auto", "huggingface", "modelscope"), default="auto",
-                    help="auto: Hugging Face (HF_ENDPOINT), ModelScope for the model folders when Hugging Face "
-                         "cannot be reached and modelscope is installed")
-    ap.add_argument("--no-prompt-tokens", action="store_true", help="do not run scripts/prompt_tokens.py")
+    add_fields(ap, FetchConfig)
     return ap
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = parser().parse_args(argv)
+    ap = parser()
+    a = parse_into(ap, FetchConfig, ap.parse_args(argv))
     if a.preset:
-        a = parser().parse_args(preset_args(a.preset) + [w for w in argv if w != a.preset and w != "--preset"])
+        rest = [w for w in argv if w != a.preset and w != "--preset"]
+        a = parse_into(ap, FetchConfig, ap.parse_args(preset_args(a.preset) + rest))
     inputs = catalogue(model_dir=a.model_dir, backend=a.backend, sherpa_model_dir=a.sherpa_model_dir,
                        train_file=a.train_file, seedtts_dir=a.seedtts_dir, cv3_dir=a.cv3_dir,
                        prompt_dir=a.prompt_dir, prompt_pool=a.prompt_pool)
     if not inputs:
-        parser().error("name at least one input (or --preset FILE)")
+        ap.error("name at least one input (or --preset FILE)")
     rc, message = fetch(inputs, source=a.source, model_dir=a.model_dir, backend=a.backend,
-                        checkout=a.cosyvoice_checkout, make_tokens=None if a.no_prompt_tokens else run_tokens)
+                        checkout=a.cosyvoice_checkout, make_tokens=run_tokens if a.prompt_tokens else None)
     print(message, file=sys.stderr if rc else sys.stdout)
     return rc
 
