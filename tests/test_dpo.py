@@ -181,6 +181,124 @@ def test_speech_head_keeps_the_mask_that_trl_fused_head_drops(lm, tiny_hf):
 
 
 # ---------------------------------------------------------------------------
+# TRL's own loss code equals CosyVoice2's DPOLoss on the same, fixed log-probs
+
+
+class FixedLogps(torch.nn.Module):
+    """A model answering TRL's fused-head call with given per-token log-probs (zero where the
+    label is -100, as :func:`add_speech_lm_head` returns them)."""
+
+    def __init__(self, per_token):
+        super().__init__()
+        self.per_token = per_token
+
+    def forward(self, input_ids=None, labels=None, fused_lm_head=False, **kwargs):
+        from trl.trainer.utils import FusedCausalLMOutput
+
+        assert fused_lm_head
+        mask = labels[:, 1:] != -100
+        lp = self.per_token.masked_fill(~mask, 0.0)
+        zero = torch.zeros_like(lp)
+        return FusedCausalLMOutput(loss=-lp.sum() / mask.sum(), log_probs=lp, entropy=zero, mean_logits=zero,
+                                   is_top1=zero.bool(), label_mask=mask)
+
+
+def fixed_pair_batch(prompt=(3, 5, 4), chosen=(6, 2, 9), rejected=(4, 8, 9), seed=0):
+    """A collated batch of len(prompt) pairs ([chosen...; rejected...], right padded) with
+    fixed float64 per-token log-probs of the policy and fixed reference sequence sums: pair 0's
+    chosen is longer, pair 1's shorter, pair 2's equally long."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [(p, c) for p, c in zip(prompt, chosen)] + [(p, r) for p, r in zip(prompt, rejected)]
+    width = max(p + c for p, c in lens)
+    completion = torch.zeros(len(lens), width, dtype=torch.long)
+    attention = torch.zeros_like(completion)
+    for i, (p, c) in enumerate(lens):
+        attention[i, :p + c] = 1
+        completion[i, p:p + c] = 1
+    per_token = -torch.rand(len(lens), width - 1, generator=g, dtype=torch.float64) * 3
+    ref = (-torch.rand(len(lens), generator=g, dtype=torch.float64) * 3) * completion.sum(1)
+    n = len(prompt)
+    inputs = {"input_ids": torch.randint(1, 100, completion.shape, generator=g) * attention,
+              "attention_mask": attention, "completion_mask": completion,
+              "ref_chosen_logps": ref[:n], "ref_rejected_logps": ref[n:]}
+    return inputs, per_token
+
+
+def cosyvoice2_dpo_loss(inputs, per_token, beta, loss_type="sigmoid", label_smoothing=0.0, average="mean",
+                        sft_weight=0.0):
+    """CosyVoice2's DPOLoss (sigmoid / cDPO by label smoothing / IPO) on its per-token mean sequence
+    log-probs of the completion (``average="sum"``: DPO as published), + an SFT (RPO) term."""
+    m = inputs["completion_mask"][:, 1:]
+    seq = sequence_logps(per_token, m, average)
+    ref = torch.cat([inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]])
+    if average == "mean":
+        ref = ref / m.sum(1)
+    c, r = split_chosen_rejected(seq)
+    rc, rr = split_chosen_rejected(ref)
+    loss = preference_loss(c, r, rc, rr, beta, loss_type, label_smoothing).mean()
+    if sft_weight:
+        loss = loss + sft_weight * sft_loss(*(split_chosen_rejected(x)[0] for x in (per_token, m)))
+    return loss
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(tiny_hf, lm, tmp_path_factory):
+    """``make(cdpo_label_smoothing=0, **DPOConfig fields)``: ttsrl's DPOTrainer on the tiny model."""
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    from ttsrl.train.dpo import make_trl_trainer_class
+
+    pairs, rows = _rows(lm, 2)
+    out = tmp_path_factory.mktemp("trl")
+
+    def make(cdpo_label_smoothing=0.0, **cfg):
+        args = DPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to=[], max_length=None,
+                         gradient_checkpointing=False, precompute_ref_log_probs=True, remove_unused_columns=False,
+                         **cfg)
+        model = load_speech_lm(tiny_hf).model
+        return make_trl_trainer_class()(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                        processing_class=lm.tokenizer, cdpo_label_smoothing=cdpo_label_smoothing)
+
+    return make
+
+
+EPS = 0.1
+# (CosyVoice2's loss, TRL's settings for it): CosyVoice2 averages per token; the summed rows are DPO as
+# published, which TRL's plain "sigmoid" computes
+TRL_FOR_COSYVOICE2 = {
+    "sigmoid/mean": (dict(loss_type="sigmoid"), dict(loss_type=["sigmoid_norm"])),
+    "ipo/mean": (dict(loss_type="ipo"), dict(loss_type=["ipo"])),
+    "cdpo/mean": (dict(loss_type="cdpo", label_smoothing=EPS),
+                  dict(loss_type=["sigmoid_norm"], cdpo_label_smoothing=EPS)),
+    "sigmoid+sft/mean": (dict(loss_type="sigmoid", sft_weight=0.5),
+                         dict(loss_type=["sigmoid_norm", "sft"], loss_weights=[1.0, 0.5])),
+    "sigmoid/sum": (dict(loss_type="sigmoid", average="sum"), dict(loss_type=["sigmoid"])),
+    # cDPO = -log σ(x) + εx and robust = -log σ(x) - εx/(1-2ε): (2-2ε) sigmoid - (1-2ε) robust is cDPO
+    "cdpo/sum": (dict(loss_type="cdpo", label_smoothing=EPS, average="sum"),
+                 dict(loss_type=["sigmoid", "robust"], loss_weights=[2 - 2 * EPS, -(1 - 2 * EPS)],
+                      label_smoothing=EPS)),
+}
+
+
+@pytest.mark.parametrize("case", TRL_FOR_COSYVOICE2)
+@pytest.mark.parametrize("beta", [0.01, 0.5])
+def test_trl_loss_equals_cosyvoice2_formula_on_fixed_logps(trl_trainer, case, beta):
+    hand, trl = TRL_FOR_COSYVOICE2[case]
+    trainer = trl_trainer(beta=beta, **trl)
+    for seed in (0, 1):
+        inputs, per_token = fixed_pair_batch(seed=seed)
+        with torch.no_grad():
+            got = trainer._compute_loss(FixedLogps(per_token), inputs, False)
+        want = cosyvoice2_dpo_loss(inputs, per_token, beta, **hand)
+        assert got.dtype == torch.float64
+        other = dict(hand, average="sum" if hand.get("average", "mean") == "mean" else "mean")
+        assert not torch.allclose(cosyvoice2_dpo_loss(inputs, per_token, beta, **other), want)  # averaging matters
+        # float64 throughout: the two differ by summation order only
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
 # pairs: mining against the real sim reward server, user pairs
 
 

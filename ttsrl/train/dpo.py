@@ -108,7 +108,7 @@ def split_chosen_rejected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def speech_head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
                          temperature: float = 1.0):
-    """Log-probs (and entropy, mean logit, top-1 hit) of ``targets`` (HF ids inside the
+    """Log-probs (and entropy, log sum p², mean logit, top-1 hit) of ``targets`` (HF ids inside the
     head's ``output_range``) from hidden states ``(N, H)``, through the speech rows of
     the biased head only: the softmax over the model's 6564 output classes."""
     start, end = head.output_range
@@ -129,9 +129,10 @@ def speech_head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: t
     lp = logp.gather(-1, idx[:, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
+        log_sum_sq_probs = torch.logsumexp(2 * logp, -1)  # log sum_v p_v^2: TRL's WPO weights (use_weighting)
         mean_logits = logits.mean(-1)
         is_top1 = logits.argmax(-1) == idx
-    return lp, entropy, mean_logits, is_top1
+    return lp, entropy, log_sum_sq_probs, mean_logits, is_top1
 
 
 def add_speech_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False,
@@ -170,15 +171,15 @@ def add_speech_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
             h = h.float()
         ctx = torch.autocast(h.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext()
         with ctx:
-            lp, ent, ml, top1 = speech_head_logprobs(h, lm_head, labels[mask], temperature)
+            lp, ent, lsq, ml, top1 = speech_head_logprobs(h, lm_head, labels[mask], temperature)
 
         def full(x):
             return x.new_zeros(mask.shape).masked_scatter(mask, x)
 
         log_probs = full(lp)
         loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
-        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=full(ent), mean_logits=full(ml),
-                                   is_top1=full(top1), label_mask=mask)
+        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=full(ent), log_sum_sq_probs=full(lsq),
+                                   mean_logits=full(ml), is_top1=full(top1), label_mask=mask)
 
     import types
 
@@ -317,6 +318,121 @@ def make_trainer_class():
             m["logps/chosen"].append(g(chosen.detach()).mean().item())
             m["logps/rejected"].append(g(rejected.detach()).mean().item())
             return (loss, out) if return_outputs else loss
+
+    return SpeechDPOTrainer
+
+
+# ---------------------------------------------------------------------------
+# TRL's settings, read from its config classes
+
+
+def trl_field(config_cls, name: str):
+    """The dataclass field ``name`` of a TRL config class (``DPOConfig``, ``KTOConfig``)."""
+    import dataclasses
+
+    for f in dataclasses.fields(config_cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{config_cls.__name__} has no field {name!r} (TRL changed?)")
+
+
+def trl_default(config_cls, name: str):
+    """TRL's default of a config field (a list default, e.g. ``loss_type``, as a tuple)."""
+    import dataclasses
+
+    f = trl_field(config_cls, name)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return tuple(value) if isinstance(value, list) else value
+
+
+def trl_choices(config_cls, name: str) -> tuple[str, ...]:
+    """The values TRL allows for a config field, as TRL declares them: the field's ``choices``
+    metadata, else its ``Literal`` type, else the list its help text gives ("Possible values are:
+    `a`, `b`. ..."), which is where TRL 1.16 declares ``DPOConfig.loss_type`` and
+    ``f_divergence_type``. ValueError when none of the three names any value."""
+    import re
+    import typing
+
+    f = trl_field(config_cls, name)
+    if f.metadata.get("choices"):
+        return tuple(f.metadata["choices"])
+    hint = typing.get_type_hints(config_cls).get(name)
+    for t in (hint, *typing.get_args(hint)):
+        if typing.get_origin(t) is typing.Literal:
+            return tuple(typing.get_args(t))
+    m = re.search(r"Possible values are:(.*?)\.(?:\s|$)", f.metadata.get("help", ""), re.S)
+    values = tuple(re.findall(r"`'?([A-Za-z0-9_]+)'?`", m.group(1))) if m else ()
+    if not values:
+        raise ValueError(f"{config_cls.__name__}.{name}: TRL declares no choices (metadata, Literal or help)")
+    return values
+
+
+# CosyVoice2's own DPO (its DPOLoss, beta 0.01, on per-token mean log-probs) in TRL's terms: sigmoid
+# on per-token means is TRL's sigmoid_norm; its IPO is TRL's ipo (TRL averages IPO per token too);
+# its cDPO is sigmoid_norm plus CDPO_TERM below (--cdpo-label-smoothing). tests/test_dpo.py holds the
+# equality with CosyVoice2's formula on fixed log-probs.
+RECIPES: dict[str, dict] = {
+    "trl": {},  # TRL's own defaults
+    "cosyvoice2": {"loss_type": ("sigmoid_norm",), "beta": 0.01},
+}
+CDPO_TERM = "sigmoid_norm"  # the TRL loss type whose label smoothing ttsrl adds
+
+
+def cdpo_smoothing_term(per_token_logps: torch.Tensor, completion_mask: torch.Tensor, ref_chosen_logps: torch.Tensor,
+                        ref_rejected_logps: torch.Tensor, beta: float, epsilon: float) -> torch.Tensor:
+    """What conservative DPO adds to ``sigmoid_norm``: ``-(1-ε) log σ(βd) - ε log σ(-βd) = -log σ(βd) + ε β d``,
+    so cDPO on per-token means (CosyVoice2's ``DPOLoss`` with label smoothing) is TRL's ``sigmoid_norm`` plus
+    ``ε β mean(d)``, with ``d`` the per-token-mean log-ratio difference exactly as ``sigmoid_norm`` forms it
+    (token sums over TRL's completion-mask counts; reference sums as TRL precomputed them).
+
+    TRL 1.16 reads ``label_smoothing`` only in ``robust``, ``exo_pair`` and ``aot*``, and its only per-token
+    normalised losses are ``sigmoid_norm`` and ``ipo``: no combination of its loss types gives this term
+    (on summed log-probs one does: ``sigmoid`` and ``robust`` weighted ``2-2ε`` and ``-(1-2ε)``)."""
+    n = completion_mask.sum(dim=1).clamp(min=1.0)
+    seq = per_token_logps[:, -(completion_mask.shape[1] - 1):].sum(dim=1)
+    ref = torch.cat([ref_chosen_logps, ref_rejected_logps]).to(seq.device, seq.dtype)
+    chosen, rejected = ((seq - ref) / n).chunk(2, dim=0)
+    return epsilon * beta * (chosen - rejected).mean()
+
+
+def make_trl_trainer_class():
+    """``DPOTrainer`` on pre-tokenised speech pairs through the speech head; the loss is TRL's own
+    (every ``loss_type``, ``loss_weights``, ``ld_alpha``, ``f_divergence_type``, ...), plus only
+    :func:`cdpo_smoothing_term` when ``cdpo_label_smoothing`` is set."""
+    from trl import DPOTrainer
+
+    class SpeechDPOTrainer(DPOTrainer):
+        def __init__(self, *args, cdpo_label_smoothing: float = 0.0, **kwargs):
+            with _speech_head_in_trl():
+                super().__init__(*args, **kwargs)
+            self.cdpo_label_smoothing = cdpo_label_smoothing
+            if cdpo_label_smoothing:
+                if not 0.0 < cdpo_label_smoothing < 0.5:
+                    raise ValueError(f"cdpo_label_smoothing must lie in (0, 0.5), got {cdpo_label_smoothing}")
+                if (CDPO_TERM not in self.loss_types or self.ld_alpha is not None
+                        or self.f_divergence_type != "reverse_kl" or not self.precompute_ref_logps):
+                    raise ValueError(f"cdpo_label_smoothing smooths loss type {CDPO_TERM!r} with reverse_kl, no "
+                                     "ld_alpha and precomputed reference log-probs (CosyVoice2's cDPO); got "
+                                     f"loss types {self.loss_types}, f_divergence_type {self.f_divergence_type!r}, "
+                                     f"ld_alpha {self.ld_alpha}")
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return _require_columns(dataset, {"prompt_ids", "chosen_ids", "rejected_ids"}, dataset_name)
+
+        def _compute_loss(self, model, inputs, return_outputs):
+            if not self.cdpo_label_smoothing:
+                return super()._compute_loss(model, inputs, return_outputs)
+            seen = []  # the fused forward's output, as TRL's loss saw it (no second forward)
+            hook = self.accelerator.unwrap_model(model).register_forward_hook(lambda m, a, out: seen.append(out))
+            try:
+                result = super()._compute_loss(model, inputs, return_outputs)
+            finally:
+                hook.remove()
+            weight = self.loss_weights[self.loss_types.index(CDPO_TERM)]
+            term = weight * cdpo_smoothing_term(seen[0].log_probs, inputs["completion_mask"],
+                                                inputs["ref_chosen_logps"], inputs["ref_rejected_logps"],
+                                                self.beta, self.cdpo_label_smoothing)
+            return (result[0] + term, result[1]) if return_outputs else result + term
 
     return SpeechDPOTrainer
 
