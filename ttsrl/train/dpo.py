@@ -1,43 +1,41 @@
-"""Offline preference optimisation of the speech-token LM on TRL 1.16's ``DPOTrainer``.
+"""Offline preference optimisation of the speech-token LM on TRL 1.16's ``DPOTrainer`` and ``KTOTrainer``.
 
-What TRL does here: the pair collator (``DataCollatorForPreference``: prompt+chosen and
-prompt+rejected concatenated into one batch, chosen first, right padding, a
-``completion_mask``), the reference log-prob precompute (``precompute_ref_log_probs``:
-one pass of the frozen start model over the data before training, cached as dataset
-columns), the training loop, accelerate (FSDP on GPUs, one process on CPU) and
-``save_model``.
+What TRL does here: everything a user of its trainers gets, the loss included. The pair
+collator (``DataCollatorForPreference``: prompt+chosen and prompt+rejected concatenated into
+one batch, chosen first, right padding, a ``completion_mask``), the reference log-prob
+precompute (one pass of the frozen start model before training), the loss of every
+``loss_type`` and their ``loss_weights`` mixtures, ``ld_alpha``, the f-divergences, WPO
+weighting, its metrics (rewards, margins, accuracies), accelerate (FSDP on GPUs, one process
+on CPU) and ``save_model``.
 
-What ttsrl replaces, and why:
+What ttsrl adds, and why:
 
-* **The fused LM head.** TRL 1.16 patches the model so ``model(..., fused_lm_head=True)``
-  projects hidden states through ``lm_head.weight``/``.bias`` itself
-  (``trl.trainer.utils.add_fused_lm_head``). That keeps CosyVoice2's head bias but
-  drops the speech mask of :class:`ttsrl.model.modeling_cosyvoice2.SpeechHead`: the
-  log-softmax would run over the ~158k text+speech ids instead of the 6564 speech/stop
-  classes the model can emit. :func:`add_speech_lm_head` is a drop-in with TRL's
-  calling convention and output type (``FusedCausalLMOutput``) that projects through
-  the head's speech rows only; since masked logits are exp(-1e4) = 0, this is exactly
-  the model's own distribution. It is installed for the policy and for the reference
-  (the same class) while ``DPOTrainer.__init__`` runs, so the precomputed reference
-  log-probs come from it too.
-* **The loss.** TRL 1.16 dropped conservative DPO (label smoothing on ``sigmoid``) and
-  always sums token log-probs for ``sigmoid``. :func:`preference_loss` implements the
-  three losses of CosyVoice2's ``DPOLoss`` (sigmoid, cDPO, IPO) on sequence log-probs
-  that are either summed (DPO as published, TRL) or averaged per token (CosyVoice2's
-  choice, without its inverted mask), plus an SFT (RPO) term on the chosen tokens.
-* **The dataset preparation.** Pairs are already token ids (speech tokens have no
-  text form worth tokenising); ``_prepare_dataset`` only checks the columns.
+* **The speech head in TRL's fused-head call.** TRL 1.16 patches the model so
+  ``model(..., labels=L, fused_lm_head=True)`` projects hidden states through
+  ``lm_head.weight``/``.bias`` itself (``trl.trainer.utils.add_fused_lm_head``). That keeps
+  CosyVoice2's head bias but drops the speech mask of
+  :class:`ttsrl.model.modeling_cosyvoice2.SpeechHead`: the log-softmax would run over the ~158k
+  text+speech ids instead of the 6564 speech/stop classes the model can emit.
+  :func:`add_speech_lm_head` is a drop-in with TRL's calling convention and output type
+  (``FusedCausalLMOutput``, every field TRL reads) that projects through the head's speech rows
+  only; since masked logits are exp(-1e4) = 0, this is exactly the model's own distribution.
+  It is installed for the policy and for the reference while the trainer's ``__init__`` runs,
+  so the precomputed reference log-probs come from it too.
+* **cDPO on per-token means** (:func:`cdpo_smoothing_term`), the one loss term TRL 1.16 lacks
+  for CosyVoice2's own ``DPOLoss`` (:data:`RECIPES`); the rest of that recipe is TRL's
+  ``sigmoid_norm`` and ``ipo``.
+* **The dataset preparation.** Pairs are already token ids (speech tokens have no text form
+  worth tokenising); ``_prepare_dataset`` only checks the columns.
 
-Sequence log-probs cover exactly the completion tokens (speech codes + the end of
-speech); the prompt (``[sos] text [task_id]``) and the padding never count. CosyVoice2's
-recipe averages over the positions whose target IS the ignore id (text and padding):
-``tests/test_dpo.py`` fails on that inverted mask.
+Sequence log-probs cover exactly the completion tokens (speech codes + the end of speech); the
+prompt (``[sos] text [task_id]`` and, zero-shot, the prompt speech) and the padding never count.
+CosyVoice2's recipe averages over the positions whose target IS the ignore id (text and
+padding): ``tests/test_dpo.py`` fails on that inverted mask.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -45,61 +43,7 @@ import torch.nn.functional as F
 
 from ttsrl.model import vocab as V
 
-LOSS_TYPES = ("sigmoid", "cdpo", "ipo")
-AVERAGES = ("sum", "mean")
 IGNORE = -100  # TRL's (and transformers') ignore label
-
-
-# ---------------------------------------------------------------------------
-# losses
-
-
-def preference_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor,
-                    ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor,
-                    beta: float = 0.01, loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> torch.Tensor:
-    """Per-pair loss of CosyVoice2's ``DPOLoss`` family.
-
-    With ``d = (chosen - ref_chosen) - (rejected - ref_rejected)``:
-
-    * ``sigmoid`` (DPO):  ``-log σ(β d)``
-    * ``cdpo`` (conservative DPO, label smoothing ε): ``-(1-ε) log σ(β d) - ε log σ(-β d)``
-    * ``ipo``:            ``(d - 1/(2β))²``
-    """
-    d = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)
-    if loss_type == "sigmoid":
-        return -F.logsigmoid(beta * d)
-    if loss_type == "cdpo":
-        if not 0.0 <= label_smoothing < 0.5:
-            raise ValueError(f"cdpo needs label_smoothing in [0, 0.5), got {label_smoothing}")
-        return -(1 - label_smoothing) * F.logsigmoid(beta * d) - label_smoothing * F.logsigmoid(-beta * d)
-    if loss_type == "ipo":
-        return (d - 1.0 / (2.0 * beta)) ** 2
-    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
-
-
-def sequence_logps(per_token_logps: torch.Tensor, loss_mask: torch.Tensor, average: str = "sum") -> torch.Tensor:
-    """Sequence log-prob of each row from next-token log-probs ``(B, T)`` and the mask
-    ``(B, T)`` of the positions whose TARGET is a completion token (1) vs prompt or
-    padding (0). ``sum``: the sequence log-likelihood; ``mean``: per completion token."""
-    if average not in AVERAGES:
-        raise ValueError(f"average must be one of {AVERAGES}, got {average!r}")
-    m = loss_mask.to(per_token_logps.dtype)
-    total = (per_token_logps * m).sum(-1)
-    return total if average == "sum" else total / m.sum(-1).clamp(min=1)
-
-
-def sft_loss(per_token_logps: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of the (chosen) completion tokens of a batch."""
-    m = loss_mask.to(per_token_logps.dtype)
-    return -(per_token_logps * m).sum() / m.sum().clamp(min=1)
-
-
-def split_chosen_rejected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL's preference collator stacks [all chosen; all rejected]: split the batch."""
-    if x.shape[0] % 2:
-        raise ValueError(f"a concatenated pair batch has an even size, got {x.shape[0]}")
-    c, r = x.chunk(2, dim=0)
-    return c, r
 
 
 # ---------------------------------------------------------------------------
@@ -201,47 +145,8 @@ def pairs_to_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
     return rows
 
 
-def batch_logps(model, inputs: dict, average: str = "sum"):
-    """Forward a collated pair batch (TRL's ``DataCollatorForPreference``) through a model
-    with :func:`add_speech_lm_head`. Returns ``(output, per-token log-probs, loss mask,
-    sequence log-probs)``; the loss mask marks the positions whose TARGET is a
-    completion token (speech or end of speech), never the prompt or the padding."""
-    completion_mask = inputs["completion_mask"]
-    labels = inputs["input_ids"].masked_fill(completion_mask == 0, IGNORE)
-    model_kwargs = {k: v for k, v in inputs.items()
-                    if k not in ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")}
-    model_kwargs["use_cache"] = False
-    out = model(**model_kwargs, labels=labels, fused_lm_head=True)
-    loss_mask = completion_mask[:, 1:]  # position t predicts token t+1
-    per_token = out.log_probs[:, -loss_mask.shape[1]:]
-    return out, per_token, loss_mask, sequence_logps(per_token, loss_mask, average)
-
-
 # ---------------------------------------------------------------------------
 # trainer
-
-
-@dataclass
-class DPOSettings:
-    loss_type: str = "sigmoid"
-    beta: float = 0.01  # CosyVoice2's DPO beta
-    label_smoothing: float = 0.0  # cdpo only
-    sft_weight: float = 0.0  # RPO: weight of the chosen-sequence NLL
-    average: str = "sum"  # "mean": CosyVoice2's per-token mean
-
-    def check(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.average not in AVERAGES:
-            raise ValueError(f"average must be one of {AVERAGES}, got {self.average!r}")
-        if self.beta <= 0:
-            raise ValueError("beta must be > 0")
-        if self.loss_type == "cdpo" and not 0.0 < self.label_smoothing < 0.5:
-            raise ValueError("cdpo needs --label-smoothing in (0, 0.5)")
-        if self.loss_type != "cdpo" and self.label_smoothing:
-            raise ValueError("--label-smoothing applies to --loss-type cdpo only")
-        if self.sft_weight < 0:
-            raise ValueError("sft weight must be >= 0")
 
 
 @contextlib.contextmanager
@@ -268,58 +173,6 @@ def _require_columns(dataset, need: set[str], name: str):
     return dataset
 
 
-def make_trainer_class():
-    from trl import DPOTrainer
-
-    class SpeechDPOTrainer(DPOTrainer):
-        """``DPOTrainer`` on pre-tokenised speech pairs with the speech head and the
-        losses of :func:`preference_loss` (see the module doc)."""
-
-        def __init__(self, *args, settings: DPOSettings, **kwargs):
-            settings.check()
-            self.settings = settings
-            with _speech_head_in_trl():
-                super().__init__(*args, **kwargs)
-
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            return _require_columns(dataset, {"prompt_ids", "chosen_ids", "rejected_ids"}, dataset_name)
-
-        def _compute_loss(self, model, inputs, return_outputs):
-            mode = "train" if self.model.training else "eval"
-            s = self.settings
-            out, per_token, loss_mask, logps = batch_logps(model, inputs, s.average)
-            chosen, rejected = split_chosen_rejected(logps)
-            if self.precompute_ref_logps:  # TRL caches token SUMS
-                ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
-            else:
-                with torch.no_grad():
-                    ref_sum = batch_logps(self.ref_model, inputs, "sum")[3]
-                ref_c, ref_r = split_chosen_rejected(ref_sum)
-            if s.average == "mean":
-                n_c, n_r = split_chosen_rejected(loss_mask.sum(-1).clamp(min=1).to(ref_c.dtype))
-                ref_c, ref_r = ref_c / n_c, ref_r / n_r
-            ref_c, ref_r = ref_c.to(chosen.device, chosen.dtype), ref_r.to(chosen.device, chosen.dtype)
-            per_pair = preference_loss(chosen, rejected, ref_c, ref_r, s.beta, s.loss_type, s.label_smoothing)
-            loss = per_pair.mean()
-            if s.sft_weight:
-                pc, _ = split_chosen_rejected(per_token)
-                mc, _ = split_chosen_rejected(loss_mask)
-                sft = sft_loss(pc, mc)
-                loss = loss + s.sft_weight * sft
-                self._metrics[mode]["sft_loss"].append(self.accelerator.gather_for_metrics(sft.detach()).mean().item())
-            g = self.accelerator.gather_for_metrics
-            cr = s.beta * (chosen - ref_c).detach()
-            rr = s.beta * (rejected - ref_r).detach()
-            m = self._metrics[mode]
-            m["rewards/chosen"].append(g(cr).mean().item())
-            m["rewards/rejected"].append(g(rr).mean().item())
-            m["rewards/accuracies"].append(g((cr > rr).float()).mean().item())
-            m["rewards/margins"].append(g(cr - rr).mean().item())
-            m["logps/chosen"].append(g(chosen.detach()).mean().item())
-            m["logps/rejected"].append(g(rejected.detach()).mean().item())
-            return (loss, out) if return_outputs else loss
-
-    return SpeechDPOTrainer
 
 
 # ---------------------------------------------------------------------------
@@ -395,7 +248,7 @@ def cdpo_smoothing_term(per_token_logps: torch.Tensor, completion_mask: torch.Te
     return epsilon * beta * (chosen - rejected).mean()
 
 
-def make_trl_trainer_class():
+def make_trainer_class():
     """``DPOTrainer`` on pre-tokenised speech pairs through the speech head; the loss is TRL's own
     (every ``loss_type``, ``loss_weights``, ``ld_alpha``, ``f_divergence_type``, ...), plus only
     :func:`cdpo_smoothing_term` when ``cdpo_label_smoothing`` is set."""
@@ -487,5 +340,5 @@ def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]
     return torch.stack(out)
 
 
-__all__ = ["batch_logps", "preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
-           "pairs_to_rows", "DPOSettings", "make_trainer_class", "sequences_logps"]
+__all__ = ["add_speech_lm_head", "cdpo_smoothing_term", "make_kto_trainer_class", "make_trainer_class", "pairs_to_kto_rows",
+           "pairs_to_rows", "RECIPES", "sequences_logps", "trl_choices", "trl_default", "trl_field"]
