@@ -91,11 +91,12 @@ class PreferenceRun:
                          help="(dpo) defaults of the loss settings: trl = TRL's; cosyvoice2 = CosyVoice2's DPO "
                               "(loss_type sigmoid_norm, beta 0.01); typed options win")
     loss_type: tuple[str, ...] = option(
-        (), choices=tuple(dict.fromkeys(DPO_LOSS_TYPES + KTO_LOSS_TYPES)),
+        (), choices=tuple(dict.fromkeys(DPO_LOSS_TYPES + KTO_LOSS_TYPES)), metavar="TYPE[,TYPE...]",
         help=f"TRL's loss_type (default: the recipe's, else TRL's: {','.join(trl_default(DPOConfig, 'loss_type'))} "
              f"for dpo, {trl_default(KTOConfig, 'loss_type')} for kto). dpo: one or more of {', '.join(DPO_LOSS_TYPES)} "
              f"(several: summed with --loss-weights); kto: one of {', '.join(KTO_LOSS_TYPES)}")
-    loss_weights: Optional[tuple[float, ...]] = trl_option(DPOConfig, "loss_weights", "(dpo) ")
+    loss_weights: Optional[tuple[float, ...]] = trl_option(DPOConfig, "loss_weights", "(dpo; comma-separated, a "
+                                                           "negative first one as --loss-weights=-1,2) ")
     beta: float = trl_option(DPOConfig, "beta")
     label_smoothing: float = trl_option(DPOConfig, "label_smoothing", "(dpo) ")
     ld_alpha: Optional[float] = trl_option(DPOConfig, "ld_alpha", "(dpo) ")
