@@ -89,7 +89,8 @@ class PreferenceRun:
                                "rejected=undesirable")
     recipe: str = option("trl", choices=tuple(RECIPES),
                          help="(dpo) defaults of the loss settings: trl = TRL's; cosyvoice2 = CosyVoice2's DPO "
-                              "(loss_type sigmoid_norm, beta 0.01); typed options win")
+                              "(loss_type sigmoid_norm, beta 0.01); typed options win",
+                         run=False)  # RUN.json records the values it gave, which are what shape the weights
     loss_type: tuple[str, ...] = option(
         (), choices=tuple(dict.fromkeys(DPO_LOSS_TYPES + KTO_LOSS_TYPES)), metavar="TYPE[,TYPE...]",
         help=f"TRL's loss_type (default: the recipe's, else TRL's: {','.join(trl_default(DPOConfig, 'loss_type'))} "
