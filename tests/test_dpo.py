@@ -1,5 +1,6 @@
-"""Offline preference optimisation: losses, masks, the pair batch split, pair mining
-against the real sim reward server, and a 2-step DPO run whose checkpoint stage 4 scores.
+"""Offline preference optimisation: TRL's loss against CosyVoice2's formula, masks, the pair batch
+split, pair mining against the real sim reward server, and 2-step runs of every TRL loss type whose
+checkpoints stage 4 scores.
 
 The model is the tiny FAKE CosyVoice2 of conftest (random weights; real layout and
 speech vocabulary): CosyVoice2 weights cannot exist on CI."""
@@ -17,16 +18,7 @@ import torch
 from helpers import ROOT
 
 from ttsrl.model.hf_model import load_speech_lm
-from ttsrl.train.dpo import (
-    add_speech_lm_head,
-    batch_logps,
-    pairs_to_rows,
-    preference_loss,
-    sequence_logps,
-    sequences_logps,
-    sft_loss,
-    split_chosen_rejected,
-)
+from ttsrl.train.dpo import add_speech_lm_head, pairs_to_rows, sequences_logps
 from ttsrl.train.pairs import (
     Pair,
     PairsError,
@@ -41,53 +33,6 @@ TEXTS = ["你好", "今天天气很好", "银行的行长在行走。", "我用i
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
-
-
-def t(*v):
-    return torch.tensor(v, dtype=torch.float64)
-
-
-# ---------------------------------------------------------------------------
-# losses at hand-computed points
-
-
-def test_sigmoid_loss_at_hand_computed_points():
-    # d = (-10 - -12) - (-20 - -19) = 2 - (-1) = 3; beta 0.5 -> -log sigmoid(1.5) = log(1 + e^-1.5)
-    got = preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), beta=0.5, loss_type="sigmoid")
-    assert got.item() == pytest.approx(math.log(1 + math.exp(-1.5)), abs=1e-12)
-    assert got.item() == pytest.approx(0.20141327798275246, abs=1e-12)
-    # d = 0: log 2 whatever beta
-    assert preference_loss(t(-3.0), t(-4.0), t(-3.0), t(-4.0), 0.01).item() == pytest.approx(math.log(2))
-
-
-def test_cdpo_loss_at_hand_computed_points():
-    # d = 3, beta 0.5, eps 0.1: 0.9 * log(1+e^-1.5) + 0.1 * log(1+e^1.5)
-    got = preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), beta=0.5, loss_type="cdpo", label_smoothing=0.1)
-    want = 0.9 * math.log(1 + math.exp(-1.5)) + 0.1 * math.log(1 + math.exp(1.5))
-    assert got.item() == pytest.approx(want, abs=1e-12)
-    # = sigmoid loss + eps * beta * d = 0.2014133 + 0.1 * 1.5
-    assert got.item() == pytest.approx(0.20141327798275246 + 0.15, abs=1e-12)
-    # eps 0 is plain DPO
-    assert preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "cdpo", 0.0).item() == pytest.approx(
-        preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "sigmoid").item())
-    with pytest.raises(ValueError):
-        preference_loss(t(1.0), t(0.0), t(0.0), t(0.0), 0.5, "cdpo", 0.5)
-
-
-def test_ipo_loss_at_hand_computed_points():
-    # d = 3, beta 0.25 -> (3 - 2)^2 = 1; beta 0.01 -> (3 - 50)^2 = 2209
-    assert preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), 0.25, "ipo").item() == pytest.approx(1.0)
-    assert preference_loss(t(-10.0), t(-20.0), t(-12.0), t(-19.0), 0.01, "ipo").item() == pytest.approx(2209.0)
-    with pytest.raises(ValueError):
-        preference_loss(t(0.0), t(0.0), t(0.0), t(0.0), 0.1, "hinge")
-
-
-def test_sft_term_and_sequence_logps_by_hand():
-    lp = t(-1.0, -2.0, -3.0, -4.0).reshape(1, 4)
-    m = torch.tensor([[0, 1, 1, 0]])
-    assert sequence_logps(lp, m, "sum").item() == pytest.approx(-5.0)
-    assert sequence_logps(lp, m, "mean").item() == pytest.approx(-2.5)
-    assert sft_loss(lp, m).item() == pytest.approx(2.5)
 
 
 # ---------------------------------------------------------------------------
@@ -112,11 +57,26 @@ def _rows(lm, n=3):
     return pairs, pairs_to_rows(pairs, sv)
 
 
+def seq_logps(per_token, loss_mask, average="sum"):
+    """Sequence log-prob of each row: summed over the mask's positions, or their mean."""
+    m = loss_mask.to(per_token.dtype)
+    total = (per_token * m).sum(-1)
+    return total if average == "sum" else total / m.sum(-1)
+
+
+def split_chosen_rejected(x):
+    """TRL's preference collator stacks [all chosen; all rejected]."""
+    return x.chunk(2, dim=0)
+
+
 def _fused_logps(model, batch, average):
-    """What the trainer computes (ttsrl.train.dpo.batch_logps)."""
+    """The fused-head call as DPOTrainer makes it (labels: the completion tokens; position t
+    predicts token t+1), and the sequence log-probs of the completions."""
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    kwargs = {k: v for k, v in batch.items() if k != "completion_mask"}
     with torch.no_grad():
-        out, _, _, logps = batch_logps(model, batch, average)
-    return out, logps
+        out = model(**kwargs, labels=labels, fused_lm_head=True, use_cache=False)
+    return out, seq_logps(out.log_probs, batch["completion_mask"][:, 1:], average)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +109,7 @@ def test_pair_split_and_masks_match_separate_unpadded_forwards(lm, fused_model, 
     # padding) instead of the speech tokens. That mask gives other numbers.
     out, _ = _fused_logps(fused_model, batch, average)
     inverted = 1 - batch["completion_mask"][:, 1:]
-    wrong = split_chosen_rejected(sequence_logps(out.log_probs, inverted, average))[0]
+    wrong = split_chosen_rejected(seq_logps(out.log_probs, inverted, average))[0]
     assert not torch.allclose(wrong, want_c, rtol=1e-3, atol=1e-3)
 
 
@@ -181,6 +141,160 @@ def test_speech_head_keeps_the_mask_that_trl_fused_head_drops(lm, tiny_hf):
 
 
 # ---------------------------------------------------------------------------
+# TRL's own loss code equals CosyVoice2's DPOLoss on the same, fixed log-probs
+
+
+class FixedLogps(torch.nn.Module):
+    """A model answering TRL's fused-head call with given per-token log-probs (zero where the
+    label is -100, as :func:`add_speech_lm_head` returns them)."""
+
+    def __init__(self, per_token):
+        super().__init__()
+        self.per_token = per_token
+
+    def forward(self, input_ids=None, labels=None, fused_lm_head=False, **kwargs):
+        from trl.trainer.utils import FusedCausalLMOutput
+
+        assert fused_lm_head
+        mask = labels[:, 1:] != -100
+        lp = self.per_token.masked_fill(~mask, 0.0)
+        zero = torch.zeros_like(lp)
+        return FusedCausalLMOutput(loss=-lp.sum() / mask.sum(), log_probs=lp, entropy=zero, mean_logits=zero,
+                                   is_top1=zero.bool(), label_mask=mask)
+
+
+def fixed_pair_batch(prompt=(3, 5, 4), chosen=(6, 2, 9), rejected=(4, 8, 9), seed=0):
+    """A collated batch of len(prompt) pairs ([chosen...; rejected...], right padded) with
+    fixed float64 per-token log-probs of the policy and fixed reference sequence sums: pair 0's
+    chosen is longer, pair 1's shorter, pair 2's equally long."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [(p, c) for p, c in zip(prompt, chosen)] + [(p, r) for p, r in zip(prompt, rejected)]
+    width = max(p + c for p, c in lens)
+    completion = torch.zeros(len(lens), width, dtype=torch.long)
+    attention = torch.zeros_like(completion)
+    for i, (p, c) in enumerate(lens):
+        attention[i, :p + c] = 1
+        completion[i, p:p + c] = 1
+    per_token = -torch.rand(len(lens), width - 1, generator=g, dtype=torch.float64) * 3
+    ref = (-torch.rand(len(lens), generator=g, dtype=torch.float64) * 3) * completion.sum(1)
+    n = len(prompt)
+    inputs = {"input_ids": torch.randint(1, 100, completion.shape, generator=g) * attention,
+              "attention_mask": attention, "completion_mask": completion,
+              "ref_chosen_logps": ref[:n], "ref_rejected_logps": ref[n:]}
+    return inputs, per_token
+
+
+def cosyvoice2_dpo_loss(inputs, per_token, beta, loss_type="sigmoid", label_smoothing=0.0, average="mean",
+                        sft_weight=0.0):
+    """CosyVoice2's ``DPOLoss`` (cosyvoice/utils/losses.py) on its per-token mean sequence log-probs of
+    the completion (``average="sum"``: DPO as published), + an SFT (RPO) term on the chosen tokens:
+    with ``d = (π_c - π_r) - (ref_c - ref_r)``, IPO ``(d - 1/(2β))²``, else
+    ``-(1-ε) log σ(βd) - ε log σ(-βd)`` (ε = label_smoothing: sigmoid at 0, cDPO above)."""
+    import torch.nn.functional as F
+
+    m = inputs["completion_mask"][:, 1:]
+    ref = torch.cat([inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]])
+    if average == "mean":
+        ref = ref / m.sum(1)
+    (c, r), (rc, rr) = split_chosen_rejected(seq_logps(per_token, m, average)), split_chosen_rejected(ref)
+    d = (c - r) - (rc - rr)
+    if loss_type == "ipo":
+        losses = (d - 1 / (2 * beta)) ** 2
+    else:
+        losses = -F.logsigmoid(beta * d) * (1 - label_smoothing) - F.logsigmoid(-beta * d) * label_smoothing
+    loss = losses.mean()
+    if sft_weight:
+        pc, mc = split_chosen_rejected(per_token)[0], split_chosen_rejected(m)[0]
+        loss = loss + sft_weight * -(pc * mc).sum() / mc.sum()
+    return loss
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(tiny_hf, lm, tmp_path_factory):
+    """``make(cdpo_label_smoothing=0, **DPOConfig fields)``: ttsrl's DPOTrainer on the tiny model."""
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    from ttsrl.train.dpo import make_trainer_class
+
+    pairs, rows = _rows(lm, 2)
+    out = tmp_path_factory.mktemp("trl")
+
+    def make(cdpo_label_smoothing=0.0, **cfg):
+        args = DPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to=[], max_length=None,
+                         gradient_checkpointing=False, precompute_ref_log_probs=True, remove_unused_columns=False,
+                         **cfg)
+        model = load_speech_lm(tiny_hf).model
+        return make_trainer_class()(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                        processing_class=lm.tokenizer, cdpo_label_smoothing=cdpo_label_smoothing)
+
+    return make
+
+
+EPS = 0.1
+# (CosyVoice2's loss, TRL's settings for it): CosyVoice2 averages per token; the summed rows are DPO as
+# published, which TRL's plain "sigmoid" computes
+TRL_FOR_COSYVOICE2 = {
+    "sigmoid/mean": (dict(loss_type="sigmoid"), dict(loss_type=["sigmoid_norm"])),
+    "ipo/mean": (dict(loss_type="ipo"), dict(loss_type=["ipo"])),
+    "cdpo/mean": (dict(label_smoothing=EPS),
+                  dict(loss_type=["sigmoid_norm"], cdpo_label_smoothing=EPS)),
+    "sigmoid+sft/mean": (dict(loss_type="sigmoid", sft_weight=0.5),
+                         dict(loss_type=["sigmoid_norm", "sft"], loss_weights=[1.0, 0.5])),
+    "sigmoid/sum": (dict(loss_type="sigmoid", average="sum"), dict(loss_type=["sigmoid"])),
+    # cDPO = -log σ(x) + εx and robust = -log σ(x) - εx/(1-2ε): (2-2ε) sigmoid - (1-2ε) robust is cDPO
+    "cdpo/sum": (dict(label_smoothing=EPS, average="sum"),
+                 dict(loss_type=["sigmoid", "robust"], loss_weights=[2 - 2 * EPS, -(1 - 2 * EPS)],
+                      label_smoothing=EPS)),
+}
+
+
+@pytest.mark.parametrize("case", TRL_FOR_COSYVOICE2)
+@pytest.mark.parametrize("beta", [0.01, 0.5])
+def test_trl_loss_equals_cosyvoice2_formula_on_fixed_logps(trl_trainer, case, beta):
+    hand, trl = TRL_FOR_COSYVOICE2[case]
+    trainer = trl_trainer(beta=beta, **trl)
+    for seed in (0, 1):
+        inputs, per_token = fixed_pair_batch(seed=seed)
+        with torch.no_grad():
+            got = trainer._compute_loss(FixedLogps(per_token), inputs, False)
+        want = cosyvoice2_dpo_loss(inputs, per_token, beta, **hand)
+        assert got.dtype == torch.float64
+        other = dict(hand, average="sum" if hand.get("average", "mean") == "mean" else "mean")
+        assert not torch.allclose(cosyvoice2_dpo_loss(inputs, per_token, beta, **other), want)  # averaging matters
+        # float64 throughout: the two differ by summation order only
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+
+def test_cosyvoice2_recipe_is_the_setting_shown_equal():
+    from ttsrl.train.dpo import CDPO_TERM, RECIPES
+
+    assert RECIPES["cosyvoice2"] == {"loss_type": tuple(TRL_FOR_COSYVOICE2["sigmoid/mean"][1]["loss_type"]),
+                                     "beta": 0.01}
+    assert TRL_FOR_COSYVOICE2["cdpo/mean"][1]["loss_type"] == [CDPO_TERM]
+
+
+def test_ld_alpha_changes_the_loss_of_unequal_lengths_only(trl_trainer):
+    """LD-DPO weights the tail of the longer completion (past the shorter one's length) by ld_alpha,
+    in the policy's and, through TRL's own precompute, the reference's log-probs."""
+    plain, ld = trl_trainer(beta=0.1), trl_trainer(beta=0.1, ld_alpha=0.5)
+    for chosen, rejected in ((6, 9), (9, 4), (7, 7)):
+        inputs, policy = fixed_pair_batch(prompt=(3,), chosen=(chosen,), rejected=(rejected,))
+        ref_tokens = fixed_pair_batch(prompt=(3,), chosen=(chosen,), rejected=(rejected,), seed=1)[1]
+        losses = []
+        for trainer in (plain, ld):
+            with torch.no_grad():
+                rc, rr = trainer.compute_ref_log_probs(FixedLogps(ref_tokens), inputs)
+                losses.append(trainer._compute_loss(FixedLogps(policy), {**inputs, "ref_chosen_logps": rc,
+                                                                         "ref_rejected_logps": rr}, False))
+        if chosen == rejected:
+            torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+        else:
+            assert abs(losses[1] - losses[0]).item() > 1e-3, (chosen, rejected, losses)
+
+
+# ---------------------------------------------------------------------------
 # pairs: mining against the real sim reward server, user pairs
 
 
@@ -191,29 +305,52 @@ def test_choose_pair():
     assert choose_pair([None, 0.7], 0.0) is None
 
 
-def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_path, sim_server_url, tiny_hf):
-    from ttsrl.data.testsets import Utterance
-    from ttsrl.embedded import codec
-    from ttsrl.model.cosyvoice_lm import SamplingConfig
-    from ttsrl.model.generate import GenerationConfig, HFGenerator
-    from ttsrl.reward.client import RewardClientConfig, request_reward
-    from ttsrl.train.pairs import mine_pairs
+SIM_TEXTS = ["你好", "你好你好", "好你", "你", "好"]
+SIM_GEN = dict(min_token_text_ratio=0, max_token_text_ratio=8)
 
-    # A random tiny model says nothing the sim codec can read (every reward ~0). Raise
-    # the head bias of the 4 sim codes of 你好 (n, i3, h, ao3) and of the end of speech:
-    # samples then mix right and wrong syllables and a text's candidates differ in reward.
+
+def sim_biased_lm(tiny_hf):
+    """A random tiny model says nothing the sim codec can read (every reward ~0). Raise the head
+    bias of the 4 sim codes of 你好 (n, i3, h, ao3) and of the end of speech: samples then mix
+    right and wrong syllables and a text's candidates differ in reward."""
+    from ttsrl.embedded import codec
+
     lm = load_speech_lm(tiny_hf)
     with torch.no_grad():
         for c in set(codec.encode("你好")):
             lm.model.lm_head.bias[lm.vocab.to_hf(c)] += 12.0
         lm.model.lm_head.bias[lm.vocab.eos_id] += 10.0
-    texts = ["你好", "你好你好", "好你", "你", "好"]
-    utts = [Utterance(f"u{i}", text) for i, text in enumerate(texts)]
-    gcfg = GenerationConfig(sampling=SamplingConfig(min_token_text_ratio=0, max_token_text_ratio=8), seed=1,
-                            batch_size=8)
-    rcfg = RewardClientConfig(url=sim_server_url)
+    return lm
+
+
+@pytest.fixture(scope="session")
+def sim_pairs(tmp_path_factory, sim_server_url, tiny_hf):
+    """(pairs, mining report, their Parquet): one pair set mined on the embedded (sim) world, against
+    the real sim reward server, shared by the mining test and every 2-step training run."""
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator
+    from ttsrl.reward.client import RewardClientConfig
+    from ttsrl.train.pairs import mine_pairs
+
+    lm = sim_biased_lm(tiny_hf)
+    utts = [Utterance(f"u{i}", text) for i, text in enumerate(SIM_TEXTS)]
+    gcfg = GenerationConfig(sampling=SamplingConfig(**SIM_GEN), seed=1, batch_size=8)
     pairs, rep = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts, k=4, min_margin=0.0,
-                            gen_cfg=gcfg, reward_cfg=rcfg)
+                            gen_cfg=gcfg, reward_cfg=RewardClientConfig(url=sim_server_url))
+    return pairs, rep, write_pairs(pairs, tmp_path_factory.mktemp("sim_pairs") / "pairs.parquet")
+
+
+def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(sim_pairs, sim_server_url, tiny_hf):
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.model.cosyvoice_lm import SamplingConfig
+    from ttsrl.model.generate import GenerationConfig, HFGenerator
+    from ttsrl.reward.client import RewardClientConfig, request_reward
+    from ttsrl.train.pairs import mine_pairs
+
+    pairs, rep, path = sim_pairs
+    lm = sim_biased_lm(tiny_hf)
+    rcfg = RewardClientConfig(url=sim_server_url)
     assert rep.candidates == 20 and rep.texts == 5
     assert 1 <= len(pairs) == rep.texts_with_pairs <= 5
     import asyncio
@@ -224,13 +361,14 @@ def test_mining_on_the_sim_world_gives_pairs_whose_chosen_reward_is_higher(tmp_p
         rc = asyncio.run(request_reward(p.chosen, p.text, rcfg)).reward
         rr = asyncio.run(request_reward(p.rejected, p.text, rcfg)).reward
         assert (rc, rr) == pytest.approx((p.chosen_reward, p.rejected_reward))
-    path = write_pairs(pairs, tmp_path / "pairs.parquet")
     assert pq.read_schema(path).names == ["key", "text", "prompt_ids", "chosen", "rejected", "chosen_reward",
                                           "rejected_reward"]
     back = read_pairs(path, lm.vocab)
     assert [(b.key, b.chosen, b.rejected) for b in back] == [(p.key, p.chosen, p.rejected) for p in pairs]
     # a margin no pair reaches keeps none
-    none, rep2 = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts[:2], k=2, min_margin=2.0,
+    utts = [Utterance(f"u{i}", text) for i, text in enumerate(SIM_TEXTS[:2])]
+    gcfg = GenerationConfig(sampling=SamplingConfig(**SIM_GEN), seed=1, batch_size=8)
+    none, rep2 = mine_pairs(HFGenerator(lm.model, lm.vocab), lm.tokenizer, utts, k=2, min_margin=2.0,
                             gen_cfg=gcfg, reward_cfg=rcfg)
     assert none == [] and rep2.texts_with_pairs == 0
 
@@ -390,20 +528,46 @@ def test_user_pairs_are_validated_with_file_and_line(tmp_path, lm):
 # a 2-step DPO run, scored by stage 4
 
 
-@pytest.mark.parametrize("loss_type,extra", [("sigmoid", ["--sft-weight", "0.5"]),
-                                             ("kto", ["--trainer", "kto"])])
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+
+
+def train_two_steps(tiny_hf, pairs_path, merged, *extra):
+    """train_dpo.py: 2 steps of 2 pairs from the tiny start model, each step saved."""
+    cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(pairs_path),
+           "--out-dir", str(merged), "--beta", "0.1", "--lr", "1e-3", "--batch-size", "2", "--max-steps", "2",
+           "--save-steps", "1", "--threads", "1", *extra]
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def stage4_scores(tiny_hf, merged, out, steps="0,2"):
+    """Stage 4 (infer_dataset.py) on two test texts: the summary's rows."""
+    test = out.parent / f"{out.name}-test.jsonl"
+    test.write_text("".join(json.dumps({"text": x, "id": f"t{i}"}, ensure_ascii=False) + "\n"
+                            for i, x in enumerate(TEXTS[:2])), encoding="utf-8")
+    p = subprocess.run([sys.executable, str(ROOT / "infer_dataset.py"), "--start-model", str(tiny_hf),
+                        "--merged-dir", str(merged), "--steps", steps, "--out-dir", str(out),
+                        "--test-set", f"small={test}", "--max-token-text-ratio", "3", "--threads", "1"],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def weights_moved(step, lm) -> bool:
+    trained = load_speech_lm(step).model
+    assert trained.lm_head.bias is not None and trained.lm_head.output_range == lm.model.lm_head.output_range
+    return any((a != b).any().item() for a, b in zip(trained.parameters(), lm.model.parameters()))
+
+
+@pytest.mark.parametrize("trainer,extra", [("dpo", ["--loss-type", "sigmoid,sft", "--loss-weights", "1,0.5"]),
+                                           ("kto", ["--trainer", "kto"])])
 @pytest.mark.slow  # TRL training runs + a stage-4 sweep: 14-26 s each
-def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm, loss_type, extra):
+def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm, trainer, extra):
     pairs, _ = _rows(lm, 4)
     path = write_pairs(pairs, tmp_path / "pairs.parquet")
     merged = tmp_path / "merged"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
-    cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(path),
-           "--out-dir", str(merged), *(["--loss-type", loss_type] if loss_type != "kto" else []), "--beta", "0.1", "--lr", "1e-3",
-           "--batch-size", "2", "--max-steps", "2", "--save-steps", "1", "--threads", "1", *extra]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    trainer = "kto" if loss_type == "kto" else "dpo"
+    p = train_two_steps(tiny_hf, path, merged, *extra)
     assert f"[{trainer}] saved" in p.stdout and f"[{'dpo' if trainer == 'kto' else 'kto'}] saved" not in p.stdout
     # the console: one line per logging step (logging_steps=1) and a closing line; TRL's dicts only in the log
     shown = [line for line in p.stdout.splitlines() if line.startswith(f"[{trainer}] step")]
@@ -423,15 +587,13 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
     steps = merged_steps(merged)
     assert sorted(steps) == [1, 2]
     marker = json.loads((steps[2] / "MERGED.json").read_text())
-    assert marker["trainer"] == ("kto" if loss_type == "kto" else "dpo")
-    assert loss_type == "kto" or marker["loss_type"] == loss_type
+    assert marker["trainer"] == trainer
+    assert marker["loss_type"] == (["sigmoid", "sft"] if trainer == "dpo" else "kto")
     # the saved model is the class with the biased, masked head, and it moved
-    trained = load_speech_lm(steps[2]).model
-    assert trained.lm_head.bias is not None and trained.lm_head.output_range == lm.model.lm_head.output_range
     cfg = json.loads((steps[2] / "config.json").read_text())
     assert cfg["auto_map"] and (steps[2] / "modeling_cosyvoice2.py").is_file()
-    diff = sum((a - b).abs().sum().item() for a, b in zip(trained.parameters(), lm.model.parameters()))
-    assert diff > 0
+    assert weights_moved(steps[2], lm)
+    trained = load_speech_lm(steps[2]).model
     # training raised the chosen-vs-rejected margin on its own pairs
     rows = pairs_to_rows(pairs, lm.vocab)
     prompts = [r["prompt_ids"] for r in rows]
@@ -441,19 +603,45 @@ def test_two_step_dpo_run_saves_a_checkpoint_stage4_scores(tmp_path, tiny_hf, lm
                 - sequences_logps(m, lm.vocab, prompts, [r["rejected_ids"] for r in rows])).mean().item()
 
     assert margin(trained) > margin(lm.model)
-    # stage 4 scores it
-    test = tmp_path / "test.jsonl"
-    test.write_text("".join(json.dumps({"text": x, "id": f"t{i}"}, ensure_ascii=False) + "\n"
-                            for i, x in enumerate(TEXTS[:2])), encoding="utf-8")
-    out = tmp_path / "eval"
-    p = subprocess.run([sys.executable, str(ROOT / "infer_dataset.py"), "--start-model", str(tiny_hf),
-                        "--merged-dir", str(merged), "--steps", "0,2", "--out-dir", str(out),
-                        "--test-set", f"small={test}", "--max-token-text-ratio", "3", "--threads", "1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = stage4_scores(tiny_hf, merged, tmp_path / "eval")
     assert sorted({r["step"] for r in summary}) == [0, 2]
     assert all(r["n"] == 2 for r in summary)
+
+
+def _loss_cases():
+    """Every loss type TRL's configs declare (read from TRL, as train_dpo.py offers them), and the
+    settings that change how TRL forms the log-probs: LD-DPO, an f-divergence, WPO weighting, the
+    CosyVoice2 recipe with ttsrl's cDPO term."""
+    import train_dpo
+
+    cases = [pytest.param(["--loss-type", lt, *(["--label-smoothing", "1e-3"] if lt == "exo_pair" else [])],
+                          id=f"dpo-{lt}") for lt in train_dpo.DPO_LOSS_TYPES]
+    cases += [pytest.param(["--trainer", "kto", "--loss-type", lt], id=f"kto-{lt}") for lt in train_dpo.KTO_LOSS_TYPES]
+    # WPO weighting not with "sft": TRL 1.16 multiplies sft's expanded scalar loss in place and fails
+    cases += [pytest.param(["--loss-type", "sigmoid", "--ld-alpha", "0.5", "--f-divergence-type", "js_divergence",
+                            "--use-weighting"], id="dpo-ld-js-wpo"),
+              pytest.param(["--recipe", "cosyvoice2", "--cdpo-label-smoothing", "0.1"], id="dpo-cosyvoice2-cdpo")]
+    return cases
+
+
+@pytest.mark.parametrize("extra", _loss_cases())
+@pytest.mark.slow  # a TRL run of 2 steps + stage 4 on one step: ~15-25 s each
+def test_every_trl_loss_trains_two_steps_on_mined_pairs_and_stage4_scores_the_step(tmp_path, tiny_hf, lm, sim_pairs,
+                                                                                  extra):
+    from ttsrl.model.checkpoint import merged_steps
+
+    merged = tmp_path / "merged"
+    p = train_two_steps(tiny_hf, sim_pairs[2], merged, *extra)
+    records = [json.loads(x) for x in (merged / "train_log.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in records[1:3]), records
+    steps = merged_steps(merged)
+    assert sorted(steps) == [1, 2], p.stdout[-2000:]
+    marker = json.loads((steps[2] / "MERGED.json").read_text())
+    loss_type = extra[extra.index("--loss-type") + 1] if "--loss-type" in extra else "sigmoid_norm"
+    assert marker["loss_type"] in (loss_type, loss_type.split(","))
+    assert weights_moved(steps[2], lm)
+    summary = stage4_scores(tiny_hf, merged, tmp_path / "eval", steps="2")
+    assert [(r["step"], r["n"]) for r in summary] == [(2, 2)]
 
 
 def test_run_sh_rejects_an_unknown_trainer():
@@ -498,11 +686,10 @@ def test_gpu8_precision_keeps_a_1e6_update(tmp_path, tiny_hf, lm):
     pairs, _ = _rows(lm, 2)
     path = write_pairs(pairs, tmp_path / "pairs.parquet")
     merged = tmp_path / "merged"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--model", str(tiny_hf), "--pairs", str(path),
            "--out-dir", str(merged), "--beta", "0.1", "--lr", "1e-6", "--batch-size", "2", "--max-steps", "1",
            "--threads", "1", *precision]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     from safetensors import safe_open
 

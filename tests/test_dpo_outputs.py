@@ -46,8 +46,7 @@ def an_earlier_run(tiny_hf, out, **info):
     run's settings; no RUN.json)."""
     step = out / "step_2"
     shutil.copytree(tiny_hf, step)
-    settings = {"trainer": "dpo", "beta": 0.1, "loss_type": "sigmoid", "average": "sum", "sft_weight": 0.0,
-                "label_smoothing": 0.0}
+    settings = {"trainer": "dpo", "beta": 0.1, "loss_type": ["sigmoid"], "label_smoothing": 0.0}
     write_marker(step, {"step": 2, "source": "ttsrl dpo on pairs.parquet", **settings, "run": settings, **info})
     return step
 
@@ -59,7 +58,7 @@ def test_a_rerun_with_other_settings_refuses_and_says_what_differs(tiny_hf, pair
     before = (old / MARKER).read_bytes()
     p = train(tiny_hf, pairs_file, out, "--loss-type", "ipo")
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "loss_type: 'sigmoid' then, 'ipo' now" in p.stderr and "--force" in p.stderr
+    assert "loss_type: ['sigmoid'] then, ['ipo'] now" in p.stderr and "--force" in p.stderr
     assert (old / MARKER).read_bytes() == before and not (out / "step_1").exists()
 
 
@@ -72,9 +71,9 @@ def test_force_replaces_the_old_run_and_a_same_settings_rerun_rewrites_every_ste
     assert "[dpo] saved" in p.stdout and "removed the earlier run's 1 step folder" in p.stdout
     for n in (1, 2):
         marker = json.loads((out / f"step_{n}" / MARKER).read_text())
-        assert marker["loss_type"] == "ipo" and marker["run"]["lr"] == 1e-3 and check_merged(out / f"step_{n}") is None
+        assert marker["loss_type"] == ["ipo"] and marker["run"]["lr"] == 1e-3 and check_merged(out / f"step_{n}") is None
     run = json.loads((out / "RUN.json").read_text())["settings"]
-    assert run["loss_type"] == "ipo" and len(run["pairs_sha256"]) == 64
+    assert run["loss_type"] == ["ipo"] and len(run["pairs_sha256"]) == 64
     # saved weights get the modes of a plain write, not save_model's 0600
     mask = os.umask(0)
     os.umask(mask)

@@ -23,6 +23,7 @@ from helpers import dead_url, start_reward_server, stop_process
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scripts/test.sh",
                  "scripts/gpu_check.sh", "scripts/phases.sh", "scripts/family.sh", "scripts/compare_algorithms.sh",
+                 "scripts/compare_preference.sh",
                  "scripts/rehearsal.sh",
                  "presets/embedded.sh", "presets/gpu8.sh", "presets/gpu8_cosyvoice3.sh", "presets/multinode_sim.sh"]
 

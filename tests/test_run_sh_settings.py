@@ -343,3 +343,11 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     # CosyVoice3's layout: zero-shot too, each mode in its own folder
     assert config(MODEL_FAMILY="cosyvoice3")["EXP_DIR"] == "exp/embedded_cosyvoice3"
     assert config(MODEL_FAMILY="cosyvoice3", PROMPT_POOL="")["EXP_DIR"] == "exp/embedded_cosyvoice3_textonly"
+
+
+def test_pref_extra_adds_train_dpo_options_after_the_presets_so_they_win():
+    """PREF_EXTRA grows PREF_ARGS by words, after the preset's (argparse keeps the last value): one
+    run's loss or seed without a preset of its own, as scripts/compare_preference.sh runs them."""
+    plain = _config({"TRAINER": "dpo"})["PREF_ARGS"]
+    got = _config({"TRAINER": "dpo", "PREF_EXTRA": "--loss-type ipo --beta 0.5 --seed 2"})["PREF_ARGS"]
+    assert got == [*plain, "--loss-type", "ipo", "--beta", "0.5", "--seed", "2"] and "--beta" in plain

@@ -15,9 +15,10 @@ The contract (``bash run.sh --help`` prints :data:`HELP`):
   own defaults (:func:`resolve`) yield the same way;
 * a preset sets ``REQUIRED`` and the arrays ``REQUIRED_ARRAYS``; every missing one is named in
   one message, and every list given as a string;
-* ``REWARD_EXTRA``, ``GRPO_EXTRA``, ``EVAL_EXTRA``: words added to ``REWARD_ARGS``, ``GRPO_ARGS``
-  and ``EVAL_ARGS`` (a bash array in a preset, or a string in the environment split as the shell
-  splits words: ``GRPO_EXTRA="--lr 5e-7"`` sets any ``GRPOConfig`` field of ``train_grpo.py``).
+* ``REWARD_EXTRA``, ``GRPO_EXTRA``, ``EVAL_EXTRA``, ``PREF_EXTRA``: words added to ``REWARD_ARGS``,
+  ``GRPO_ARGS``, ``EVAL_ARGS`` and ``PREF_ARGS`` (a bash array in a preset, or a string in the
+  environment split as the shell splits words: ``GRPO_EXTRA="--lr 5e-7"`` sets any ``GRPOConfig``
+  field of ``train_grpo.py``, ``PREF_EXTRA="--loss-type ipo"`` any option of ``train_dpo.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ LISTS = {"REWARD_ARGS": None, "GRPO_ARGS": None, "EVAL_ARGS": None,
          "RAY_START_ARGS": [],
          "BASE_MODEL_ARGS": []}  # stage -1's build_base_model.py options (the embedded world)
 #: words a user adds to a list: NAME_EXTRA -> the list it extends
-EXTRAS = {"REWARD_EXTRA": "REWARD_ARGS", "GRPO_EXTRA": "GRPO_ARGS", "EVAL_EXTRA": "EVAL_ARGS"}
+EXTRAS = {"REWARD_EXTRA": "REWARD_ARGS", "GRPO_EXTRA": "GRPO_ARGS", "EVAL_EXTRA": "EVAL_ARGS", "PREF_EXTRA": "PREF_ARGS"}
 
 USAGE = ("usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...] | --config   "
          f"(stages {' '.join(map(str, STAGES))}; bash run.sh --help)")
@@ -84,9 +85,10 @@ Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedde
   and the arrays {' '.join(REQUIRED_ARRAYS)}.
   Argument lists are bash arrays (a path with a space stays one argument); the environment
   cannot carry an array, so a list changes in a preset of your own, or grows by words:
-  REWARD_EXTRA, GRPO_EXTRA, EVAL_EXTRA="--flag 'a value'" are added to REWARD_ARGS, GRPO_ARGS,
-  EVAL_ARGS, split as the shell splits words. GRPO_EXTRA sets any field of train_grpo.py
-  (`train_grpo.py --help`), e.g. GRPO_EXTRA="--lr 5e-7 --total-training-steps 200".
+  REWARD_EXTRA, GRPO_EXTRA, EVAL_EXTRA, PREF_EXTRA="--flag 'a value'" are added to REWARD_ARGS,
+  GRPO_ARGS, EVAL_ARGS, PREF_ARGS, split as the shell splits words. GRPO_EXTRA sets any field of
+  train_grpo.py (`train_grpo.py --help`), e.g. GRPO_EXTRA="--lr 5e-7 --total-training-steps 200";
+  PREF_EXTRA any option of train_dpo.py, e.g. PREF_EXTRA="--loss-type ipo --seed 2".
   Derived from EXP_DIR when unset: HF_MODEL_DIR DATA_DIR CKPT_DIR MERGED_DIR EVAL_DIR EXPORT_PATH
   TENSORBOARD_DIR (TRAINER=dpo|kto: MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH
   EXP_DIR/llm-$TRAINER.pt; PAIRS_FILE, USER_PAIRS). Defaults: LOGGERS=console REWARD_PORT=8000

@@ -1,43 +1,41 @@
-"""Offline preference optimisation of the speech-token LM on TRL 1.16's ``DPOTrainer``.
+"""Offline preference optimisation of the speech-token LM on TRL 1.16's ``DPOTrainer`` and ``KTOTrainer``.
 
-What TRL does here: the pair collator (``DataCollatorForPreference``: prompt+chosen and
-prompt+rejected concatenated into one batch, chosen first, right padding, a
-``completion_mask``), the reference log-prob precompute (``precompute_ref_log_probs``:
-one pass of the frozen start model over the data before training, cached as dataset
-columns), the training loop, accelerate (FSDP on GPUs, one process on CPU) and
-``save_model``.
+What TRL does here: everything a user of its trainers gets, the loss included. The pair
+collator (``DataCollatorForPreference``: prompt+chosen and prompt+rejected concatenated into
+one batch, chosen first, right padding, a ``completion_mask``), the reference log-prob
+precompute (one pass of the frozen start model before training), the loss of every
+``loss_type`` and their ``loss_weights`` mixtures, ``ld_alpha``, the f-divergences, WPO
+weighting, its metrics (rewards, margins, accuracies), accelerate (FSDP on GPUs, one process
+on CPU) and ``save_model``.
 
-What ttsrl replaces, and why:
+What ttsrl adds, and why:
 
-* **The fused LM head.** TRL 1.16 patches the model so ``model(..., fused_lm_head=True)``
-  projects hidden states through ``lm_head.weight``/``.bias`` itself
-  (``trl.trainer.utils.add_fused_lm_head``). That keeps CosyVoice2's head bias but
-  drops the speech mask of :class:`ttsrl.model.modeling_cosyvoice2.SpeechHead`: the
-  log-softmax would run over the ~158k text+speech ids instead of the 6564 speech/stop
-  classes the model can emit. :func:`add_speech_lm_head` is a drop-in with TRL's
-  calling convention and output type (``FusedCausalLMOutput``) that projects through
-  the head's speech rows only; since masked logits are exp(-1e4) = 0, this is exactly
-  the model's own distribution. It is installed for the policy and for the reference
-  (the same class) while ``DPOTrainer.__init__`` runs, so the precomputed reference
-  log-probs come from it too.
-* **The loss.** TRL 1.16 dropped conservative DPO (label smoothing on ``sigmoid``) and
-  always sums token log-probs for ``sigmoid``. :func:`preference_loss` implements the
-  three losses of CosyVoice2's ``DPOLoss`` (sigmoid, cDPO, IPO) on sequence log-probs
-  that are either summed (DPO as published, TRL) or averaged per token (CosyVoice2's
-  choice, without its inverted mask), plus an SFT (RPO) term on the chosen tokens.
-* **The dataset preparation.** Pairs are already token ids (speech tokens have no
-  text form worth tokenising); ``_prepare_dataset`` only checks the columns.
+* **The speech head in TRL's fused-head call.** TRL 1.16 patches the model so
+  ``model(..., labels=L, fused_lm_head=True)`` projects hidden states through
+  ``lm_head.weight``/``.bias`` itself (``trl.trainer.utils.add_fused_lm_head``). That keeps
+  CosyVoice2's head bias but drops the speech mask of
+  :class:`ttsrl.model.modeling_cosyvoice2.SpeechHead`: the log-softmax would run over the ~158k
+  text+speech ids instead of the 6564 speech/stop classes the model can emit.
+  :func:`add_speech_lm_head` is a drop-in with TRL's calling convention and output type
+  (``FusedCausalLMOutput``, every field TRL reads) that projects through the head's speech rows
+  only; since masked logits are exp(-1e4) = 0, this is exactly the model's own distribution.
+  It is installed for the policy and for the reference while the trainer's ``__init__`` runs,
+  so the precomputed reference log-probs come from it too.
+* **cDPO on per-token means** (:func:`cdpo_smoothing_term`), the one loss term TRL 1.16 lacks
+  for CosyVoice2's own ``DPOLoss`` (:data:`RECIPES`); the rest of that recipe is TRL's
+  ``sigmoid_norm`` and ``ipo``.
+* **The dataset preparation.** Pairs are already token ids (speech tokens have no text form
+  worth tokenising); ``_prepare_dataset`` only checks the columns.
 
-Sequence log-probs cover exactly the completion tokens (speech codes + the end of
-speech); the prompt (``[sos] text [task_id]``) and the padding never count. CosyVoice2's
-recipe averages over the positions whose target IS the ignore id (text and padding):
-``tests/test_dpo.py`` fails on that inverted mask.
+Sequence log-probs cover exactly the completion tokens (speech codes + the end of speech); the
+prompt (``[sos] text [task_id]`` and, zero-shot, the prompt speech) and the padding never count.
+CosyVoice2's recipe averages over the positions whose target IS the ignore id (text and
+padding): ``tests/test_dpo.py`` fails on that inverted mask.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -45,61 +43,7 @@ import torch.nn.functional as F
 
 from ttsrl.model import vocab as V
 
-LOSS_TYPES = ("sigmoid", "cdpo", "ipo")
-AVERAGES = ("sum", "mean")
 IGNORE = -100  # TRL's (and transformers') ignore label
-
-
-# ---------------------------------------------------------------------------
-# losses
-
-
-def preference_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor,
-                    ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor,
-                    beta: float = 0.01, loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> torch.Tensor:
-    """Per-pair loss of CosyVoice2's ``DPOLoss`` family.
-
-    With ``d = (chosen - ref_chosen) - (rejected - ref_rejected)``:
-
-    * ``sigmoid`` (DPO):  ``-log σ(β d)``
-    * ``cdpo`` (conservative DPO, label smoothing ε): ``-(1-ε) log σ(β d) - ε log σ(-β d)``
-    * ``ipo``:            ``(d - 1/(2β))²``
-    """
-    d = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)
-    if loss_type == "sigmoid":
-        return -F.logsigmoid(beta * d)
-    if loss_type == "cdpo":
-        if not 0.0 <= label_smoothing < 0.5:
-            raise ValueError(f"cdpo needs label_smoothing in [0, 0.5), got {label_smoothing}")
-        return -(1 - label_smoothing) * F.logsigmoid(beta * d) - label_smoothing * F.logsigmoid(-beta * d)
-    if loss_type == "ipo":
-        return (d - 1.0 / (2.0 * beta)) ** 2
-    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
-
-
-def sequence_logps(per_token_logps: torch.Tensor, loss_mask: torch.Tensor, average: str = "sum") -> torch.Tensor:
-    """Sequence log-prob of each row from next-token log-probs ``(B, T)`` and the mask
-    ``(B, T)`` of the positions whose TARGET is a completion token (1) vs prompt or
-    padding (0). ``sum``: the sequence log-likelihood; ``mean``: per completion token."""
-    if average not in AVERAGES:
-        raise ValueError(f"average must be one of {AVERAGES}, got {average!r}")
-    m = loss_mask.to(per_token_logps.dtype)
-    total = (per_token_logps * m).sum(-1)
-    return total if average == "sum" else total / m.sum(-1).clamp(min=1)
-
-
-def sft_loss(per_token_logps: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of the (chosen) completion tokens of a batch."""
-    m = loss_mask.to(per_token_logps.dtype)
-    return -(per_token_logps * m).sum() / m.sum().clamp(min=1)
-
-
-def split_chosen_rejected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL's preference collator stacks [all chosen; all rejected]: split the batch."""
-    if x.shape[0] % 2:
-        raise ValueError(f"a concatenated pair batch has an even size, got {x.shape[0]}")
-    c, r = x.chunk(2, dim=0)
-    return c, r
 
 
 # ---------------------------------------------------------------------------
@@ -108,7 +52,7 @@ def split_chosen_rejected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def speech_head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
                          temperature: float = 1.0):
-    """Log-probs (and entropy, mean logit, top-1 hit) of ``targets`` (HF ids inside the
+    """Log-probs (and entropy, log sum p², mean logit, top-1 hit) of ``targets`` (HF ids inside the
     head's ``output_range``) from hidden states ``(N, H)``, through the speech rows of
     the biased head only: the softmax over the model's 6564 output classes."""
     start, end = head.output_range
@@ -129,9 +73,10 @@ def speech_head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: t
     lp = logp.gather(-1, idx[:, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
+        log_sum_sq_probs = torch.logsumexp(2 * logp, -1)  # log sum_v p_v^2: TRL's WPO weights (use_weighting)
         mean_logits = logits.mean(-1)
         is_top1 = logits.argmax(-1) == idx
-    return lp, entropy, mean_logits, is_top1
+    return lp, entropy, log_sum_sq_probs, mean_logits, is_top1
 
 
 def add_speech_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False,
@@ -170,15 +115,15 @@ def add_speech_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
             h = h.float()
         ctx = torch.autocast(h.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext()
         with ctx:
-            lp, ent, ml, top1 = speech_head_logprobs(h, lm_head, labels[mask], temperature)
+            lp, ent, lsq, ml, top1 = speech_head_logprobs(h, lm_head, labels[mask], temperature)
 
         def full(x):
             return x.new_zeros(mask.shape).masked_scatter(mask, x)
 
         log_probs = full(lp)
         loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
-        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=full(ent), mean_logits=full(ml),
-                                   is_top1=full(top1), label_mask=mask)
+        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=full(ent), log_sum_sq_probs=full(lsq),
+                                   mean_logits=full(ml), is_top1=full(top1), label_mask=mask)
 
     import types
 
@@ -200,47 +145,8 @@ def pairs_to_rows(pairs, vocab: V.SpeechVocab) -> list[dict]:
     return rows
 
 
-def batch_logps(model, inputs: dict, average: str = "sum"):
-    """Forward a collated pair batch (TRL's ``DataCollatorForPreference``) through a model
-    with :func:`add_speech_lm_head`. Returns ``(output, per-token log-probs, loss mask,
-    sequence log-probs)``; the loss mask marks the positions whose TARGET is a
-    completion token (speech or end of speech), never the prompt or the padding."""
-    completion_mask = inputs["completion_mask"]
-    labels = inputs["input_ids"].masked_fill(completion_mask == 0, IGNORE)
-    model_kwargs = {k: v for k, v in inputs.items()
-                    if k not in ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")}
-    model_kwargs["use_cache"] = False
-    out = model(**model_kwargs, labels=labels, fused_lm_head=True)
-    loss_mask = completion_mask[:, 1:]  # position t predicts token t+1
-    per_token = out.log_probs[:, -loss_mask.shape[1]:]
-    return out, per_token, loss_mask, sequence_logps(per_token, loss_mask, average)
-
-
 # ---------------------------------------------------------------------------
 # trainer
-
-
-@dataclass
-class DPOSettings:
-    loss_type: str = "sigmoid"
-    beta: float = 0.01  # CosyVoice2's DPO beta
-    label_smoothing: float = 0.0  # cdpo only
-    sft_weight: float = 0.0  # RPO: weight of the chosen-sequence NLL
-    average: str = "sum"  # "mean": CosyVoice2's per-token mean
-
-    def check(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.average not in AVERAGES:
-            raise ValueError(f"average must be one of {AVERAGES}, got {self.average!r}")
-        if self.beta <= 0:
-            raise ValueError("beta must be > 0")
-        if self.loss_type == "cdpo" and not 0.0 < self.label_smoothing < 0.5:
-            raise ValueError("cdpo needs --label-smoothing in (0, 0.5)")
-        if self.loss_type != "cdpo" and self.label_smoothing:
-            raise ValueError("--label-smoothing applies to --loss-type cdpo only")
-        if self.sft_weight < 0:
-            raise ValueError("sft weight must be >= 0")
 
 
 @contextlib.contextmanager
@@ -267,56 +173,119 @@ def _require_columns(dataset, need: set[str], name: str):
     return dataset
 
 
+
+
+# ---------------------------------------------------------------------------
+# TRL's settings, read from its config classes
+
+
+def trl_field(config_cls, name: str):
+    """The dataclass field ``name`` of a TRL config class (``DPOConfig``, ``KTOConfig``)."""
+    import dataclasses
+
+    for f in dataclasses.fields(config_cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{config_cls.__name__} has no field {name!r} (TRL changed?)")
+
+
+def trl_default(config_cls, name: str):
+    """TRL's default of a config field (a list default, e.g. ``loss_type``, as a tuple)."""
+    import dataclasses
+
+    f = trl_field(config_cls, name)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return tuple(value) if isinstance(value, list) else value
+
+
+def trl_choices(config_cls, name: str) -> tuple[str, ...]:
+    """The values TRL allows for a config field, as TRL declares them: the field's ``choices``
+    metadata, else its ``Literal`` type, else the list its help text gives ("Possible values are:
+    `a`, `b`. ..."), which is where TRL 1.16 declares ``DPOConfig.loss_type`` and
+    ``f_divergence_type``. ValueError when none of the three names any value."""
+    import re
+    import typing
+
+    f = trl_field(config_cls, name)
+    if f.metadata.get("choices"):
+        return tuple(f.metadata["choices"])
+    hint = typing.get_type_hints(config_cls).get(name)
+    for t in (hint, *typing.get_args(hint)):
+        if typing.get_origin(t) is typing.Literal:
+            return tuple(typing.get_args(t))
+    m = re.search(r"Possible values are:(.*?)\.(?:\s|$)", f.metadata.get("help", ""), re.S)
+    values = tuple(re.findall(r"`'?([A-Za-z0-9_]+)'?`", m.group(1))) if m else ()
+    if not values:
+        raise ValueError(f"{config_cls.__name__}.{name}: TRL declares no choices (metadata, Literal or help)")
+    return values
+
+
+# CosyVoice2's own DPO (its DPOLoss, beta 0.01, on per-token mean log-probs) in TRL's terms: sigmoid
+# on per-token means is TRL's sigmoid_norm; its IPO is TRL's ipo (TRL averages IPO per token too);
+# its cDPO is sigmoid_norm plus CDPO_TERM below (--cdpo-label-smoothing). tests/test_dpo.py holds the
+# equality with CosyVoice2's formula on fixed log-probs.
+RECIPES: dict[str, dict] = {
+    "trl": {},  # TRL's own defaults
+    "cosyvoice2": {"loss_type": ("sigmoid_norm",), "beta": 0.01},
+}
+CDPO_TERM = "sigmoid_norm"  # the TRL loss type whose label smoothing ttsrl adds
+
+
+def cdpo_smoothing_term(per_token_logps: torch.Tensor, completion_mask: torch.Tensor, ref_chosen_logps: torch.Tensor,
+                        ref_rejected_logps: torch.Tensor, beta: float, epsilon: float) -> torch.Tensor:
+    """What conservative DPO adds to ``sigmoid_norm``: ``-(1-ε) log σ(βd) - ε log σ(-βd) = -log σ(βd) + ε β d``,
+    so cDPO on per-token means (CosyVoice2's ``DPOLoss`` with label smoothing) is TRL's ``sigmoid_norm`` plus
+    ``ε β mean(d)``, with ``d`` the per-token-mean log-ratio difference exactly as ``sigmoid_norm`` forms it
+    (token sums over TRL's completion-mask counts; reference sums as TRL precomputed them).
+
+    TRL 1.16 reads ``label_smoothing`` only in ``robust``, ``exo_pair`` and ``aot*``, and its only per-token
+    normalised losses are ``sigmoid_norm`` and ``ipo``: no combination of its loss types gives this term
+    (on summed log-probs one does: ``sigmoid`` and ``robust`` weighted ``2-2ε`` and ``-(1-2ε)``)."""
+    n = completion_mask.sum(dim=1).clamp(min=1.0)
+    seq = per_token_logps[:, -(completion_mask.shape[1] - 1):].sum(dim=1)
+    ref = torch.cat([ref_chosen_logps, ref_rejected_logps]).to(seq.device, seq.dtype)
+    chosen, rejected = ((seq - ref) / n).chunk(2, dim=0)
+    return epsilon * beta * (chosen - rejected).mean()
+
+
 def make_trainer_class():
+    """``DPOTrainer`` on pre-tokenised speech pairs through the speech head; the loss is TRL's own
+    (every ``loss_type``, ``loss_weights``, ``ld_alpha``, ``f_divergence_type``, ...), plus only
+    :func:`cdpo_smoothing_term` when ``cdpo_label_smoothing`` is set."""
     from trl import DPOTrainer
 
     class SpeechDPOTrainer(DPOTrainer):
-        """``DPOTrainer`` on pre-tokenised speech pairs with the speech head and the
-        losses of :func:`preference_loss` (see the module doc)."""
-
-        def __init__(self, *args, settings: DPOSettings, **kwargs):
-            settings.check()
-            self.settings = settings
+        def __init__(self, *args, cdpo_label_smoothing: float = 0.0, **kwargs):
             with _speech_head_in_trl():
                 super().__init__(*args, **kwargs)
+            self.cdpo_label_smoothing = cdpo_label_smoothing
+            if cdpo_label_smoothing:
+                if not 0.0 < cdpo_label_smoothing < 0.5:
+                    raise ValueError(f"cdpo_label_smoothing must lie in (0, 0.5), got {cdpo_label_smoothing}")
+                if (CDPO_TERM not in self.loss_types or self.ld_alpha is not None
+                        or self.f_divergence_type != "reverse_kl" or not self.precompute_ref_logps):
+                    raise ValueError(f"cdpo_label_smoothing smooths loss type {CDPO_TERM!r} with reverse_kl, no "
+                                     "ld_alpha and precomputed reference log-probs (CosyVoice2's cDPO); got "
+                                     f"loss types {self.loss_types}, f_divergence_type {self.f_divergence_type!r}, "
+                                     f"ld_alpha {self.ld_alpha}")
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return _require_columns(dataset, {"prompt_ids", "chosen_ids", "rejected_ids"}, dataset_name)
 
         def _compute_loss(self, model, inputs, return_outputs):
-            mode = "train" if self.model.training else "eval"
-            s = self.settings
-            out, per_token, loss_mask, logps = batch_logps(model, inputs, s.average)
-            chosen, rejected = split_chosen_rejected(logps)
-            if self.precompute_ref_logps:  # TRL caches token SUMS
-                ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
-            else:
-                with torch.no_grad():
-                    ref_sum = batch_logps(self.ref_model, inputs, "sum")[3]
-                ref_c, ref_r = split_chosen_rejected(ref_sum)
-            if s.average == "mean":
-                n_c, n_r = split_chosen_rejected(loss_mask.sum(-1).clamp(min=1).to(ref_c.dtype))
-                ref_c, ref_r = ref_c / n_c, ref_r / n_r
-            ref_c, ref_r = ref_c.to(chosen.device, chosen.dtype), ref_r.to(chosen.device, chosen.dtype)
-            per_pair = preference_loss(chosen, rejected, ref_c, ref_r, s.beta, s.loss_type, s.label_smoothing)
-            loss = per_pair.mean()
-            if s.sft_weight:
-                pc, _ = split_chosen_rejected(per_token)
-                mc, _ = split_chosen_rejected(loss_mask)
-                sft = sft_loss(pc, mc)
-                loss = loss + s.sft_weight * sft
-                self._metrics[mode]["sft_loss"].append(self.accelerator.gather_for_metrics(sft.detach()).mean().item())
-            g = self.accelerator.gather_for_metrics
-            cr = s.beta * (chosen - ref_c).detach()
-            rr = s.beta * (rejected - ref_r).detach()
-            m = self._metrics[mode]
-            m["rewards/chosen"].append(g(cr).mean().item())
-            m["rewards/rejected"].append(g(rr).mean().item())
-            m["rewards/accuracies"].append(g((cr > rr).float()).mean().item())
-            m["rewards/margins"].append(g(cr - rr).mean().item())
-            m["logps/chosen"].append(g(chosen.detach()).mean().item())
-            m["logps/rejected"].append(g(rejected.detach()).mean().item())
-            return (loss, out) if return_outputs else loss
+            if not self.cdpo_label_smoothing:
+                return super()._compute_loss(model, inputs, return_outputs)
+            seen = []  # the fused forward's output, as TRL's loss saw it (no second forward)
+            hook = self.accelerator.unwrap_model(model).register_forward_hook(lambda m, a, out: seen.append(out))
+            try:
+                result = super()._compute_loss(model, inputs, return_outputs)
+            finally:
+                hook.remove()
+            weight = self.loss_weights[self.loss_types.index(CDPO_TERM)]
+            term = weight * cdpo_smoothing_term(seen[0].log_probs, inputs["completion_mask"],
+                                                inputs["ref_chosen_logps"], inputs["ref_rejected_logps"],
+                                                self.beta, self.cdpo_label_smoothing)
+            return (result[0] + term, result[1]) if return_outputs else result + term
 
     return SpeechDPOTrainer
 
@@ -371,5 +340,5 @@ def sequences_logps(model, vocab: V.SpeechVocab, prompts: Sequence[Sequence[int]
     return torch.stack(out)
 
 
-__all__ = ["batch_logps", "preference_loss", "sequence_logps", "sft_loss", "split_chosen_rejected", "add_speech_lm_head",
-           "pairs_to_rows", "DPOSettings", "make_trainer_class", "sequences_logps"]
+__all__ = ["add_speech_lm_head", "cdpo_smoothing_term", "make_kto_trainer_class", "make_trainer_class", "pairs_to_kto_rows",
+           "pairs_to_rows", "RECIPES", "sequences_logps", "trl_choices", "trl_default", "trl_field"]
