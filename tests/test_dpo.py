@@ -267,6 +267,28 @@ def test_trl_loss_equals_cosyvoice2_formula_on_fixed_logps(trl_trainer, case, be
 
 
 
+def _dpo_loss_types():
+    import train_dpo
+
+    return train_dpo.DPO_LOSS_TYPES
+
+
+@pytest.mark.parametrize("loss_type", _dpo_loss_types())
+def test_every_trl_loss_backpropagates_through_the_speech_head(trl_trainer, loss_type):
+    """Each of TRL's DPO loss types, computed by TRL on the tiny speech LM (its head's speech rows, the
+    reference log-probs TRL precomputed), is finite and moves the head's speech rows only."""
+    trainer = trl_trainer(beta=0.1, loss_type=[loss_type], **({"label_smoothing": 1e-3} if loss_type == "exo_pair"
+                                                               else {}))
+    batch = next(iter(trainer.get_train_dataloader()))
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert torch.isfinite(loss), loss
+    loss.backward()
+    head = trainer.model.lm_head
+    lo, hi = head.output_range
+    grad = head.weight.grad
+    assert grad is not None and grad[lo:hi].abs().sum() > 0 and grad[:lo].abs().sum() == 0 == grad[hi:].abs().sum()
+
+
 def test_cosyvoice2_recipe_is_the_setting_shown_equal():
     from ttsrl.train.dpo import CDPO_TERM, RECIPES
 
@@ -614,9 +636,17 @@ def _loss_cases():
     CosyVoice2 recipe with ttsrl's cDPO term."""
     import train_dpo
 
-    cases = [pytest.param(["--loss-type", lt, *(["--label-smoothing", "1e-3"] if lt == "exo_pair" else [])],
-                          id=f"dpo-{lt}") for lt in train_dpo.DPO_LOSS_TYPES]
-    cases += [pytest.param(["--trainer", "kto", "--loss-type", lt], id=f"kto-{lt}") for lt in train_dpo.KTO_LOSS_TYPES]
+    # in the test command: DPO's default and the two the comparison names, KTO's, and the two rows below;
+    # every other loss type's run is extended (each ~20 s; the suite's budget), and every loss type
+    # trains through the speech head in test_every_trl_loss_backpropagates_through_the_speech_head
+    ci = {"dpo-sigmoid", "dpo-ipo", "dpo-sigmoid_norm", "kto-kto"}
+
+    def case(args, name):
+        return pytest.param(args, id=name, marks=() if name in ci else pytest.mark.extended)
+
+    cases = [case(["--loss-type", lt, *(["--label-smoothing", "1e-3"] if lt == "exo_pair" else [])], f"dpo-{lt}")
+             for lt in train_dpo.DPO_LOSS_TYPES]
+    cases += [case(["--trainer", "kto", "--loss-type", lt], f"kto-{lt}") for lt in train_dpo.KTO_LOSS_TYPES]
     # WPO weighting not with "sft": TRL 1.16 multiplies sft's expanded scalar loss in place and fails
     cases += [pytest.param(["--loss-type", "sigmoid", "--ld-alpha", "0.5", "--f-divergence-type", "js_divergence",
                             "--use-weighting"], id="dpo-ld-js-wpo"),
