@@ -346,7 +346,7 @@ def test_a_briefly_pretrained_model_continues_its_prompts_speaker(tmp_path):
                                           num_attention_heads=4, num_key_value_heads=2, tokenizer_vocab=1024),
                          steps=300, batch_size=16, lr=5e-3, threads=1, prompt_prob=0.5)
     pool = speakers.read_pool(speakers.POOL_DIR)
-    rows = [{"text": r["text"], "prompt_id": r["prompt_id"]} for r in load(speakers.ZERO_SHOT_TEST_FILE)[:32]]
+    rows = [{"text": r["text"], "prompt_id": r["prompt_id"]} for r in load(speakers.ZERO_SHOT_TEST_FILE)[:128]]
     corpus = CORPUS / "train.jsonl"
     sims = {}
     for name, c in (("zero-shot", cfg), ("text-only", dataclasses.replace(cfg, prompt_prob=0.0))):
@@ -354,12 +354,18 @@ def test_a_briefly_pretrained_model_continues_its_prompts_speaker(tmp_path):
         torch.manual_seed(0)
         model = Qwen2LM.from_pretrained(tmp_path / name)
         tok = AutoTokenizer.from_pretrained(tmp_path / name / "CosyVoice-BlankEN")
-        sims[name] = heldout_zero_shot(model, tok, rows, pool, seed=1)[1]
-    # A prompt-blind model speaks the default voice, which is the prompt's speaker in a quarter of these
-    # rows (72 of 281 name spk0), so it scores about 0.25 however well it reads; a model that follows the
-    # prompt scores well above that. The bounds sit either side of chance, not around one machine's
-    # draw (a 2-core Xeon gave 0.535 and 0.188).
-    assert sims["zero-shot"] > 0.4 and sims["text-only"] < 0.3, sims
+        sims[name] = {i: heldout_zero_shot(model, tok, [row], pool, seed=i)[1] for i, row in enumerate(rows)}
+    # The claim is a difference on the same rows, so it is tested as one: the paired 95% bootstrap interval
+    # of (zero-shot build's SIM - text-only build's SIM) lies above 0. No level is fixed: the builds'
+    # weights differ by CPU (AVX2, AVX-512, AMX kernels), and SIM with them (a Xeon gave 0.535 and 0.188,
+    # an AMX EPYC 0.386 for the zero-shot build); a prompt-blind model speaks the default voice, which is
+    # the prompt's speaker in about a quarter of the rows, whatever it drew.
+    from ttsrl.stats import paired_mean
+
+    d = paired_mean(sims["zero-shot"], sims["text-only"])
+    print("SIM zero-shot", sum(sims["zero-shot"].values()) / len(rows), "text-only",
+          sum(sims["text-only"].values()) / len(rows), "paired difference", d)
+    assert d["lo"] > 0, d
 
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git history (the build before speakers)")
