@@ -145,15 +145,17 @@ if stage 0 && head_only 0; then
     "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" "${POOL[@]}" \
       | sed 's/^/     /'
   fi
-  LEAK=()  # ALLOW_LEAK=1: keep test texts that are training texts too
+  LEAK=() DEV=()  # ALLOW_LEAK=1: keep test (and DEV_FILE) texts that are training texts too
   if [[ $ALLOW_LEAK == 1 ]]; then LEAK=(--allow-leak); fi
+  if [[ -n $DEV_FILE ]]; then DEV=(--dev-file "$DEV_FILE"); fi  # checked against the run's mode, pool and texts
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
-    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" \
+    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" "${DEV[@]}" \
     || { echo "stage 0 failed (above: each row and why). A prompt over the budget: MAX_PROMPT_LENGTH=N bash run.sh 0 0" \
               "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer" \
               "${PROMPT_POOL:+and each pool prompt (transcript and speech tokens)}); a pool prompt none fits:" \
               "a larger MAX_PROMPT_LENGTH or shorter prompts;" \
-              "test texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them" >&2; exit 1; }
+              "test or DEV_FILE texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them;" \
+              "DEV_FILE rows of another mode or pool prompt: fix the rows named above" >&2; exit 1; }
   done_stage 0
 fi
 

@@ -546,3 +546,36 @@ def test_stage0_refuses_a_train_test_leak_unless_allow_leak(tiny_hf, tmp_path):
     assert "ALLOW_LEAK=1" in r.stderr and not (exp / "data" / "train.parquet").exists()
     r = run_sh("0", "0", env={**env, "ALLOW_LEAK": "1"})
     assert r.returncode == 0 and (exp / "data" / "train.parquet").is_file(), r.stdout + r.stderr
+
+
+@pytest.mark.slow  # run.sh stage 0 twice: ~14 s
+def test_stage0_checks_dev_file_rows_against_the_pool_and_the_training_texts(tiny_hf, tmp_path):
+    """DEV_FILE was used as given: a row naming spk0_01 with spk3_04's transcript and tokens, or a training
+    text, went on to stage 5's choice. Stage 0 now refuses it, naming the row; ALLOW_LEAK=1 keeps a leak."""
+    import json
+
+    exp = tmp_path / "exp"
+    pool = {r["id"]: r for r in map(json.loads, (ROOT / "data/corpus/prompt_pool/prompt_speech_tokens.jsonl")
+                                    .read_text(encoding="utf-8").splitlines())}
+    train = json.loads((ROOT / "data/corpus/train.jsonl").read_text(encoding="utf-8").splitlines()[0])["text"]
+
+    def row(text, pid, like):
+        return {"text": text, "prompt_id": pid, "prompt_text": pool[like]["prompt_text"],
+                "prompt_speech_tokens": pool[like]["prompt_speech_tokens"]}
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps(row("开发集里的一句话。", "spk0_01", "spk0_01"), ensure_ascii=False) + "\n"
+                   + json.dumps(row("开发集里的另一句。", "spk0_01", "spk3_04"), ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{tiny_hf}"\n')
+    env = {**os.environ, "PRESET": str(preset), "DEV_FILE": str(dev), "MAX_PROMPT_LENGTH": "96",
+           "PROMPT_POOL": "data/corpus/prompt_pool"}
+    r = run_sh("0", "0", env=env)
+    assert r.returncode == 1 and f"{dev}:2: prompt_id 'spk0_01'" in r.stderr, r.stdout + r.stderr
+    assert "DEV_FILE rows of another mode or pool prompt" in r.stderr and not (exp / "data" / "train.parquet").exists()
+    dev.write_text(json.dumps(row(train, "spk0_01", "spk0_01"), ensure_ascii=False) + "\n", encoding="utf-8")
+    r = run_sh("0", "0", env=env)
+    assert r.returncode == 1 and f"{dev}:1: same text as train line 1" in r.stderr, r.stdout + r.stderr
+    r = run_sh("0", "0", env={**env, "ALLOW_LEAK": "1"})
+    assert r.returncode == 0 and "dev/train leak: 1 of the dev texts" in r.stderr, r.stdout + r.stderr
