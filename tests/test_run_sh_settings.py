@@ -217,6 +217,16 @@ def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(t
     assert holder_done
 
 
+def test_malformed_or_repeated_reward_urls_are_refused_with_the_settings():
+    """A malformed or repeated REWARD_URLS raised ValueError in the launcher (a traceback at stage 1);
+    now the settings refuse it before any stage, naming REWARD_URLS."""
+    for urls, why in (("foo", "expected http://HOST:PORT"), ("http://a:1,http://a:1/", "listed twice"),
+                      (" , ", "no reward server URL")):
+        r = _config({"REWARD_URLS": urls}, ok=False)
+        assert r.returncode == 2 and r.stderr.startswith(f"REWARD_URLS={urls!r}: "), r.stderr
+        assert why in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow  # two servers + run.sh stage 1: ~8 s
 def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
     """REWARD_URLS names every reward server the clients use; when this machine's REWARD_URL is

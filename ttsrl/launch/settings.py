@@ -517,6 +517,12 @@ def resolve_reward(r: Resolved, env: Mapping[str, str]) -> None:
     if r.multi_node:  # other nodes reach it at this node's address
         r.lists["REWARD_ARGS"] += ["--host", v["NODE_IP"]]
     v["REWARD_URLS"] = env.get("REWARD_URLS") or v["REWARD_URL"]
+    from ttsrl.reward.protocol import split_urls  # standard library only, as this module (host python3)
+
+    try:  # the one rule the clients apply, here before any stage (it raised in the launcher mid-run)
+        split_urls(v["REWARD_URLS"])
+    except ValueError as e:
+        raise SettingsError([f"REWARD_URLS={v['REWARD_URLS']!r}: {e}"]) from None
     v["REWARD_MIN_READY"] = env.get("REWARD_MIN_READY", "")
     v["TTSRL_REWARD_URL"] = v["REWARD_URLS"]  # the reward client's default list (mining, reward_tts.py by hand)
 
