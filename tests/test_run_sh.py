@@ -179,6 +179,34 @@ def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
     assert not (exp / "reward_server.pid").exists()
 
 
+def test_an_adopted_server_is_announced_as_what_happens_to_it(own_server, tmp_path):
+    """A run ending at stage 1 said of an adopted server "stopped at the end", then "left running" (it was
+    left running); now the launcher says the run takes it over, and the end says what it does with it."""
+    proc, port = own_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    exp.mkdir(parents=True)
+    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
+    r = run_sh("1", "1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "started by an earlier run: this run takes it over as its own" in r.stdout, r.stdout
+    assert "stopped at the end" not in r.stdout and "reward server left running (stop: kill" in r.stdout
+    assert _alive(proc)
+
+
+def test_reward_urls_where_nothing_answers_say_what_stage_1_waits_for(tmp_path):
+    """REWARD_URLS=http://localhost:PORT with nothing there waited the whole REWARD_START_TIMEOUT_S in
+    silence; now stage 1 says what it waits for, and after a few seconds that nothing answers there."""
+    url = dead_url().replace("127.0.0.1", "localhost")
+    env = {**os.environ, "EXP_DIR": str(tmp_path / "exp"), "REWARD_URLS": url, "REWARD_START_TIMEOUT_S": "8"}
+    r = run_sh("1", "1", env=env, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"waiting up to 8s (REWARD_START_TIMEOUT_S) for the reward servers of REWARD_URLS to answer ready: {url}" \
+        in r.stdout, r.stdout
+    assert "REWARD_URL http://127.0.0.1:" in r.stdout and "is not listed: nothing is started here" in r.stdout
+    assert f"not ready yet at {url}: nothing answers there" in r.stdout, r.stdout
+    assert f"not ready: {url}" in r.stderr
+
+
 def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
     proc, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
