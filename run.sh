@@ -10,6 +10,10 @@ set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD PY=$PWD/.venv/bin/python
+# a path's bytes that are not UTF-8 (EXP_DIR=$'x\xff') go out of every Python here as they came in
+# (a locale or PYTHONIOENCODING=utf-8 with strict errors raised UnicodeEncodeError printing them)
+PYTHONIOENCODING=${PYTHONIOENCODING:-}
+export PYTHONIOENCODING="${PYTHONIOENCODING%%:*}:surrogateescape"
 host_py() { if [[ -x $PY ]]; then echo "$PY"; else echo python3; fi; }  # python3 before stage -2 made the venv
 launch() { "$(host_py)" -m ttsrl.launch "${RAY_ARGS[@]}" "$@"; }
 RAY_ARGS=()

@@ -353,3 +353,14 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     # CosyVoice3's layout: zero-shot too, each mode in its own folder
     assert config(MODEL_FAMILY="cosyvoice3")["EXP_DIR"] == "exp/embedded_cosyvoice3"
     assert config(MODEL_FAMILY="cosyvoice3", PROMPT_POOL="")["EXP_DIR"] == "exp/embedded_cosyvoice3_textonly"
+
+
+def test_a_path_byte_that_is_not_utf8_goes_through_with_pythonioencoding_utf8(tmp_path):
+    """EXP_DIR with a \\xff byte and PYTHONIOENCODING=utf-8 (strict errors, as on a UTF-8 locale) raised
+    UnicodeEncodeError in the launcher; now every Python run.sh starts writes such bytes back as they came."""
+    exp = os.fsencode(tmp_path) + b"/run\xff1"
+    env = {**os.environb, b"EXP_DIR": exp, b"PYTHONIOENCODING": b"utf-8"}
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "--config"], cwd=ROOT, capture_output=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
+    assert b"EXP_DIR=" + exp + b"\n" in r.stdout or b"EXP_DIR='" + exp + b"'\n" in r.stdout, r.stdout[:400]
