@@ -44,16 +44,26 @@ eval "$SETTINGS"  # export NAME=... for every setting, NAME=(...) for every list
 RAY_ARGS=("${RAY_START_ARGS[@]/#/--ray-arg=}")
 export PYTHONUNBUFFERED=1
 
-# one run.sh at a time on an EXP_DIR (each node its own lock): flock on fd 9, closed in children
+# one run.sh at a time on an EXP_DIR (each node its own lock): flock on fd 9. No child may hold it:
+# the stages run in run_stages, called with fd 9 closed (bash keeps the lock on a close-on-exec copy),
+# so a child left behind by a killed run.sh does not keep the next run out
 mkdir -p "$(dirname "$LOCK_FILE")"
 exec 9>> "$LOCK_FILE"
 if ! command -v flock > /dev/null; then
   echo "     (no flock here: nothing keeps a second run.sh off $EXP_DIR)"
 elif ! flock -n 9; then
-  echo "another run.sh is running on $EXP_DIR: $(cat "$LOCK_FILE" 2>/dev/null || echo '?'); wait for it, or give this run another EXP_DIR" >&2
+  holder=$(cat "$LOCK_FILE" 2>/dev/null || echo '?')
+  if [[ $holder =~ ^pid\ ([0-9]+), ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null; then
+    echo "$LOCK_FILE is held, but the run.sh that took it is gone ($holder): a process it started still holds it" \
+      "(fuser -v $(printf %q "$LOCK_FILE") names it); stop that process, or give this run another EXP_DIR" >&2
+  else
+    echo "another run.sh is running on $EXP_DIR: $holder; wait for it, or give this run another EXP_DIR" >&2
+  fi
   exit 1
 fi
 printf 'pid %s, stages %s..%s, started %s on %s\n' "$$" "$START" "$STOP" "$(date '+%F %T')" "$(hostname)" > "$LOCK_FILE"
+
+run_stages() {  # the rest of run.sh (at the end: run_stages 9>&-)
 
 stage() { (( $1 >= START && $1 <= STOP )); }
 is_head() { (( NODE_RANK == 0 )); }
@@ -257,3 +267,5 @@ if stage 5 && head_only 5; then
     --family "$MODEL_FAMILY" --verify
   done_stage 5
 fi
+}
+run_stages 9>&-

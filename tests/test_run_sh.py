@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -284,14 +285,66 @@ def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
     exp.mkdir(parents=True)
     with open(exp / "run.lock", "a") as held:  # as a running run.sh holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        (exp / "run.lock").write_text("pid 4242, stages 3..5, started 2026-12-03 10:00:00 on host\n")
+        pid = os.getpid()  # a live process stands for the first run.sh
+        (exp / "run.lock").write_text(f"pid {pid}, stages 3..5, started 2026-12-03 10:00:00 on host\n")
         r = run_sh("0", "0", env=env)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert f"another run.sh is running on {exp}: pid 4242, stages 3..5" in r.stderr, r.stderr
+        assert f"another run.sh is running on {exp}: pid {pid}, stages 3..5" in r.stderr, r.stderr
         assert "==== stage" not in r.stdout
     r = run_sh("0", "0", env=env)  # released: this one runs (and fails: no hf_model here), recording itself
     assert "another run.sh" not in r.stderr and "==== stage 0" in r.stdout, r.stdout + r.stderr
     assert "stages 0..0" in (exp / "run.lock").read_text()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow  # run.sh stage 0, killed: ~10 s
+def test_a_child_left_by_a_killed_run_does_not_hold_the_lock(tiny_hf, tmp_path):
+    """After kill -9 of run.sh in stage 0, the orphaned prepare_data.py kept the lock's fd (the comment said
+    children close it), so the next run was refused; now no child gets the fd. A lock held while the
+    run.sh that took it is gone is said so, not blamed on the dead pid as a running run.sh."""
+    import fcntl
+    import signal
+
+    exp, env = _dry_run_preset(tmp_path, 1)
+    preset = tmp_path / "preset.sh"
+    preset.write_text(preset.read_text() + f'\nHF_MODEL_DIR="{tiny_hf}"\n')
+    proc = subprocess.Popen(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, env={**env, "DEV_SIZE": "0"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        for _ in range(1200):
+            child = next((c for c in _children(proc.pid)
+                          if b"prepare_data.py" in Path(f"/proc/{c}/cmdline").read_bytes()), None)
+            if child is not None or proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert child is not None, "stage 0 ran no prepare_data.py"
+        fds = [os.readlink(f) for f in (Path(f"/proc/{child}/fd").iterdir())]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert str(exp / "run.lock") not in fds, fds
+        with open(exp / "run.lock", "a") as f:  # free although the child may still run
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            (exp / "run.lock").write_text(f"pid {proc.pid}, stages 0..0, started 2026-12-05 10:00:00 on host\n")
+            r = run_sh("0", "0", env=env)
+        assert r.returncode == 1 and f"the run.sh that took it is gone (pid {proc.pid}, stages 0..0" in r.stderr, \
+            r.stderr
+        assert "another run.sh is running" not in r.stderr and "fuser -v" in r.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.slow  # run.sh stages 1 and 2: ~5 s
