@@ -524,3 +524,16 @@ def test_a_dev_text_that_is_a_training_text_is_refused_unless_allow_leak(tmp_pat
     assert f"{dev}:2: same text as train line 4" in str(e.value) and "--allow-leak" in str(e.value)
     report, _ = run(tmp_path / "b", dev_file=dev, allow_leak=True)
     assert any(w.startswith("dev/train leak: 2 of the dev texts") for w in report.warnings())
+
+
+def test_an_empty_pool_names_the_pool_file_and_what_it_lacks(tmp_path):
+    """An empty pool's error spoke of a "text" field (a text corpus's rows); now it names the pool file and
+    the prompts it lacks."""
+    d = tmp_path / "pool"
+    d.mkdir()
+    (d / POOL_FILE).write_text("\n\n", encoding="utf-8")
+    with pytest.raises(PoolError) as e:
+        read_pool(d)
+    msg = str(e.value)
+    assert msg.startswith(f"prompt pool {d}: no prompts: {d / POOL_FILE}: file is empty") and '"text"' not in msg
+    assert '{"id": ..., "prompt_text": ..., "prompt_speech_tokens": [...]}' in msg and "prompt_tokens.py" in msg
