@@ -33,6 +33,11 @@ RECORD_SUFFIX = ".selection.json"
 
 def selection_record(summary_path: str, step_override: int | None) -> tuple[int, dict]:
     """(step to export, the record of why) from a stage-4 summary.json."""
+    if not Path(summary_path).is_file():  # a bare [Errno 2] said neither what the file is nor why it is missing
+        asked = f" (asked for step {step_override})" if step_override is not None else ""
+        raise FileNotFoundError(f"no stage-4 summary {summary_path}{asked}: stage 4 has not run here (bash run.sh 4 4 "
+                                "scores the start model and every merged step; stage 5 records the export against "
+                                "it), or export one folder with --hf-cosyvoice2-llm-path")
     rows = json.loads(Path(summary_path).read_text())
     choice = steps.choose_step(rows)
     if step_override is not None:

@@ -64,6 +64,11 @@ Checks (all rows of both files are read before anything is written):
                    after the first occurrence with --drop-duplicates.
   leaks            test texts that also occur in the train file: an error naming each
                    (nothing written); kept, and reported, with --allow-leak.
+  dev set          --dev-file FILE (run.sh's DEV_FILE), read as stage 4 reads it: each
+                   row in the run's mode (with --prompt-pool it names a pool prompt_id
+                   and carries that prompt's transcript and speech tokens; without, no
+                   prompt), else an error naming FILE:LINE; a dev text that is a
+                   training text is a leak, as a test text's is.
 
 Output is written in chunks of --chunk-size rows (one Parquet row group each), to
 temporary files in LOCAL_DIR that replace train.parquet/test.parquet only when both

@@ -10,6 +10,10 @@ set -euo pipefail
 shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")"
 ROOT=$PWD PY=$PWD/.venv/bin/python
+# a path's bytes that are not UTF-8 (EXP_DIR=$'x\xff') go out of every Python here as they came in
+# (a locale or PYTHONIOENCODING=utf-8 with strict errors raised UnicodeEncodeError printing them)
+PYTHONIOENCODING=${PYTHONIOENCODING:-}
+export PYTHONIOENCODING="${PYTHONIOENCODING%%:*}:surrogateescape"
 host_py() { if [[ -x $PY ]]; then echo "$PY"; else echo python3; fi; }  # python3 before stage -2 made the venv
 launch() { "$(host_py)" -m ttsrl.launch "${RAY_ARGS[@]}" "$@"; }
 RAY_ARGS=()
@@ -40,16 +44,26 @@ eval "$SETTINGS"  # export NAME=... for every setting, NAME=(...) for every list
 RAY_ARGS=("${RAY_START_ARGS[@]/#/--ray-arg=}")
 export PYTHONUNBUFFERED=1
 
-# one run.sh at a time on an EXP_DIR (each node its own lock): flock on fd 9, closed in children
+# one run.sh at a time on an EXP_DIR (each node its own lock): flock on fd 9. No child may hold it:
+# the stages run in run_stages, called with fd 9 closed (bash keeps the lock on a close-on-exec copy),
+# so a child left behind by a killed run.sh does not keep the next run out
 mkdir -p "$(dirname "$LOCK_FILE")"
 exec 9>> "$LOCK_FILE"
 if ! command -v flock > /dev/null; then
   echo "     (no flock here: nothing keeps a second run.sh off $EXP_DIR)"
 elif ! flock -n 9; then
-  echo "another run.sh is running on $EXP_DIR: $(cat "$LOCK_FILE" 2>/dev/null || echo '?'); wait for it, or give this run another EXP_DIR" >&2
+  holder=$(cat "$LOCK_FILE" 2>/dev/null || echo '?')
+  if [[ $holder =~ ^pid\ ([0-9]+), ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null; then
+    echo "$LOCK_FILE is held, but the run.sh that took it is gone ($holder): a process it started still holds it" \
+      "(fuser -v $(printf %q "$LOCK_FILE") names it); stop that process, or give this run another EXP_DIR" >&2
+  else
+    echo "another run.sh is running on $EXP_DIR: $holder; wait for it, or give this run another EXP_DIR" >&2
+  fi
   exit 1
 fi
 printf 'pid %s, stages %s..%s, started %s on %s\n' "$$" "$START" "$STOP" "$(date '+%F %T')" "$(hostname)" > "$LOCK_FILE"
+
+run_stages() {  # the rest of run.sh (at the end: run_stages 9>&-)
 
 stage() { (( $1 >= START && $1 <= STOP )); }
 is_head() { (( NODE_RANK == 0 )); }
@@ -145,15 +159,17 @@ if stage 0 && head_only 0; then
     "$PY" -m ttsrl.data.devsplit --train "$TRAIN_FILE" --size "$DEV_SIZE" --out-dir "$SPLIT_DIR" "${POOL[@]}" \
       | sed 's/^/     /'
   fi
-  LEAK=()  # ALLOW_LEAK=1: keep test texts that are training texts too
+  LEAK=() DEV=()  # ALLOW_LEAK=1: keep test (and DEV_FILE) texts that are training texts too
   if [[ $ALLOW_LEAK == 1 ]]; then LEAK=(--allow-leak); fi
+  if [[ -n $DEV_FILE ]]; then DEV=(--dev-file "$DEV_FILE"); fi  # checked against the run's mode, pool and texts
   "$PY" prepare_data.py --train_file "$TRAIN_TEXTS" --test_file "$TEST_FILE" --local_dir "$DATA_DIR" \
-    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" \
+    --tokenizer "$HF_MODEL_DIR" --max_prompt_length "$MAX_PROMPT_LENGTH" "${LEAK[@]}" "${POOL[@]}" "${DEV[@]}" \
     || { echo "stage 0 failed (above: each row and why). A prompt over the budget: MAX_PROMPT_LENGTH=N bash run.sh 0 0" \
               "(the preset's budget is $MAX_PROMPT_LENGTH tokens, counted with $HF_MODEL_DIR's tokenizer" \
               "${PROMPT_POOL:+and each pool prompt (transcript and speech tokens)}); a pool prompt none fits:" \
               "a larger MAX_PROMPT_LENGTH or shorter prompts;" \
-              "test texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them" >&2; exit 1; }
+              "test or DEV_FILE texts that are training texts too: remove them, or ALLOW_LEAK=1 to keep them;" \
+              "DEV_FILE rows of another mode or pool prompt: fix the rows named above" >&2; exit 1; }
   done_stage 0
 fi
 
@@ -251,3 +267,5 @@ if stage 5 && head_only 5; then
     --family "$MODEL_FAMILY" --verify
   done_stage 5
 fi
+}
+run_stages 9>&-

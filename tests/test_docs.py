@@ -201,3 +201,21 @@ def test_documented_docker_run_is_the_gpu_recipe(doc):
         unmounted = {k: v for k, v in paths.items()
                      if not any(f"{workdir}/{v}".startswith(m.rstrip("/") + "/") for m in mounts)}
         assert not unmounted, f"{doc.name}: {line}\n  the preset's paths not under a mount: {unmounted}"
+
+
+def test_operations_describes_the_step_rule_for_lost_rewards_with_the_codes_names():
+    """docs/operations.md says the rule for lost rewards: the share allowed (the knob and its default), where
+    it is shown (the console line, the metric keys, the run record's key) and when the run stops; each
+    name is the code's own, so a rename shows here."""
+    from ttsrl import knobs
+    from ttsrl.console import GROUPS_DROPPED_KEY, NO_REWARD_KEY
+    from ttsrl.verl_plugin import reward_metrics as R
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text.split("### Lost rewards: the step rule", 1)[1].split("\n## ", 1)[0]
+    default = knobs.KNOBS[R.LIMIT_KNOB].default
+    assert f"`{R.LIMIT_KNOB}` (default {default:g}" in section
+    for name in (R.NO_REWARD, R.GROUPS_DROPPED, NO_REWARD_KEY, GROUPS_DROPPED_KEY, R.HEALTH_KEY, R.RUN_RECORD,
+                 "RewardHealthError"):
+        assert f"`{name}`" in section or f"/{name}`" in section, name
+    assert "no reward 0%  groups dropped 0%" in section and "before that\n  step trains" in section

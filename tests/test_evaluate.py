@@ -441,3 +441,23 @@ def test_cli_dev_sets_seeds_and_headline(tmp_path, monkeypatch):
     for bad in (["--seeds", "0"], ["--resamples", "10"], ["--headline", "wer"]):
         with pytest.raises(SystemExit):
             parse_args(base + bad)
+
+
+def test_a_dev_row_naming_an_unknown_prompt_id_is_one_message_before_any_model_loads(tiny_hf, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """A DEV_FILE row naming a prompt_id the scoring backend's pool lacks raised UnknownPromptId mid-scoring
+    (a traceback per rank, after the start model was decoded); now stage 4 stops first, exit 2, one message
+    naming the file, the id and the pool."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from infer_dataset import main
+
+    pool = ROOT / "data" / "corpus" / "prompt_pool"
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps({"text": "你好", "prompt_id": "spk0_01"}) + "\n"
+                   + json.dumps({"text": "重庆", "prompt_id": "spk9_99"}) + "\n", encoding="utf-8")
+    rc = main(["--start-model", str(tiny_hf), "--out-dir", str(tmp_path / "eval"), "--dev-set", f"dev={dev}", "--test-set", f"t={dev}",
+               "--backend", "sim", "--prompt-dir", str(pool), "--engine", "hf", "--device", "cpu", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: {dev} (dev): 1 of its 2 rows name a prompt_id"), err
+    assert "('spk9_99')" in err and f"--prompt-dir {pool}: 16, e.g. 'spk0_01'" in err and "PROMPT_POOL" in err
+    assert "Traceback" not in err and not (tmp_path / "eval" / "step_0").exists()

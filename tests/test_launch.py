@@ -188,7 +188,7 @@ def test_up_starts_the_local_server_waits_for_it_and_down_stops_it(tmp_path, cap
         assert server.is_reward_server(pid) and f"reward server pid {pid} at {url}" in capsys.readouterr().out
         # a second run.sh adopts it (its pid file names the process answering), another reward is refused
         assert server.up(url, url, pid_file, log, 10, ident, False, ["false"]) == 0
-        assert "started by an earlier run; stopped at the end" in capsys.readouterr().out
+        assert "started by an earlier run: this run takes it over as its own" in capsys.readouterr().out
         assert server.up(url, url, pid_file, log, 10, {**ident, "reward": "cer_nll"}, False, ["false"]) == 1
     finally:
         server.down(pid_file)

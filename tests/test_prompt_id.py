@@ -443,3 +443,20 @@ def test_verl_hands_each_rows_prompt_id_to_the_server(t2w, sim_on, monkeypatch):
         assert o["reward_extra_info"]["sim"] == pytest.approx(w["SIMS"])
         assert o["reward_score"] == pytest.approx(w["REWARDS"])
     assert abs(outs[0]["reward_extra_info"]["sim"] - outs[1]["reward_extra_info"]["sim"]) > 1e-3
+
+
+def test_a_bad_pool_given_to_the_server_is_one_message_and_exit_2(tmp_path):
+    """The server started by hand with a pool of a bad line printed PoolError's FILE:LINE inside a 50-line
+    traceback; now it prints that one message and exits 2."""
+    import subprocess
+
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "prompt_speech_tokens.jsonl").write_text('{"id": "a\\tb", "prompt_speech_tokens": [1]}\n', encoding="utf-8")
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "token2wav_asr_server.py"),
+                        "--backend", "sim", "--prompt-dir", str(pool), "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"reward server: cannot start: prompt pool {pool}: 1 problem(s):"), r.stderr
+    assert f"{pool / 'prompt_speech_tokens.jsonl'}:1: \"id\" 'a\\tb'" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 2

@@ -464,3 +464,76 @@ def test_one_prompt_id_rule_for_stage_0_the_server_and_the_checker(tmp_path):
         backend=types.SimpleNamespace(prompt_dir=str(wavs))), prompt_ids=sorted(("ok", *BAD_IDS)))
     with pytest.raises(ValueError, match=r"3 prompt id\(s\) break the id rule"):
         RewardServer._check_prompt_pool(fake)
+
+
+# ---------------------------------------------------------------------------
+# a user's dev set (DEV_FILE) against the run: its mode, its pool prompts, the training texts
+
+
+def _dev_row(pool, pid: str, text: str, like: str | None = None) -> dict:
+    """A zero-shot dev row naming ``pid`` and carrying the transcript and tokens of ``like`` (default: its own)."""
+    p = {q.id: q for q in pool.prompts}[like or pid]
+    return {"text": text, "prompt_id": pid, "prompt_text": p.prompt_text, "prompt_speech_tokens": list(p.speech)}
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_dev_rows_are_checked_against_the_pool_prompt_they_name(tmp_path):
+    """A dev row naming spk0_00 but carrying spk1_01's transcript and tokens was scored (prompted with one
+    speaker, voiced by another: dev SIM at chance); now stage 0 names its FILE:LINE and what differs, and an
+    id the pool does not know (a traceback in stage 4 before) is named here too."""
+    pool_dir = write_pool(tmp_path / "pool", 4)
+    pool = read_pool(pool_dir)
+    good = [_dev_row(pool, "spk0_00", "开发集的第一句。"), _dev_row(pool, "spk1_01", "开发集的第二句。")]
+    dev = _write_jsonl(tmp_path / "dev.jsonl", good)
+    report, _ = run(tmp_path / "ok", prompt_pool=pool_dir, dev_file=dev)
+    assert report.dev_leaks == []
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [good[0], _dev_row(pool, "spk0_00", "开发集的第三句。", like="spk1_01"),
+                                                {**good[1], "prompt_id": "nobody"}])
+    with pytest.raises(DataError) as e:
+        run(tmp_path / "bad", prompt_pool=pool_dir, dev_file=bad)
+    msg = str(e.value)
+    assert f"{bad}: 2 of its 3 rows do not fit" in msg and f"{bad}:1:" not in msg
+    assert f"{bad}:2: prompt_id 'spk0_00' ({pool.path}:1) but prompt_text" in msg and "prompt_speech_tokens" in msg
+    assert f"{bad}:3: prompt_id 'nobody' is not in the pool {pool.path} (4 ids" in msg
+    assert not (tmp_path / "bad" / "out" / "train.parquet").exists()
+
+
+def test_a_dev_row_of_the_other_mode_is_named(tmp_path):
+    """Text-only dev rows in a zero-shot run (stage 5 chose a zero-shot model on decoding without a prompt),
+    and prompted dev rows in a text-only run, are named with the setting that decides the mode."""
+    pool_dir = write_pool(tmp_path / "pool", 4)
+    plain = _write_jsonl(tmp_path / "plain.jsonl", [{"text": "开发集的第一句。"}])
+    with pytest.raises(DataError, match=rf"{plain}:1: a text-only dev row in a zero-shot run \(PROMPT_POOL={pool_dir}\)"):
+        run(tmp_path / "a", prompt_pool=pool_dir, dev_file=plain)
+    run(tmp_path / "b", dev_file=plain)  # text-only run, text-only rows: fine
+    prompted = _write_jsonl(tmp_path / "prompted.jsonl", [_dev_row(read_pool(pool_dir), "spk0_00", "开发集的一句。")])
+    with pytest.raises(DataError, match=rf"{prompted}:1: a prompted dev row \(prompt_id 'spk0_00'\) in a text-only run"):
+        run(tmp_path / "c", dev_file=prompted)
+
+
+def test_a_dev_text_that_is_a_training_text_is_refused_unless_allow_leak(tmp_path):
+    """Stage 5 chose the step on dev texts the model trained on; such a dev set is now a leak, as a test set's is."""
+    dev = _write_jsonl(tmp_path / "dev.jsonl", [{"text": "开发集的句子。"}, {"text": TEXTS[3]}, {"text": TEXTS[9]}])
+    with pytest.raises(DataError) as e:
+        run(tmp_path / "a", dev_file=dev)
+    assert f"dev/train leak: 2 of the dev texts of {dev} also occur in" in str(e.value)
+    assert f"{dev}:2: same text as train line 4" in str(e.value) and "--allow-leak" in str(e.value)
+    report, _ = run(tmp_path / "b", dev_file=dev, allow_leak=True)
+    assert any(w.startswith("dev/train leak: 2 of the dev texts") for w in report.warnings())
+
+
+def test_an_empty_pool_names_the_pool_file_and_what_it_lacks(tmp_path):
+    """An empty pool's error spoke of a "text" field (a text corpus's rows); now it names the pool file and
+    the prompts it lacks."""
+    d = tmp_path / "pool"
+    d.mkdir()
+    (d / POOL_FILE).write_text("\n\n", encoding="utf-8")
+    with pytest.raises(PoolError) as e:
+        read_pool(d)
+    msg = str(e.value)
+    assert msg.startswith(f"prompt pool {d}: no prompts: {d / POOL_FILE}: file is empty") and '"text"' not in msg
+    assert '{"id": ..., "prompt_text": ..., "prompt_speech_tokens": [...]}' in msg and "prompt_tokens.py" in msg

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -180,6 +181,34 @@ def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
     assert not (exp / "reward_server.pid").exists()
 
 
+def test_an_adopted_server_is_announced_as_what_happens_to_it(own_server, tmp_path):
+    """A run ending at stage 1 said of an adopted server "stopped at the end", then "left running" (it was
+    left running); now the launcher says the run takes it over, and the end says what it does with it."""
+    proc, port = own_server
+    exp, env = _dry_run_preset(tmp_path, port)
+    exp.mkdir(parents=True)
+    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
+    r = run_sh("1", "1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "started by an earlier run: this run takes it over as its own" in r.stdout, r.stdout
+    assert "stopped at the end" not in r.stdout and "reward server left running (stop: kill" in r.stdout
+    assert _alive(proc)
+
+
+def test_reward_urls_where_nothing_answers_say_what_stage_1_waits_for(tmp_path):
+    """REWARD_URLS=http://localhost:PORT with nothing there waited the whole REWARD_START_TIMEOUT_S in
+    silence; now stage 1 says what it waits for, and after a few seconds that nothing answers there."""
+    url = dead_url().replace("127.0.0.1", "localhost")
+    env = {**os.environ, "EXP_DIR": str(tmp_path / "exp"), "REWARD_URLS": url, "REWARD_START_TIMEOUT_S": "8"}
+    r = run_sh("1", "1", env=env, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"waiting up to 8s (REWARD_START_TIMEOUT_S) for the reward servers of REWARD_URLS to answer ready: {url}" \
+        in r.stdout, r.stdout
+    assert "REWARD_URL http://127.0.0.1:" in r.stdout and "is not listed: nothing is started here" in r.stdout
+    assert f"not ready yet at {url}: nothing answers there" in r.stdout, r.stdout
+    assert f"not ready: {url}" in r.stderr
+
+
 def test_stale_pid_file_is_not_trusted(hand_started_server, tmp_path):
     proc, port = hand_started_server
     exp, env = _dry_run_preset(tmp_path, port)
@@ -257,14 +286,66 @@ def test_a_second_run_on_the_same_exp_dir_is_refused_naming_the_first(tmp_path):
     exp.mkdir(parents=True)
     with open(exp / "run.lock", "a") as held:  # as a running run.sh holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        (exp / "run.lock").write_text("pid 4242, stages 3..5, started 2026-12-03 10:00:00 on host\n")
+        pid = os.getpid()  # a live process stands for the first run.sh
+        (exp / "run.lock").write_text(f"pid {pid}, stages 3..5, started 2026-12-03 10:00:00 on host\n")
         r = run_sh("0", "0", env=env)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert f"another run.sh is running on {exp}: pid 4242, stages 3..5" in r.stderr, r.stderr
+        assert f"another run.sh is running on {exp}: pid {pid}, stages 3..5" in r.stderr, r.stderr
         assert "==== stage" not in r.stdout
     r = run_sh("0", "0", env=env)  # released: this one runs (and fails: no hf_model here), recording itself
     assert "another run.sh" not in r.stderr and "==== stage 0" in r.stdout, r.stdout + r.stderr
     assert "stages 0..0" in (exp / "run.lock").read_text()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow  # run.sh stage 0, killed: ~10 s
+def test_a_child_left_by_a_killed_run_does_not_hold_the_lock(tiny_hf, tmp_path):
+    """After kill -9 of run.sh in stage 0, the orphaned prepare_data.py kept the lock's fd (the comment said
+    children close it), so the next run was refused; now no child gets the fd. A lock held while the
+    run.sh that took it is gone is said so, not blamed on the dead pid as a running run.sh."""
+    import fcntl
+    import signal
+
+    exp, env = _dry_run_preset(tmp_path, 1)
+    preset = tmp_path / "preset.sh"
+    preset.write_text(preset.read_text() + f'\nHF_MODEL_DIR="{tiny_hf}"\n')
+    proc = subprocess.Popen(["bash", str(ROOT / "run.sh"), "0", "0"], cwd=ROOT, env={**env, "DEV_SIZE": "0"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        for _ in range(1200):
+            child = next((c for c in _children(proc.pid)
+                          if b"prepare_data.py" in Path(f"/proc/{c}/cmdline").read_bytes()), None)
+            if child is not None or proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert child is not None, "stage 0 ran no prepare_data.py"
+        fds = [os.readlink(f) for f in (Path(f"/proc/{child}/fd").iterdir())]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert str(exp / "run.lock") not in fds, fds
+        with open(exp / "run.lock", "a") as f:  # free although the child may still run
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            (exp / "run.lock").write_text(f"pid {proc.pid}, stages 0..0, started 2026-12-05 10:00:00 on host\n")
+            r = run_sh("0", "0", env=env)
+        assert r.returncode == 1 and f"the run.sh that took it is gone (pid {proc.pid}, stages 0..0" in r.stderr, \
+            r.stderr
+        assert "another run.sh is running" not in r.stderr and "fuser -v" in r.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.slow  # run.sh stages 1 and 2: ~5 s
@@ -547,3 +628,36 @@ def test_stage0_refuses_a_train_test_leak_unless_allow_leak(tiny_hf, tmp_path):
     assert "ALLOW_LEAK=1" in r.stderr and not (exp / "data" / "train.parquet").exists()
     r = run_sh("0", "0", env={**env, "ALLOW_LEAK": "1"})
     assert r.returncode == 0 and (exp / "data" / "train.parquet").is_file(), r.stdout + r.stderr
+
+
+@pytest.mark.slow  # run.sh stage 0 twice: ~14 s
+def test_stage0_checks_dev_file_rows_against_the_pool_and_the_training_texts(tiny_hf, tmp_path):
+    """DEV_FILE was used as given: a row naming spk0_01 with spk3_04's transcript and tokens, or a training
+    text, went on to stage 5's choice. Stage 0 now refuses it, naming the row; ALLOW_LEAK=1 keeps a leak."""
+    import json
+
+    exp = tmp_path / "exp"
+    pool = {r["id"]: r for r in map(json.loads, (ROOT / "data/corpus/prompt_pool/prompt_speech_tokens.jsonl")
+                                    .read_text(encoding="utf-8").splitlines())}
+    train = json.loads((ROOT / "data/corpus/train.jsonl").read_text(encoding="utf-8").splitlines()[0])["text"]
+
+    def row(text, pid, like):
+        return {"text": text, "prompt_id": pid, "prompt_text": pool[like]["prompt_text"],
+                "prompt_speech_tokens": pool[like]["prompt_speech_tokens"]}
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps(row("开发集里的一句话。", "spk0_01", "spk0_01"), ensure_ascii=False) + "\n"
+                   + json.dumps(row("开发集里的另一句。", "spk0_01", "spk3_04"), ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    preset = tmp_path / "preset.sh"
+    preset.write_text((ROOT / "presets" / "embedded.sh").read_text()
+                      + f'\nEXP_DIR="{exp}"\nHF_MODEL_DIR="{tiny_hf}"\n')
+    env = {**os.environ, "PRESET": str(preset), "DEV_FILE": str(dev), "MAX_PROMPT_LENGTH": "96",
+           "PROMPT_POOL": "data/corpus/prompt_pool"}
+    r = run_sh("0", "0", env=env)
+    assert r.returncode == 1 and f"{dev}:2: prompt_id 'spk0_01'" in r.stderr, r.stdout + r.stderr
+    assert "DEV_FILE rows of another mode or pool prompt" in r.stderr and not (exp / "data" / "train.parquet").exists()
+    dev.write_text(json.dumps(row(train, "spk0_01", "spk0_01"), ensure_ascii=False) + "\n", encoding="utf-8")
+    r = run_sh("0", "0", env=env)
+    assert r.returncode == 1 and f"{dev}:1: same text as train line 1" in r.stderr, r.stdout + r.stderr
+    r = run_sh("0", "0", env={**env, "ALLOW_LEAK": "1"})
+    assert r.returncode == 0 and "dev/train leak: 1 of the dev texts" in r.stderr, r.stdout + r.stderr

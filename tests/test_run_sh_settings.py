@@ -217,6 +217,16 @@ def test_a_second_installer_waits_for_the_first_then_finds_the_venv_up_to_date(t
     assert holder_done
 
 
+def test_malformed_or_repeated_reward_urls_are_refused_with_the_settings():
+    """A malformed or repeated REWARD_URLS raised ValueError in the launcher (a traceback at stage 1);
+    now the settings refuse it before any stage, naming REWARD_URLS."""
+    for urls, why in (("foo", "expected http://HOST:PORT"), ("http://a:1,http://a:1/", "listed twice"),
+                      (" , ", "no reward server URL")):
+        r = _config({"REWARD_URLS": urls}, ok=False)
+        assert r.returncode == 2 and r.stderr.startswith(f"REWARD_URLS={urls!r}: "), r.stderr
+        assert why in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow  # two servers + run.sh stage 1: ~8 s
 def test_reward_urls_list_remote_servers_and_stage_1_waits_for_them(tmp_path):
     """REWARD_URLS names every reward server the clients use; when this machine's REWARD_URL is
@@ -351,3 +361,14 @@ def test_pref_extra_adds_train_dpo_options_after_the_presets_so_they_win():
     plain = _config({"TRAINER": "dpo"})["PREF_ARGS"]
     got = _config({"TRAINER": "dpo", "PREF_EXTRA": "--loss-type ipo --beta 0.5 --seed 2"})["PREF_ARGS"]
     assert got == [*plain, "--loss-type", "ipo", "--beta", "0.5", "--seed", "2"] and "--beta" in plain
+
+
+def test_a_path_byte_that_is_not_utf8_goes_through_with_pythonioencoding_utf8(tmp_path):
+    """EXP_DIR with a \\xff byte and PYTHONIOENCODING=utf-8 (strict errors, as on a UTF-8 locale) raised
+    UnicodeEncodeError in the launcher; now every Python run.sh starts writes such bytes back as they came."""
+    exp = os.fsencode(tmp_path) + b"/run\xff1"
+    env = {**os.environb, b"EXP_DIR": exp, b"PYTHONIOENCODING": b"utf-8"}
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "--config"], cwd=ROOT, capture_output=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
+    assert b"EXP_DIR=" + exp + b"\n" in r.stdout or b"EXP_DIR='" + exp + b"'\n" in r.stdout, r.stdout[:400]

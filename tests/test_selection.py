@@ -231,3 +231,16 @@ def test_run_sh_holds_out_a_dev_set_and_stage5_chooses_on_it(tiny_cosyvoice2, tm
     assert f"exporting step {want['step']}: Stage 5 exports step {want['step']}: the lowest cer_utt_mean on the " \
            "dev set(s) dev" in r.stdout
     assert "dev set(s) dev" in (exp / "eval" / "report.md").read_text()
+
+
+def test_export_step_without_a_summary_says_stage_4_has_not_run(tmp_path):
+    """EXPORT_STEP with no stage-4 summary gave a bare "[Errno 2] No such file or directory"; now the message
+    names the summary, the step asked for, and that stage 4 has not run."""
+    summary = tmp_path / "eval" / "summary.json"
+    out = tmp_path / "llm-new.pt"
+    p = subprocess.run([sys.executable, str(ROOT / "huggingface_to_pretrained.py"), "--from-sweep", str(summary),
+                        "--merged-dir", str(tmp_path / "merged"), "--start-model", str(tmp_path / "hf"),
+                        "--step", "300", "--output-path", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith(f"error: no stage-4 summary {summary} (asked for step 300): "
+                                                     "stage 4 has not run here"), p.stderr
+    assert "[Errno 2]" not in p.stderr and not out.exists()

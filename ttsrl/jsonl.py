@@ -103,11 +103,13 @@ def iter_text_lines(path: str | Path, error: type[Exception] = DataError) -> Ite
 class RecordReader:
     """Iterate the rows of a JSONL file or a JSON array file, with line numbers.
 
-    ``bytes_read`` tells how far into the file the reader is (for progress bars).
+    ``bytes_read`` tells how far into the file the reader is (for progress bars). ``rows``: what a
+    row holds, as an empty file's message says it (a text corpus's by default; a pool's its own).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, rows: str = "objects with a \"text\" field"):
         self.path = Path(path)
+        self.rows = rows
         if self.path.is_dir():
             raise DataError(f"{self.path}: is a directory (expected a JSONL file or a JSON array file)")
         if not self.path.is_file():
@@ -125,8 +127,7 @@ class RecordReader:
             raise DataError(f"{self.path}: cannot read: {e.strerror}") from None
         head = head.removeprefix(codecs.BOM_UTF8).lstrip()
         if not head:
-            raise DataError(f"{self.path}: file is empty (expected JSONL rows or a JSON array "
-                            "of objects with a \"text\" field)")
+            raise DataError(f"{self.path}: file is empty (expected JSONL rows or a JSON array of {self.rows})")
         return "json-array" if head.startswith(b"[") else "jsonl"
 
     def __iter__(self) -> Iterator[RawRecord]:

@@ -16,6 +16,13 @@ pool sorted by id and walks past a prompt whose transcript is the row's text), s
 a zero-shot run's step on zero-shot decoding with the prompt's speaker, as the run is used.
 
     python -m ttsrl.data.devsplit --train data/corpus/train.jsonl --size 64 --out-dir exp/embedded/data/split
+
+A dev set the user names (``DEV_FILE``) is checked by stage 0 against the run (``check_dev_set``,
+called by ``ttsrl.data.prepare`` with ``--dev-file``): its rows in the run's mode (zero-shot rows
+naming a pool prompt with that prompt's transcript and speech tokens; text-only rows without a
+pool), and no dev text a training text (``ALLOW_LEAK=1`` aside, as for a test set), because stage 5
+chooses the step on it: a row voiced by one speaker but prompted with another's transcript, or a
+text the model trained on, would choose on a figure that does not measure the run.
 """
 
 from __future__ import annotations
@@ -107,6 +114,72 @@ def split_dev(train: str | Path, size: int, out_dir: str | Path, prompt_pool: st
     atomic_write_text(out / TRAIN_FILE, dump(rest))
     atomic_write_text(out / DEV_FILE, dump(dev))
     return len(rest), len(dev)
+
+
+def _prompt_mismatch(u, pool: PromptPool | None, by_id: dict) -> str | None:
+    """Why dev utterance ``u`` does not fit the run (None when it does): the run's mode, then its
+    pool prompt (``by_id``: the pool's prompts by id)."""
+    prompted = bool(u.prompt_id or u.prompt_text or u.prompt_speech)
+    if pool is None:
+        return None if not prompted else (
+            f"a prompted dev row (prompt_id {u.prompt_id!r}) in a text-only run (no PROMPT_POOL): the run trains and "
+            "is used without a speaker prompt; give text-only dev rows, or set PROMPT_POOL to the pool they name")
+    if not prompted:
+        return (f"a text-only dev row in a zero-shot run (PROMPT_POOL={pool.folder}): each dev row names a pool "
+                "prompt (prompt_id, prompt_text, prompt_speech_tokens); leave DEV_FILE empty and stage 0 holds "
+                "such rows out of the training texts")
+    if not u.prompt_id:
+        return (f"names no prompt_id of the pool {pool.path} (a zero-shot run's dev row is voiced by its pool "
+                "prompt's speaker, and SIM is measured against it)")
+    prompt = by_id.get(u.prompt_id)
+    if prompt is None:
+        known = sorted(by_id)
+        return (f"prompt_id {u.prompt_id!r} is not in the pool {pool.path} ({len(known)} ids, e.g. "
+                + ", ".join(repr(i) for i in known[:3]) + ")")
+    wrong = []
+    if u.prompt_text != prompt.prompt_text:
+        wrong.append(f"prompt_text {u.prompt_text[:40]!r}, the pool's is {prompt.prompt_text[:40]!r}")
+    if tuple(u.prompt_speech or ()) != prompt.speech:
+        wrong.append(f"prompt_speech_tokens ({len(u.prompt_speech or ())} codes) differ from the pool's "
+                     f"({len(prompt.speech)} codes)")
+    if wrong:
+        return (f"prompt_id {u.prompt_id!r} ({pool.path}:{prompt.line}) but " + "; ".join(wrong)
+                + ": the row would be prompted with one prompt and voiced by another")
+    return None
+
+
+def check_dev_set(path: str | Path, pool: PromptPool | None, train_seen: dict[int, int],
+                  max_listed: int = 20) -> list[str]:
+    """Check a user's dev set (any stage-4 layout; read as stage 4 reads it) against the run:
+    raises ``DataError`` listing every row that does not fit the run's mode or its pool prompt as
+    FILE:LINE. Returns the dev rows whose text is a training text, as "FILE:LINE: ..." lines
+    (``train_seen``: the training file's hashes of ``normalise_for_dedup`` forms, as stage 0's
+    train/test leak check keeps them); the caller refuses or reports them."""
+    from ttsrl.data.rowchecks import normalise_for_dedup
+    from ttsrl.data.testsets import TestSetError, read_test_set
+
+    try:
+        ts = read_test_set("dev", path)
+        # JSONL: FILE:LINE of each row (the reader keeps one utterance per object, in order)
+        wheres = ([w for w, _ in iter_objects(path)] if ts.layout == "jsonl"
+                  else [f"{ts.path} (utterance {u.id})" for u in ts.utterances])
+    except (TestSetError, ValueError, OSError) as e:
+        raise DataError(f"dev set (DEV_FILE) {path}: {e}") from None
+    by_id = {p.id: p for p in pool.prompts} if pool is not None else {}
+    problems, leaks = [], []
+    for where, u in zip(wheres, ts.utterances):
+        why = _prompt_mismatch(u, pool, by_id)
+        if why:
+            problems.append(f"  {where}: {why}")
+        key = hash(normalise_for_dedup(u.text))
+        if key in train_seen:
+            leaks.append(f"{where}: same text as train line {train_seen[key]}")
+    if problems:
+        listed = problems[:max_listed] + ([f"  ... and {len(problems) - max_listed} more"]
+                                          if len(problems) > max_listed else [])
+        raise DataError(f"dev set (DEV_FILE) {path}: {len(problems)} of its {len(ts.utterances)} rows do not fit "
+                        "this run (stage 5 chooses the step on them):\n" + "\n".join(listed))
+    return leaks
 
 
 @dataclass

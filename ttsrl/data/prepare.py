@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path, remove_stale_temps
 from ttsrl.cli import option
+from ttsrl.data.devsplit import check_dev_set
 from ttsrl.data.prompt_pool import PromptPool, read_pool
 from ttsrl.data.rowchecks import (
     OUTPUT_COLUMNS,
@@ -65,8 +66,13 @@ class PrepareConfig:
                                 help="skip invalid rows (and list them) instead of failing")
     drop_duplicates: bool = option(False, flag="--drop-duplicates", aliases=("--drop_duplicates",),
                                    help="drop repeated texts within a split (keeps the first); default: keep, warn")
-    allow_leak: bool = option(False, help="keep test texts that also occur in the train file (by default such a "
-                                          "leak is an error listing each one, and nothing is written)")
+    allow_leak: bool = option(False, help="keep test (and --dev-file) texts that also occur in the train file (by "
+                                          "default such a leak is an error listing each one, and nothing is written)")
+    dev_file: Union[Path, None] = option(
+        None, flag="--dev-file", aliases=("--dev_file",), parse=Path, metavar="FILE",
+        help="the run's own dev set (run.sh's DEV_FILE), checked and not converted: rows in the run's mode "
+             "(with --prompt-pool each names a pool prompt_id with its transcript and speech tokens; without, "
+             "text-only), no text a training text (unless --allow-leak)")
     data_source: str = option(DEFAULT_DATA_SOURCE, flag="--data-source", aliases=("--data_source",), metavar="NAME",
                               help="value of the data_source column; verl passes it to the reward function")
     ability: str = option(DEFAULT_ABILITY, help="value of the ability column")
@@ -194,6 +200,7 @@ class PrepareReport:
     drop_duplicates: bool
     pool: PromptPool | None = None
     pool_checked: bool = False  # each row's ids compared with verl's rendering (a tokenizer was given)
+    dev_leaks: list[str] | None = None  # --dev-file rows that are training texts (kept: --allow-leak)
 
     def warnings(self) -> list[str]:
         out = []
@@ -210,6 +217,9 @@ class PrepareReport:
             if scan.leaks.count:
                 out.append(f"train/test leak: {scan.leaks.count} of the test texts also occur in "
                            "the train file (kept: --allow-leak):\n" + _list_problems(scan.path, scan.leaks))
+            if scan.split == "test" and self.dev_leaks:
+                out.append(f"dev/train leak: {len(self.dev_leaks)} of the dev texts also occur in the train file "
+                           "(kept: --allow-leak):\n" + _list_lines(self.dev_leaks))
             merged = scan.prompt_skips.get(SKIP_BOUNDARY, 0)
             if merged:
                 out.append(f"{scan.path}: {merged} times a row passed a pool prompt by because {SKIP_BOUNDARY} "
@@ -248,6 +258,11 @@ def _list_problems(path: Path, problems: ProblemList) -> str:
     if problems.count > len(problems.first):
         lines.append(f"  ... and {problems.count - len(problems.first)} more")
     return "\n".join(lines)
+
+
+def _list_lines(lines: list[str], limit: int = 20) -> str:
+    more = [f"  ... and {len(lines) - limit} more"] if len(lines) > limit else []
+    return "\n".join([f"  {line}" for line in lines[:limit]] + more)
 
 
 def _bar(enabled: bool, total: int, desc: str):
@@ -303,6 +318,14 @@ def prepare(cfg: PrepareConfig,
                                       max_listed=cfg.max_listed,
                                       train_seen=scans["train"].seen if split == "test" else None,
                                       on_progress=lambda b: bar.update(b - bar.n), zero_shot=zero_shot)
+    dev_leaks = None
+    if cfg.dev_file is not None:  # stage 5 chooses on it: rows of the run's mode, none a training text
+        dev_leaks = check_dev_set(cfg.dev_file, pool, scans["train"].seen, cfg.max_listed)
+        if dev_leaks and not cfg.allow_leak:
+            raise DataError(f"dev/train leak: {len(dev_leaks)} of the dev texts of {cfg.dev_file} also occur in "
+                            f"{scans['train'].path} (stage 5 would choose the step on texts it trained on):\n"
+                            + _list_lines(dev_leaks, cfg.max_listed)
+                            + "\nRemove them from one of the files, or pass --allow-leak to keep them.")
     scans["train"].seen.clear()  # the hashes are not needed any more
     scans["test"].seen.clear()
 
@@ -342,4 +365,4 @@ def prepare(cfg: PrepareConfig,
 
     return PrepareReport(scans, outputs, zero_shot.description if zero_shot else length.description,
                          cfg.drop_duplicates, pool,
-                         pool_checked=zero_shot is not None and zero_shot.tokenizer is not None)
+                         pool_checked=zero_shot is not None and zero_shot.tokenizer is not None, dev_leaks=dev_leaks)

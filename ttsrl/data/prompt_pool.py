@@ -33,6 +33,7 @@ from ttsrl.model.vocab import speech_token_name_in
 POOL_FILE = "prompt_speech_tokens.jsonl"  # the same name stage 4's test-set folders use
 MAX_ID_BYTES = 255  # a file stem (the reward server's PROMPT_ID limit)
 MAX_LISTED = 20  # problems listed in one error
+POOL_ROWS = 'prompts {"id": ..., "prompt_text": ..., "prompt_speech_tokens": [...]}'  # an empty pool's message
 
 
 class PoolError(DataError):
@@ -144,9 +145,9 @@ def read_pool(folder: str | Path, *, need_text: bool = True, need_wavs: bool = F
     prompts: list[PoolPrompt] = []
     untranscribed = 0
     try:
-        reader = RecordReader(path)
-    except DataError as e:  # unreadable or empty: its own words name the file
-        raise PoolError(f"prompt pool {folder}: {path} has no prompts ({e})") from None
+        reader = RecordReader(path, rows=POOL_ROWS)
+    except DataError as e:  # unreadable or empty: its own words name the file and what a pool's rows hold
+        raise PoolError(f"prompt pool {folder}: no prompts: {e}; scripts/prompt_tokens.py writes it") from None
     for rec in reader:
         where = f"{path}:{rec.line}"
         if rec.error is not None:

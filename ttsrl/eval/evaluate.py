@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ttsrl.cli import option
-from ttsrl.data.testsets import TestSet, Utterance, parse_test_set_arg, read_test_set
+from ttsrl.data.testsets import TestSet, TestSetError, Utterance, parse_test_set_arg, read_test_set
 from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, rank_threads, shard
 from ttsrl.eval.report import (
     HEADLINES,
@@ -52,6 +52,7 @@ from ttsrl.eval.report import (
 )
 from ttsrl.eval.seedtts_eval import detect_lang, score_utterance
 from ttsrl.eval.shares import MAX_WAIT_S, NodeShare, finish_share, start_share
+from ttsrl.jsonl import DataError
 from ttsrl.model.generate import Generated, GenerationConfig, make_requests
 from ttsrl.reward.backends import BackendConfig
 from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
@@ -208,6 +209,31 @@ def scoring_backend(cfg: EvalConfig) -> BackendConfig:
                    want_score=reward_variant(cfg.reward).needs_asr_logprob)
 
 
+def check_prompt_ids(test_sets: Sequence[TestSet], backend: BackendConfig) -> None:
+    """Every ``prompt_id`` a row names is one the scoring backend knows, checked before any model
+    is loaded (else the first such row raised UnknownPromptId in the middle of scoring, a traceback
+    per rank); :class:`TestSetError` naming the set, the ids and what the backend knows."""
+    known = None
+    for ts in test_sets:
+        named = [u for u in ts.utterances if u.prompt_id]
+        if not named:
+            continue
+        if known is None:
+            try:
+                known = sorted(backend.served_prompt_ids())
+            except DataError as e:
+                raise TestSetError(f"the scoring backend's --prompt-dir: {e}") from None
+        unknown = [u for u in named if u.prompt_id not in set(known)]
+        if unknown:
+            ids = ", ".join(dict.fromkeys(repr(u.prompt_id) for u in unknown[:20]))
+            pool = (f"the ids of --prompt-dir {backend.prompt_dir}: {len(known)}, e.g. "
+                    + ", ".join(repr(k) for k in known[:3]) if backend.prompt_dir else "none: no --prompt-dir given")
+            raise TestSetError(f"{ts.path} ({ts.name}): {len(unknown)} of its {len(ts.utterances)} rows name a "
+                               f"prompt_id the scoring backend ({backend.backend}) does not know ({ids}); it knows "
+                               f"{pool}. Score with the pool the rows were made from (run.sh: PROMPT_POOL, "
+                               "which stage 0 checks a DEV_FILE against), or fix the rows")
+
+
 def settings_of(cfg: EvalConfig, engine: str) -> dict:
     g = cfg.generation
     return {"greedy": g.greedy, "seed": g.seed, "sampling": asdict(g.sampling), "engine": engine,
@@ -299,6 +325,7 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
             ts.utterances = ts.utterances[:cfg.limit]
         for note in ts.notes:
             say(f"[{ts.name}] {note}")
+    check_prompt_ids(test_sets, scoring_backend(cfg))
     models = models_to_score(cfg)
     settings = settings_of(cfg, engine)
     share, started = cfg.node_share, time.time()

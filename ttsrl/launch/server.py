@@ -8,7 +8,8 @@
   (``expect``: what the run's server would publish in its model metadata), naming both; with
   ``any_server`` it is used anyway, and said so;
 * **adopted** when the pid file names the process answering there and that process is a reward
-  server (one an earlier, killed ``run.sh`` started): stopped at the end of this run;
+  server (one an earlier, killed ``run.sh`` started): this run's own from then on (run.sh stops it,
+  or leaves it running when the run ends at stage 1, as one it started);
 * else **used** and left running (one started by hand); a stale pid file is removed.
 
 Otherwise the server command is started in a session of its own, its pid written to the pid file,
@@ -25,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ttsrl.reward.health import identity_problem, ready, wait_ready_all
+from ttsrl.reward.health import identity_problem, not_ready_reason, ready, wait_ready_all
 from ttsrl.reward.protocol import split_urls
 
 SERVER_SCRIPT = "token2wav_asr_server.py"
@@ -73,8 +74,9 @@ def local_up(url: str, pid_file: Path, log: Path, timeout: float, expect: dict[s
         if ours and pid is not None:
             _say(f"reward server of stage 1 answering at {url}")
         elif pid is not None and is_reward_server(pid) and not identity_problem(url, {"pid": str(pid)}):
-            _say(f"reward server already answering at {url} (pid {pid}, started by an earlier run; stopped at the "
-                 "end)")
+            # taken over as this run's own: run.sh stops it, or leaves it running and says so, as one it started
+            _say(f"reward server already answering at {url} (pid {pid}, started by an earlier run: this run takes "
+                 "it over as its own)")
         else:
             pid_file.unlink(missing_ok=True)  # stale: its process is gone or another, or not the one answering
             _say(f"reward server already answering at {url} (not started by run.sh: used, and left running)")
@@ -120,7 +122,15 @@ def up(urls: str, url: str, pid_file: Path, log: Path, timeout: float, expect: d
         rc = local_up(url, pid_file, log, timeout, expect, any_server, command, ours)
         if rc or listed == (url,):
             return rc
-    up_ = wait_ready_all(list(listed), timeout, at_least)
+    others = [u for u in listed if u != url]
+    if url not in listed:  # nothing is started here: say what the stage waits for, and early when nothing answers
+        _say(f"waiting up to {timeout:g}s (REWARD_START_TIMEOUT_S) for the reward servers of REWARD_URLS to answer "
+             f"ready: {', '.join(others)} (this machine's REWARD_URL {url} is not listed: nothing is started here)")
+
+    def slow(not_ready: list[str]) -> None:
+        for u in not_ready:
+            _say(f"not ready yet at {u}: {not_ready_reason(u)}; still waiting")
+    up_ = wait_ready_all(list(listed), timeout, at_least, on_slow=slow)
     need = len(listed) if at_least is None else at_least
     if len(up_) < need:
         missing = [u for u in listed if u not in up_]

@@ -71,11 +71,12 @@ Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL 
          5 export the step chosen on the dev set (or EXPORT_STEP) to llm.pt
   Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training by
   stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE: no dev set,
-  and stage 5 needs EXPORT_STEP. ALLOW_LEAK=1: keep test texts that are training texts too.
+  and stage 5 needs EXPORT_STEP. ALLOW_LEAK=1: keep test (and DEV_FILE) texts that are training
+  texts too; stage 0 refuses them otherwise.
   Zero-shot rows: PROMPT_POOL=DIR (DIR/prompt_speech_tokens.jsonl: ids, transcripts, speech tokens)
   gives every stage-0 row a speaker prompt (seeded by PROMPT_SEED, default 0; prepare_data.py
-  --help has the rule), the held-out dev rows too (a DEV_FILE is used as given: its rows name their
-  prompt_id); the reward server voices from the same DIR (its --prompt-dir). Empty: text-only rows
+  --help has the rule), the held-out dev rows too (a DEV_FILE's rows name their prompt_id and carry
+  its transcript and speech tokens, checked by stage 0; text-only rows without a pool); the reward server voices from the same DIR (its --prompt-dir). Empty: text-only rows
   (the embedded preset's default is its own pool, data/corpus/prompt_pool: PROMPT_POOL= for text-only).
 
 Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedded.sh) sets what
@@ -518,6 +519,12 @@ def resolve_reward(r: Resolved, env: Mapping[str, str]) -> None:
     if r.multi_node:  # other nodes reach it at this node's address
         r.lists["REWARD_ARGS"] += ["--host", v["NODE_IP"]]
     v["REWARD_URLS"] = env.get("REWARD_URLS") or v["REWARD_URL"]
+    from ttsrl.reward.protocol import split_urls  # standard library only, as this module (host python3)
+
+    try:  # the one rule the clients apply, here before any stage (it raised in the launcher mid-run)
+        split_urls(v["REWARD_URLS"])
+    except ValueError as e:
+        raise SettingsError([f"REWARD_URLS={v['REWARD_URLS']!r}: {e}"]) from None
     v["REWARD_MIN_READY"] = env.get("REWARD_MIN_READY", "")
     v["TTSRL_REWARD_URL"] = v["REWARD_URLS"]  # the reward client's default list (mining, reward_tts.py by hand)
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def ready(url: str, timeout: float = 2.0) -> bool:
         return requests.get(url.rstrip("/") + READY_PATH, timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
+
+
+def not_ready_reason(url: str, timeout: float = 2.0) -> str:
+    """Why ``url`` is not ready, in a few words: nothing answers there, or what it answers."""
+    try:
+        r = requests.get(url.rstrip("/") + READY_PATH, timeout=timeout)
+    except requests.ConnectionError:
+        return "nothing answers there (connection refused or no such host)"
+    except requests.RequestException as e:
+        return f"no answer ({type(e).__name__})"
+    return "it answers ready now" if r.status_code == 200 else f"it answers HTTP {r.status_code} to {READY_PATH}"
 
 
 def wait_ready(url: str, seconds: float) -> bool:
@@ -51,16 +63,22 @@ def alive(pid: int) -> bool:
         return True
 
 
-def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None, pid: int | None = None) -> list[str]:
+def wait_ready_all(urls: list[str], seconds: float, at_least: int | None = None, pid: int | None = None,
+                   on_slow: Callable[[list[str]], None] | None = None, slow_after: float = 5.0) -> list[str]:
     """Poll ``urls`` until all (or ``at_least`` of them) are ready, ``seconds`` pass or process ``pid``
-    has exited; the ready ones."""
+    has exited; the ready ones. ``on_slow(not_ready)`` is called once, ``slow_after`` seconds in, when
+    some are not ready yet (a wait of minutes on a URL where nothing listens says so early)."""
     need = len(urls) if at_least is None else at_least
-    deadline = time.monotonic() + seconds
+    start = time.monotonic()
+    deadline = start + seconds
     ready_urls: list[str] = []
     while True:
         ready_urls += [u for u in urls if u not in ready_urls and ready(u)]
         if len(ready_urls) >= need or time.monotonic() >= deadline or (pid is not None and not alive(pid)):
             return [u for u in urls if u in ready_urls]
+        if on_slow is not None and time.monotonic() - start >= slow_after:
+            on_slow([u for u in urls if u not in ready_urls])
+            on_slow = None
         time.sleep(0.5)
 
 

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from aiohttp import web
 from ttsrl.cli import option
 from ttsrl.data.prompt_pool import prompt_id_problem
 from ttsrl.families import DEFAULT_FAMILY, FAMILIES, family
+from ttsrl.jsonl import DataError
 from ttsrl.limits import MAX_SPEECH_CODES, MAX_TEXT_CHARS, text_problem
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline, local_devices
 from ttsrl.reward.backends.base import prompt_pool_sha1, unknown_prompt_message
@@ -508,6 +510,9 @@ def run(cfg: ServerConfig, announce: Callable[[str], None] = print) -> None:
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    except DataError as e:  # a bad input file (a pool): its message names FILE:LINE, a traceback would bury it
+        print(f"reward server: cannot start: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     except (ValueError, FileNotFoundError, ImportError, OSError) as e:  # start-up problems: say what, no trace
         raise SystemExit(f"reward server: cannot start: {type(e).__name__}: {e}") from None
 
