@@ -320,6 +320,10 @@ def test_two_raylets_train_with_workers_and_rewards_on_both_nodes(rehearsal):
     # measured for every rollout with speech (an empty response, which this briefly pretrained model
     # sometimes gives, has none to judge: seen 15 of 16 a step)
     assert all(steps[s].get("reward/sim_measured/mean", 0) >= 0.5 for s in range(1, STEPS + 1)), steps
+    # every step counts the rollouts it holds without a reward and the groups verl dropped, over two nodes
+    # as on one (the step rule for lost rewards, docs/operations.md)
+    for s in range(1, STEPS + 1):
+        assert 0.0 <= steps[s]["reward/no_reward/share"] <= 1.0 and 0.0 <= steps[s]["reward/groups_dropped/share"] <= 1.0
     print(f"\nmultinode rehearsal: model built in {run['built_s']:.0f}s, head run.sh 0..3 in {run['head_s']:.0f}s; "
           f"node ids {sorted(n[:12] for n in nodes_seen)}; actors {json.dumps({k: [n[:12] for n in v] for k, v in run['placed'].items()})}; "
           f"requests ok: server 0 {ok0}, server 1 {ok1} (before its kill at {run['killed']['at_s']:.0f}s)")
