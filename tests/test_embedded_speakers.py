@@ -368,6 +368,7 @@ def test_a_briefly_pretrained_model_continues_its_prompts_speaker(tmp_path):
     assert d["lo"] > 0, d
 
 
+@pytest.mark.slow  # ~6 s: two tiny builds
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git history (the build before speakers)")
 def test_a_text_only_build_is_the_build_before_speakers(tmp_path):
     """prompt_prob 0: the same weights as pretrain.py as committed before speakers (1335aa1), on a

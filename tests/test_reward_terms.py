@@ -277,6 +277,7 @@ def test_console_line_shows_the_terms():
     assert "cer" not in console.feed(concat_dict_to_str(base, step=13))  # none logged: none shown
 
 
+@pytest.mark.slow  # ~6 s: imports verl's trainers in a fresh process
 def test_the_plugin_patches_verls_trainers_when_verl_imports_them():
     """In a fresh process with the plugin selected as verl selects it (VERL_USE_EXTERNAL_MODULES):
     both trainers' metric code is wrapped once verl imports it (the v1 trainer's method included)."""

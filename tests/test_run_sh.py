@@ -195,6 +195,7 @@ def test_an_adopted_server_is_announced_as_what_happens_to_it(own_server, tmp_pa
     assert _alive(proc)
 
 
+@pytest.mark.slow  # ~9 s: run.sh waits out a short start timeout
 def test_reward_urls_where_nothing_answers_say_what_stage_1_waits_for(tmp_path):
     """REWARD_URLS=http://localhost:PORT with nothing there waited the whole REWARD_START_TIMEOUT_S in
     silence; now stage 1 says what it waits for, and after a few seconds that nothing answers there."""

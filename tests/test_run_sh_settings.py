@@ -312,6 +312,7 @@ def test_the_cosyvoice3_gpu_preset_is_gpu8_with_cosyvoice3s_folder_backend_check
     assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
 
 
+@pytest.mark.slow  # ~5.5 s: several run.sh --config round trips
 def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     """`bash run.sh` on a fresh clone trains zero-shot (the environment has no PROMPT_POOL:
     tests/conftest.py sets it empty for the suite's other run.sh tests, so it is removed here): rows,
