@@ -186,7 +186,7 @@ class SpeechPipeline:
     The speaker prompt is fixed per text (sha1 of the normalised text modulo the
     number of prompts), so the same text is always voiced by the same speaker and
     the reward carries no speaker-lottery noise. A request may name its prompt instead
-    (``prompt_ids``, the wire's PROMPT_ID: zero-shot training, issue 37): an id of the
+    (``prompt_ids``, the wire's PROMPT_ID: zero-shot training): an id of the
     token2wav's ``prompt_pool``, and an unknown id raises :class:`UnknownPromptId`, never
     falls back to another speaker.
 

@@ -33,7 +33,7 @@ class SimToken2Wav(Token2Wav):
     ``prompt_dir``: a prompt pool folder (``DIR/prompt_speech_tokens.jsonl``); its ids are the
     ``prompt_pool`` a request may name, a request naming none gets one chosen by its text (as
     the cosyvoice backends choose a wav), and ``speaker_similarity`` measures SIM. Without it
-    the backend has no speakers to compare with (no SIM, no prompt ids), as before issue 37."""
+    the backend has no speakers to compare with (no SIM, no prompt ids): text-only rows."""
 
     name = "sim"
 
