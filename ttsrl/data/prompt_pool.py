@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ttsrl.jsonl import DataError, RecordReader
-from ttsrl.families import FAMILIES
+from ttsrl.families import any_speech_token_size
 from ttsrl.model.vocab import speech_token_name_in
 
 POOL_FILE = "prompt_speech_tokens.jsonl"  # the same name stage 4's test-set folders use
@@ -114,7 +114,7 @@ def _codes_problem(value) -> str | None:
     for c in value:
         if not isinstance(c, int) or isinstance(c, bool):
             return f"\"prompt_speech_tokens\" holds {c!r}, not an integer"
-        n = max(f.speech_token_size for f in FAMILIES.values())
+        n = any_speech_token_size()
         if not 0 <= c < n:
             return f"\"prompt_speech_tokens\" holds {c}, outside 0..{n - 1}"
     return None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttsrl.jsonl import iter_objects, iter_text_lines
-from ttsrl.families import FAMILIES
+from ttsrl.families import any_speech_token_size
 
 PROMPT_TOKENS_FILE = "prompt_speech_tokens.jsonl"
 
@@ -81,7 +81,7 @@ def parse_test_set_arg(arg: str) -> tuple[str, str]:
 def _check_codes(codes, where: str) -> tuple[int, ...]:
     if not isinstance(codes, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in codes):
         raise TestSetError(f"{where}: prompt_speech_tokens must be a list of integers")
-    n = max(f.speech_token_size for f in FAMILIES.values())  # any family's; the run's own: SpeechVocab.codes_to_ids
+    n = any_speech_token_size()  # the run's own: SpeechVocab.codes_to_ids
     bad = [c for c in codes if not 0 <= c < n]
     if bad:
         raise TestSetError(f"{where}: prompt speech token {bad[0]} outside 0..{n - 1}")

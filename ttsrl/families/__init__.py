@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from ttsrl.families import cosyvoice2, cosyvoice3
 from ttsrl.families.base import PAD_MULTIPLE, QWEN_SPECIALS, Family, Token2WavSpec, speech_name
 
-__all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "PAD_MULTIPLE", "QWEN_SPECIALS", "Token2WavSpec", "family",
+__all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "any_speech_token_size", "PAD_MULTIPLE", "QWEN_SPECIALS", "Token2WavSpec", "family",
            "family_of_rule", "family_of_state", "register", "sampling_rules", "speech_name", "token2wav_families"]
 
 FAMILIES: dict[str, Family] = {}
@@ -82,6 +82,12 @@ def family_of_rule(rule: str) -> tuple[Family, str]:
             if r == rule:
                 return f, kind
     raise ValueError(f"unknown sampling rule {rule!r}; choose one of {', '.join(sampling_rules())}")
+
+
+def any_speech_token_size() -> int:
+    """The largest speech vocabulary of any family: a code at or beyond it is no family's speech (readers
+    that do not know the run's family check this; the run's own vocabulary checks the rest)."""
+    return max(f.speech_token_size for f in FAMILIES.values())
 
 
 def token2wav_families() -> tuple[str, ...]:

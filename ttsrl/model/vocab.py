@@ -13,7 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ttsrl.families import DEFAULT_FAMILY, FAMILIES, PAD_MULTIPLE, QWEN_SPECIALS, Family, family, speech_name
+from ttsrl.families import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    PAD_MULTIPLE,
+    QWEN_SPECIALS,
+    Family,
+    any_speech_token_size,
+    family,
+    speech_name,
+)
 
 __all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "QWEN_SPECIALS", "SpeechVocab", "add_cosyvoice_specials",
            "added_token_names", "check_tokenizer", "extend_tokenizer", "family", "family_of_tokenizer",
@@ -179,7 +188,7 @@ def parse_speech_text(text: str) -> list[int]:
     function): anything else is ignored; a code beyond every family's speech vocabulary raises
     (the reward server checks the rest against its own family)."""
     codes = [int(m) for m in _SPEECH_RE.findall(text)]
-    n = max(f.speech_token_size for f in FAMILIES.values())
+    n = any_speech_token_size()
     bad = next((c for c in codes if c >= n), None)
     if bad is not None:
         raise ValueError(f"speech code {bad} outside every family's speech vocabulary (0..{n - 1})")

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from ttsrl.atomic import atomic_path
 from ttsrl.cli import option
+from ttsrl.families import any_speech_token_size
 from ttsrl.jsonl import iter_objects
 from ttsrl.limits import codes_problem, text_problem
 from ttsrl.model import vocab as V
@@ -154,7 +155,7 @@ def _check_codes(value, where: str, name: str) -> list[int]:
     too_long = codes_problem(len(value))
     if too_long:
         raise PairsError(f"{where}: '{name}' has {too_long}")
-    n = max(f.speech_token_size for f in V.FAMILIES.values())  # the run's own: SpeechVocab.codes_to_ids
+    n = any_speech_token_size()  # the run's own: SpeechVocab.codes_to_ids
     bad = [c for c in value if not 0 <= c < n]
     if bad:
         raise PairsError(f"{where}: '{name}' holds speech code {bad[0]} outside 0..{n - 1}")
