@@ -12,7 +12,7 @@ GPU) and rank 0 gathers the results.
 
 Outputs (see ttsrl/eval/evaluate.py):
   OUT/step_N/<set>/results.jsonl, summary.json, wavs/   per model and dev/test set
-  OUT/report.md, OUT/summary.json, OUT/cer.png          the sweep
+  OUT/report.md, OUT/summary.json, OUT/terms.png          the sweep
 Models already scored with the same settings are skipped unless --force.
 
 Several nodes (each runs its own `torchrun --standalone` with the same arguments and the

@@ -242,7 +242,7 @@ fi
 
 if stage 4; then
   need_venv
-  banner 4 "synthesise the dev and test sets with every model and score CER (reward $REWARD)" "$EVAL_DIR/{report.md,summary.json,cer.png}"
+  banner 4 "synthesise the dev and test sets with every model and score CER (reward $REWARD)" "$EVAL_DIR/{report.md,summary.json,terms.png}"
   ARGS=(--reward "$REWARD")
   if [[ -n $DEV_SET ]]; then
     [[ -f $DEV_SET ]] || { echo "dev set $DEV_SET not found: run stage 0 first (it holds the dev set out)" >&2; exit 1; }

@@ -279,6 +279,27 @@ def test_length_ratio_by_hand():
     assert length_ratio(5, "。", token_rate=25.0) is None  # nothing to say, no expectation
 
 
+def test_the_plot_draws_every_measured_term_with_its_interval(tmp_path):
+    """terms.png has a panel for the headline error rate, for SIM where a row has it, and for the length
+    ratio; its intervals are the summaries' (length ratio's bootstrapped like SIM's); a term no row
+    measured gets no panel."""
+    from ttsrl.eval.report import plot_terms
+
+    pipeline = build_pipeline(BackendConfig(backend="sim"))
+    utts = [Utterance(f"u{i}", t) for i, t in enumerate(["今天天气很好", "你好吗", "银行", "重庆"])]
+    rows = score(pipeline, utts, [Generated(codes=codec.encode(u.text) * (1 + i % 2)) for i, u in enumerate(utts)])
+    s = summarize(rows, resamples=200)
+    lo, hi = s["length_ratio_ci"]
+    assert lo <= s["length_ratio_mean"] <= hi and lo < hi  # ratios 1 and 2: a real spread
+    base = [{"step": st, "test_set": name, "role": role, "headline": "cer_utt_mean", **s}
+            for st in (0, 5) for name, role in (("dev", "dev"), ("test", "test"))]
+    assert plot_terms(base, tmp_path / "a.png", chosen=5) == ["cer_utt_mean", "length_ratio_mean"]
+    with_sim = [{**r, "sim_mean": 0.8, "sim_ci": [0.7, 0.9]} for r in base]
+    assert plot_terms(with_sim, tmp_path / "b.png") == ["cer_utt_mean", "sim_mean", "length_ratio_mean"]
+    for f in ("a.png", "b.png"):
+        assert (tmp_path / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_hypothesis_is_normalised_like_the_reference():
     """Scoring goes through ttsrl.text, which normalises BOTH sides: a transcript that
     differs from the reference only by punctuation and digits is error-free."""
@@ -369,7 +390,7 @@ def test_sweep_report_summary_plot_and_skip(tiny_hf, tmp_path, capsys):
     # a tie on the dev set goes to the earlier step; the report says which set chose
     assert "Stage 5 exports step 0: the lowest cer_utt_mean on the dev set(s) d" in report
     assert report.count(" * |") == 1 and "| 0 (start) | d | dev |" in report
-    assert (out / "cer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "terms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     per = out / "step_2" / "a"
     assert (per / "results.jsonl").is_file() and json.loads((per / "summary.json").read_text())["step"] == 2
 

@@ -12,7 +12,7 @@ reward variant and length guard) and write, through ``ttsrl.eval.report``,
 
 then the sweep: ``OUT/report.md`` (markdown table), ``OUT/summary.json`` (a list of
 rows: step, model, test_set, role, both conventions, intervals, the paired comparison
-with the start model, ...) and ``OUT/cer.png`` (see ``ttsrl.eval.report``).
+with the start model, ...) and ``OUT/terms.png`` (see ``ttsrl.eval.report``).
 
 Dev sets (``dev_sets``) are scored like test sets; stage 5 chooses its step on them
 only (``ttsrl.train.steps.choose_step``). ``seeds`` K decodes every utterance K times (seeds
@@ -139,7 +139,7 @@ class EvalConfig:
     """The sweep's settings; each field is also an option of ``infer_dataset.py`` (the
     generation's and the backend's are :class:`GenerationConfig`'s and ``BackendConfig``'s own)."""
     start_model: str = option(group=OUT, help="converted start model (HF dir) = step 0")
-    out_dir: str = option(group=OUT, help="where results, report.md, summary.json, cer.png go")
+    out_dir: str = option(group=OUT, help="where results, report.md, summary.json, terms.png go")
     test_sets: list[tuple[str, str]] = option(
         flag="--test-set", append=True, parse=parse_test_set_arg, metavar="NAME=PATH", group=OUT,
         help="a test set (JSONL file, Seed-TTS dir or CV3-Eval dir); repeatable")

@@ -2,7 +2,7 @@
 
     OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
     OUT/step_N/<set>/summary.json    both error-rate conventions with 95% intervals, ...
-    OUT/report.md, OUT/summary.json (one row per step and set) and OUT/cer.png
+    OUT/report.md, OUT/summary.json (one row per step and set) and OUT/terms.png
 
 Two conventions, named (``ttsrl.eval.seedtts_eval`` owns the first):
 
@@ -44,7 +44,7 @@ from ttsrl.stats import (
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
-PLOT_FILE = "cer.png"
+PLOT_FILE = "terms.png"
 HEADLINES = {"utt_mean": "cer_utt_mean", "pooled": "cer_pooled"}
 NAMES = {"cer_utt_mean": "mean of per-utterance rates (Seed-TTS eval)",
          "cer_pooled": "pooled: total errors / total reference characters"}
@@ -81,6 +81,7 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
            "reward": sum(r["reward"] for r in rows) / d if d else 0.0,
            "mean_codes": sum(r["n_codes"] for r in rows) / d if d else 0.0,
            "length_ratio_mean": mean_present(r.get("length_ratio") for r in rows),
+           "length_ratio_ci": _mean_ci([r.get("length_ratio") for r in rows], resamples),
            "stopped": sum(1 for r in rows if r["stopped"])}
     if d:
         out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
@@ -92,6 +93,12 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
         per = [UttTable.from_rows([r for r in rows if r.get("seed", 0) == s]) for s in seeds]
         out["seed_spread"] = {m: seed_spread([float(figure(p, m)) for p in per]) for m in METRICS}
     return out
+
+
+def _mean_ci(xs: Sequence[float | None], resamples: int) -> list[float] | None:
+    """Bootstrap 95% interval of the mean of the values that are not None (None: there are none)."""
+    got = [float(x) for x in xs if x is not None]
+    return list(bootstrap_mean(got, resamples=resamples)) if got else None
 
 
 def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
@@ -127,13 +134,13 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
-              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "n", "failures",
+              "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "length_ratio_ci", "n", "failures",
               "sim_mean", "sim_n", "sim_ci")
 
 
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
                 headline: str = "cer_utt_mean", resamples: int = DEFAULT_RESAMPLES) -> list[dict]:
-    """report.md, summary.json and cer.png from the per-model summaries on disk.
+    """report.md, summary.json and terms.png from the per-model summaries on disk.
     ``roles``: set name -> "dev" (chooses the step for stage 5) or "test" (reported only)."""
     from ttsrl.train.steps import choose_step
 
@@ -165,7 +172,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     write_json(out_dir / SUMMARY_FILE, rows)
     choice = choose_step(rows)
     atomic_write_text(out_dir / REPORT_FILE, "# CER sweep (stage 4)\n\n" + format_table(rows, choice) + "\n")
-    plot_cer(rows, out_dir / PLOT_FILE, chosen=choice.get("step"))
+    plot_terms(rows, out_dir / PLOT_FILE, chosen=choice.get("step"))
     return rows
 
 
@@ -273,35 +280,54 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
 
 
-def plot_cer(rows: Sequence[dict], path: Path, chosen: int | None = None) -> None:
-    """The headline error rate of every set by step with its 95% interval; dev sets dashed,
-    the step chosen on the dev set (``chosen``) as a vertical line."""
+#: the terms the plot draws, each in its own panel where a row has it: (value key, interval key or None, axis
+#: label, scale). The error rate is the rows' headline (its interval in ``ci``); a term a backend does not
+#: measure (SIM without a speaker model) has no panel.
+PLOT_TERMS = (("sim_mean", "sim_ci", "SIM (speaker similarity to the prompt)", 1.0),
+              ("length_ratio_mean", "length_ratio_ci", "length ratio (codes / expected)", 1.0))
+
+
+def _series(mine: Sequence[dict], key: str, ci_key: str | None, scale: float):
+    """x, y and asymmetric error bars of one set's rows for one term (rows without the term left out)."""
+    got = [r for r in mine if r.get(key) is not None]
+    ys = [scale * r[key] for r in got]
+    cis = [((r.get("ci") or {}).get(key) if ci_key == "ci" else r.get(ci_key) if ci_key else None) for r in got]
+    err = [[max(0.0, y - scale * c[0]) if c else 0.0 for y, c in zip(ys, cis)],
+           [max(0.0, scale * c[1] - y) if c else 0.0 for y, c in zip(ys, cis)]]
+    return [r["step"] for r in got], ys, err
+
+
+def plot_terms(rows: Sequence[dict], path: Path, chosen: int | None = None) -> list[str]:
+    """Every measured term of every set by step, one panel a term, each with its 95% interval: the
+    headline error rate, SIM (where the backend has a speaker model), the length ratio; dev sets dashed,
+    the step chosen on the dev set (``chosen``) a vertical line in every panel. Returns the terms drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     h = rows[0]["headline"] if rows and rows[0].get("headline") else "cer_utt_mean"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r["test_set"] for r in rows):
-        mine = sorted((r for r in rows if r["test_set"] == name), key=lambda r: r["step"])
-        xs = [r["step"] for r in mine]
-        ys = [100 * (r.get(h) or 0.0) for r in mine]
-        cis = [(r.get("ci") or {}).get(h) for r in mine]
-        err = [[max(0.0, y - 100 * c[0]) if c else 0.0 for y, c in zip(ys, cis)],
-               [max(0.0, 100 * c[1] - y) if c else 0.0 for y, c in zip(ys, cis)]]
-        role = mine[0].get("role", "test")
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle="--" if role == "dev" else "-",
-                    label=f"{name} ({role})")
-    if chosen is not None:
-        ax.axvline(chosen, color="grey", linestyle=":", label=f"chosen on dev: step {chosen}")
-    ax.set_xlabel("training step (0 = start model)")
-    ax.set_ylabel(f"{h} (%), 95% interval")
-    ax.set_title("held-out error rate by step")
-    ax.grid(alpha=0.3)
+    terms = [(h, "ci", f"{h} (%)", 100.0)] + [t for t in PLOT_TERMS if any(r.get(t[0]) is not None for r in rows)]
+    fig, axes = plt.subplots(len(terms), 1, figsize=(7, 2.8 * len(terms) + 0.6), sharex=True, squeeze=False)
+    sets = list(dict.fromkeys(r["test_set"] for r in rows))
+    for ax, (key, ci_key, label, scale) in zip(axes[:, 0], terms):
+        for name in sets:
+            mine = sorted((r for r in rows if r["test_set"] == name), key=lambda r: r["step"])
+            xs, ys, err = _series(mine, key, ci_key, scale)
+            if xs:
+                role = mine[0].get("role", "test")
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle="--" if role == "dev" else "-",
+                            label=f"{name} ({role})")
+        if chosen is not None:
+            ax.axvline(chosen, color="grey", linestyle=":", label=f"chosen on dev: step {chosen}")
+        ax.set_ylabel(label + ", 95% CI" if ci_key else label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title("held-out terms by step")
+    axes[-1, 0].set_xlabel("training step (0 = start model)")
     if rows:
-        ax.legend()
+        axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+    return [t[0] for t in terms]
