@@ -69,6 +69,7 @@ def test_training_steps_and_metrics(run):
         assert m["reward/reward_failed/mean"] == 0.0 and m["reward/cer/mean"] > 0.0, m
         # every training step's count of lost rewards, taken as verl samples it (none here)
         assert m["reward/no_reward/share"] == 0.0 and m["reward/groups_dropped/share"] == 0.0, m
+        assert 0.0 <= m["reward/groups_flat/share"] <= 1.0, m  # groups whose rollouts all scored the same
     # every rollout was scored by the server: 3 steps x 4 prompts x n=4, plus 2 validations of 4
     assert stats["ok"] >= STEPS * 4 * 4 + 2 * 4, stats
     assert (ws / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)

@@ -370,6 +370,24 @@ def test_a_step_that_lost_a_quarter_of_its_rewards_stops_the_run_naming_it(tmp_p
     trainer._build_replay_buffer().sample(global_steps=3, partition_id="val", batch_size=8)
 
 
+def test_groups_whose_rollouts_all_scored_the_same_are_counted_as_flat():
+    """A group of n rollouts with one score has zero variance, so zero advantage: it teaches nothing.
+    The step's share of such groups is a metric; failed rollouts (scored 0 by the client) and a group
+    of one rollout count for nothing; a spread below verl's 1e-6 is flat."""
+    from ttsrl.verl_plugin.reward_metrics import GROUPS_FLAT, health_metrics, step_health
+
+    keys, infos = [], []
+    for g, scores in enumerate(([1.0] * 4, [1.0, 1.0, 0.5, 1.0], [0.3, 0.3 + 1e-7, 0.3, 0.3], [0.9])):
+        for s, score in enumerate(scores):
+            keys.append(f"u{g}_{s}_0")
+            infos.append({"score": score, "reward_failed": 0.0})
+    keys += ["u4_0_0", "u4_1_0"]
+    infos += [{"score": 0.0, "reward_failed": 1.0}, {"score": 0.7, "reward_failed": 0.0}]
+    h = step_health(keys, [{} for _ in keys], infos, prompts=5, n=4)
+    assert h["groups_flat"] == 2  # u0 (all 1.0) and u2 (within 1e-6); not u1, nor u3/u4 (one scored rollout)
+    assert health_metrics(h)[GROUPS_FLAT] == pytest.approx(2 / 5)
+
+
 def test_console_line_shows_the_rewards_a_step_lacked():
     console = StepConsole(total_steps=10)
     line = console.feed(concat_dict_to_str({"critic/score/mean": 0.4, "reward/no_reward/share": 0.004,
@@ -378,3 +396,5 @@ def test_console_line_shows_the_rewards_a_step_lacked():
     line = console.feed(concat_dict_to_str({"critic/score/mean": 0.4, "reward/no_reward/share": 0.0,
                                             "reward/groups_dropped/share": 0.0}, step=2))
     assert "no reward 0%  groups dropped 0%" in line, line
+    line = console.feed(concat_dict_to_str({"critic/score/mean": 0.9, "reward/groups_flat/share": 0.75}, step=3))
+    assert "flat groups 75%" in line, line

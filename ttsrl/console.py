@@ -13,7 +13,8 @@ log). The terminal gets ``[train_grpo]`` lines (the exact verl command) and, per
 step, one line: step/total, mean reward (``critic/score/mean``, the reward
 function's score), the reward's terms when the step logs them (``cer``, ``sim``, ``length``
 and the share of rollouts ``unfinished``; the shares of rollouts with ``no reward`` and of ``groups
-dropped``: ``reward/<key>/mean`` and ``reward/{no_reward,groups_dropped}/share``, which our verl plugin adds,
+dropped``, and of ``flat groups``, whose rollouts all scored the same and so teach nothing:
+``reward/<key>/mean`` and ``reward/{no_reward,groups_dropped,groups_flat}/share``, which our verl plugin adds,
 ``ttsrl.verl_plugin.reward_metrics``; else ``gdpo/<key>/mean``, which verl logs for
 ``--algorithm gdpo``; ``sim`` only where it was measured), mean response length, step time, ETA,
 and the validation reward at the steps that validate. SIGINT is ignored here so that after Ctrl-C
@@ -47,6 +48,7 @@ UNFINISHED_KEY = "reward/unfinished/mean"
 # the step's rollouts without a reward and its groups verl cut short (ttsrl.verl_plugin.reward_metrics)
 NO_REWARD_KEY = "reward/no_reward/share"
 GROUPS_DROPPED_KEY = "reward/groups_dropped/share"
+GROUPS_FLAT_KEY = "reward/groups_flat/share"  # groups of equal scores: no advantage, nothing learnt
 SIM_MEASURED_KEY = "reward/sim_measured/mean"
 _NP_RE = re.compile(r"^np\.\w+\((.*)\)$")  # np.float64(0.5) -> 0.5
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
@@ -183,6 +185,8 @@ class StepConsole:
             out.append(f"no reward {share(metrics[NO_REWARD_KEY])}")
         if GROUPS_DROPPED_KEY in metrics:
             out.append(f"groups dropped {share(metrics[GROUPS_DROPPED_KEY])}")
+        if GROUPS_FLAT_KEY in metrics:
+            out.append(f"flat groups {share(metrics[GROUPS_FLAT_KEY])}")
         return out
 
     def summary(self) -> Optional[str]:

@@ -24,7 +24,8 @@ replay buffer pads them). Neither shows in verl's metrics. So, as each training 
 sampled (before any update), :func:`step_health` counts the step's rollouts without a reward
 (flagged, or lost) against ``train_batch_size x rollout.n`` and the groups that came back short:
 ``reward/no_reward/share`` and ``reward/groups_dropped/share`` join the step's metrics (console
-line, TensorBoard), each step with a loss is written to the run record
+line, TensorBoard), with ``reward/groups_flat/share``, the groups whose rollouts all scored the same (they
+teach nothing), each step with a loss is written to the run record
 (``<checkpoint dir>/ttsrl_run.json``, ``reward_health``), and a step whose share exceeds
 ``TTSRL_REWARD_MAX_FAIL_FRACTION`` (default 10%: the share the client's window allows, so a
 brief server hiccup passes and a server that refuses a class of rows does not) stops the run
@@ -72,6 +73,10 @@ def term_metrics(infos: Iterable[Mapping]) -> dict[str, float]:
 
 NO_REWARD = "reward/no_reward/share"  # rollouts of the step without a reward (flagged or lost)
 GROUPS_DROPPED = "reward/groups_dropped/share"  # groups that came back with fewer than rollout.n rollouts
+# groups whose rollouts all scored the same: zero reward variance, so zero advantage (GRPO, RLOO, DAPO alike)
+# and nothing learnt from them; in the real regime (CER of a few %) most groups of a small n are so
+GROUPS_FLAT = "reward/groups_flat/share"
+FLAT_SPREAD = 1e-6  # verl's GRPO normalises by (std + 1e-6): a smaller spread is no signal
 LIMIT_KNOB = "TTSRL_REWARD_MAX_FAIL_FRACTION"
 RUN_RECORD = "ttsrl_run.json"  # train_grpo.py's record in the checkpoint folder
 HEALTH_KEY = "reward_health"
@@ -87,9 +92,12 @@ def step_health(keys: Sequence[str], tags: Sequence[Mapping], infos: Sequence[Ma
     trajectory, ``tags`` their tags (padding excluded), ``infos`` their reward extra info;
     ``prompts`` groups of ``n`` rollouts were asked for. ``failed``: rollouts scored 0 after a failed
     request (``reward_failed``); ``missing``: rollouts verl lost (the reward function raised);
-    ``groups_dropped``: groups with fewer than ``n`` rollouts (a group absent altogether included)."""
+    ``groups_dropped``: groups with fewer than ``n`` rollouts (a group absent altogether included);
+    ``groups_flat``: groups of two or more scored rollouts whose scores (the reward function's ``score``)
+    all lie within ``FLAT_SPREAD``."""
     sessions: dict[str, set[str]] = {}
     failed: set[tuple[str, str]] = set()
+    scores: dict[str, list[float]] = {}
     for key, tag, info in zip(keys, tags, infos):
         if tag.get("is_padding", False):
             continue
@@ -98,16 +106,20 @@ def step_health(keys: Sequence[str], tags: Sequence[Mapping], infos: Sequence[Ma
         sessions.setdefault(uid, set()).add(session)
         if isinstance(info, Mapping) and info.get("reward_failed") == 1.0:
             failed.add((uid, session))
+        elif isinstance(info, Mapping) and isinstance(info.get("score"), (int, float)):
+            scores.setdefault(uid, []).append(float(info["score"]))
+    flat = sum(len(v) >= 2 and max(v) - min(v) <= FLAT_SPREAD for v in scores.values())
     present = sum(len(s) for s in sessions.values())
     full = sum(len(s) >= n for s in sessions.values())
     missing = max(0, prompts * n - present)
     return {"rollouts": prompts * n, "without_reward": len(failed) + missing, "failed": len(failed),
-            "missing": missing, "groups": prompts, "groups_dropped": max(0, prompts - full)}
+            "missing": missing, "groups": prompts, "groups_dropped": max(0, prompts - full), "groups_flat": flat}
 
 
 def health_metrics(h: Mapping[str, int]) -> dict[str, float]:
     return {NO_REWARD: h["without_reward"] / max(1, h["rollouts"]),
-            GROUPS_DROPPED: h["groups_dropped"] / max(1, h["groups"])}
+            GROUPS_DROPPED: h["groups_dropped"] / max(1, h["groups"]),
+            GROUPS_FLAT: h.get("groups_flat", 0) / max(1, h["groups"])}
 
 
 def health_problem(step: int, h: Mapping[str, int], limit: float) -> str | None:
