@@ -13,16 +13,18 @@ from ttsrl.eval import compare
 IDS = [f"u{i}" for i in range(40)]
 
 
-def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0, sim=None):
+def _run(root, name, step_s, saved, test_rate, dev_rate, length=20.0, sim=None, flat=False):
     """A run folder: ``step_s`` seconds per step; ``saved`` steps scored (0 = start model) with a
     test rate ``test_rate[step]`` on every utterance and a dev rate ``dev_rate[step]``; with
-    ``sim`` (step -> value) every test utterance has that speaker similarity, and the row its mean."""
+    ``sim`` (step -> value) every test utterance has that speaker similarity, and the row its mean; with
+    ``flat`` step s logs a share 0.1 s of flat groups."""
     run = root / name
     (run / "logs").mkdir(parents=True)
     lines = ["[train_grpo] python -m verl.trainer.main_ppo ...", "some Ray noise"]
     for step, t in enumerate(step_s, start=1):
         lines.append(f"\x1b[36m(TaskRunnerV1 pid=7)\x1b[0m step:{step} - critic/score/mean:0.1 - "
-                     f"response_length/mean:{length + step} - timing_s/step:{t}")
+                     f"response_length/mean:{length + step} - timing_s/step:{t}"
+                     + (f" - reward/groups_flat/share:{0.1 * step}" if flat else ""))
     (run / "logs" / "train_grpo.log").write_text("\n".join(lines) + "\n")
     rows = []
     for step in [0, *saved]:
@@ -54,7 +56,7 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     _run(tmp_path, "grpo-seed1", [10] * 6, [2, 4, 6], {**start, 2: 0.45, 4: 0.40, 6: 0.35},
          {0: 0.5, 2: 0.45, 4: 0.41, 6: 0.42})
     _run(tmp_path, "slow-seed1", [15] * 6, [2, 4, 6], {**start, 2: 0.44, 4: 0.42, 6: 0.30},
-         {0: 0.5, 2: 0.44, 4: 0.43, 6: 0.31}, length=30.0)
+         {0: 0.5, 2: 0.44, 4: 0.43, 6: 0.31}, length=30.0, flat=True)
     result = compare.compare(compare.read_runs(tmp_path), tolerance=0)
     assert result["budget_s"] == 60 and result["start_cer"] == 0.5
     # the default tolerance: an algorithm 4% slower than the fastest counts as equally fast
@@ -68,6 +70,9 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     # best: the step the dev set chooses (as stage 5 does), over every saved step
     assert (g["best_step"], g["cer_best"]) == (4, 0.40) and (s["best_step"], s["cer_best"]) == (6, 0.30)
     assert s["response_length"] == pytest.approx(30 + 2.5)  # steps 1-4 only
+    # the share of groups that teach nothing, over the steps in budget: mean, first and last
+    assert (s["flat_groups"], s["flat_first"], s["flat_last"]) == (pytest.approx(0.25), 0.1, 0.4)
+    assert g["flat_groups"] is None  # a log without the metric
     assert [e["algorithm"] for e in result["algorithms"]] == ["grpo", "slow"]  # lower CER at equal time first
     v = by["slow"]["vs_reference"]
     assert v["diff"] == pytest.approx(0.07) and v["p_better"] == 0.0
@@ -76,7 +81,8 @@ def test_runs_are_judged_at_the_fastest_runs_time(tmp_path):
     assert (later["grpo"]["step_at_budget"], later["slow"]["steps_done"], later["slow"]["step_at_budget"]) == (4, 3, 2)
     table = compare.format_table(result)
     assert ("| slow | 42.00 (42.00) (step 4) | +7.00 [+7.00, +7.00], 0.00 | 30.00 (30.00) | -5.00 [-5.00, -5.00], "
-            "1.00 | 90 | 30.00 (30.00; step 6) | 4 | 15.0 | 32.5 |") in table, table
+            "1.00 | 90 | 30.00 (30.00; step 6) | 4 | 15.0 | 32.5 | 25 (10 -> 40) |") in table, table
+    assert "| 6 | 10.0 | 23.5 | n/a |" in table, table
 
 
 def test_seeds_are_averaged_and_pooled_per_utterance(tmp_path):

@@ -45,7 +45,7 @@ from typing import Optional, Sequence
 
 from ttsrl.atomic import atomic_write_text
 from ttsrl.cli import add_fields, given, option
-from ttsrl.console import LENGTH_KEY, STEP_TIME_KEY, parse_metrics
+from ttsrl.console import GROUPS_FLAT_KEY, LENGTH_KEY, STEP_TIME_KEY, parse_metrics
 from ttsrl.eval.report import RESULTS_FILE, SUMMARY_FILE, mean_present, pair_dir, read_jsonl, sim_by_utt
 from ttsrl.reward.rewards import WEIGHTS
 from ttsrl.stats import UttTable, paired, paired_mean
@@ -68,6 +68,7 @@ class Run:
     path: Path
     step_s: dict[int, float] = field(default_factory=dict)
     length: dict[int, float] = field(default_factory=dict)
+    flat: dict[int, float] = field(default_factory=dict)  # share of the step's groups with equal scores
     rows: list[dict] = field(default_factory=list)
 
     def elapsed(self, step: int) -> float:
@@ -112,6 +113,8 @@ def read_run(path: Path) -> Run:
             run.step_s[step] = metrics[STEP_TIME_KEY]
             if LENGTH_KEY in metrics:
                 run.length[step] = metrics[LENGTH_KEY]
+            if GROUPS_FLAT_KEY in metrics:
+                run.flat[step] = metrics[GROUPS_FLAT_KEY]
     if not run.step_s:
         raise ValueError(f"{log}: no verl step line with {STEP_TIME_KEY} (did stage 2 train?)")
     summary = path / EVAL_DIR / SUMMARY_FILE
@@ -154,6 +157,9 @@ def judge(run: Run, done: int) -> dict:
         "step_at_budget": at, "cer_at_budget": at_row[HEADLINE], "ci_at_budget": at_row["ci"][HEADLINE],
         "best_step": chosen, "cer_best": run.test_row(chosen)[HEADLINE] if chosen is not None else None,
         "response_length": mean_present(v for s, v in run.length.items() if s <= done),
+        "flat_groups": mean_present(v for s, v in run.flat.items() if s <= done),
+        "flat_first": run.flat.get(min(run.flat, default=-1)),
+        "flat_last": run.flat.get(max((s for s in run.flat if s <= done), default=-1)),
         "length_ratio_at_budget": at_row.get("length_ratio_mean"),
         "start_sim": run.test_row(0).get("sim_mean"), "sim_final": run.test_row(final).get("sim_mean"),
         "sim_at_budget": at_row.get("sim_mean"),
@@ -161,7 +167,7 @@ def judge(run: Run, done: int) -> dict:
 
 
 MEANS = ("steps_done", "s_per_step", "final_s", "cer_final", "cer_at_budget", "cer_best", "response_length",
-         "length_ratio_at_budget", "sim_final", "sim_at_budget")
+         "length_ratio_at_budget", "sim_final", "sim_at_budget", "flat_groups", "flat_first", "flat_last")
 
 
 TOLERANCE = 0.10
@@ -241,6 +247,13 @@ def _sim_delta(entry: dict, key: str, ref: str) -> str:
     return "(reference)" if entry["algorithm"] == ref else ""
 
 
+def _flat(entry: dict) -> str:
+    """The share of groups whose rollouts all scored the same (they teach nothing), over the steps in budget."""
+    if entry.get("flat_groups") is None:
+        return "n/a"
+    return f"{100 * entry['flat_groups']:.0f} ({100 * entry['flat_first']:.0f} -> {100 * entry['flat_last']:.0f})"
+
+
 def _seeds(entry: dict, key: str, fmt) -> str:
     return " / ".join(fmt(j[key]) for j in entry["runs"])
 
@@ -265,13 +278,15 @@ def format_table(result: dict) -> str:
              f"and each run is judged at its last saved step within the steps that cost fits. Mean over seeds, "
              f"then each seed's value (seeds {', '.join(str(s) for s in result['algorithms'][0]['seeds'])}). "
              f"Δ: vs {ref}, paired bootstrap over test utterances (rates averaged over seeds), 95% interval, "
-             f"P(better).{sim_note}", "",
+             f"P(better). Flat groups: the share of a step's groups of n rollouts that all got the same reward "
+             f"(zero variance, zero advantage: they teach nothing), from stage 2's reward/groups_flat/share.{sim_note}",
+             "",
              f"| algorithm | test CER at equal time (%) (step) | Δ vs {ref} at equal time | test CER after all steps "
              f"(%) | Δ vs {ref} after all steps | training time (s) | best test CER (%) (dev-chosen step) | "
-             "steps in budget | s/step | mean response length (codes) |"
+             "steps in budget | s/step | mean response length (codes) | flat groups (%): mean (first step -> last) |"
              + (f" SIM at equal time | Δ SIM vs {ref} at equal time | SIM after all steps | Δ SIM vs {ref} after all "
                 "steps |" if with_sim else ""),
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if with_sim else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if with_sim else "")]
     for e in result["algorithms"]:
         lines.append(
             f"| {e['algorithm']} | {_pct(e['cer_at_budget'])} ({_seeds(e, 'cer_at_budget', _pct)}) "
@@ -279,7 +294,7 @@ def format_table(result: dict) -> str:
             f"{_pct(e['cer_final'])} ({_seeds(e, 'cer_final', _pct)}) | {_delta(e, 'vs_reference_final', ref)} | "
             f"{_seeds(e, 'final_s', lambda x: f'{x:.0f}')} | "
             f"{_pct(e['cer_best'])} ({_seeds(e, 'cer_best', _pct)}; step {_seeds(e, 'best_step', str)}) | "
-            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} |"
+            f"{_seeds(e, 'steps_done', str)} | {e['s_per_step']:.1f} | {e['response_length']:.1f} | {_flat(e)} |"
             + (f" {_sim(e['sim_at_budget'])} ({_seeds(e, 'sim_at_budget', _sim)}) | "
                f"{_sim_delta(e, 'sim_vs_reference', ref)} | {_sim(e['sim_final'])} ({_seeds(e, 'sim_final', _sim)}) | "
                f"{_sim_delta(e, 'sim_vs_reference_final', ref)} |" if with_sim else ""))
