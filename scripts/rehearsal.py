@@ -423,9 +423,10 @@ def _export_cosyvoice3(a) -> None:
     CosyVoice3LM) and, with ``--checkout``, in upstream's ``cosyvoice.llm.llm.CosyVoice3LM`` from
     that checkout; under each its speech logits equal the merged step's under the transformers
     class (the model vLLM served): ``verify_export`` with references "ttsrl" and "cosyvoice"."""
+    from ttsrl.families import family
     from ttsrl.model import vocab as V
     from ttsrl.model.convert import verify_export
-    from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, import_cosyvoice
+    from ttsrl.reward.backends.cosyvoice_code import import_cosyvoice
 
     w = Path(a.workdir)
     merged, pt = w / "merged" / f"step_{STEPS}", w / "llm_exported.pt"
@@ -434,7 +435,7 @@ def _export_cosyvoice3(a) -> None:
     say(f"ttsrl's CosyVoice3LM loaded llm_exported.pt strict; speech logits vs transformers on merged step "
         f"{STEPS}: max |diff| {worst:.2e} ({probes})")
     if a.checkout:
-        import_cosyvoice(a.checkout, COSYVOICE3)  # the checkout's cosyvoice package, not the PyPI one
+        import_cosyvoice(a.checkout, family("cosyvoice3").token2wav)  # the checkout's cosyvoice package, not the PyPI one
         up = verify_export(merged, pt, reference="cosyvoice")
         say(f"upstream's CosyVoice3LM (cosyvoice.llm.llm, checkout {a.checkout}) loaded llm_exported.pt strict; "
             f"speech logits vs transformers: max |diff| {up:.2e} ({probes})")
