@@ -21,7 +21,7 @@ responses, 2 GRPO steps; never a layer size.
     python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
     python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
     python scripts/rehearsal.py export --workdir W [--family F] [--checkout C]  (.venv) the family's LM
-                                                            class loads it strict (FAMILY_MODELS)
+                                                            class loads it strict (EXPORTS)
 """
 
 from __future__ import annotations
@@ -57,13 +57,12 @@ def folder_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
 
 
-#: the random full-size model folder of each family (scripts/rehearsal.sh names the same)
-FAMILY_MODELS = {"cosyvoice2": "CosyVoice2-0.5B", "cosyvoice3": "Fun-CosyVoice3-0.5B"}
+def model_folder(w: Path, name: str) -> Path:
+    """The family's random full-size model folder: named as its release (``Family.release``;
+    scripts/rehearsal.sh asks the registry the same)."""
+    from ttsrl.families import family
 
-
-def family_rule(family: str) -> str:
-    """The family's current sampling rule (``cosyvoice2-2026``, ``cosyvoice3-2026``)."""
-    return f"{family}-2026"
+    return w / family(name).release
 
 
 # ---------------------------------------------------------------- build
@@ -74,8 +73,8 @@ def cmd_build(a) -> None:
     from helpers import grpo_rows
 
     w = Path(a.workdir)
-    others = {"cosyvoice2": _build_cosyvoice2, "cosyvoice3": _build_cosyvoice3}[a.family](w, a)
-    model = w / FAMILY_MODELS[a.family]
+    others = BUILDERS[a.family](w, a)
+    model = model_folder(w, a.family)
     prompts = w / "prompts"
     prompts.mkdir(exist_ok=True)
     write_tone_wav(prompts / "spk_a.wav", 2.0, 16000, 170.0)
@@ -94,7 +93,7 @@ def _build_cosyvoice2(w: Path, a) -> list[str]:
     returns the other folders' names."""
     from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm
 
-    model = w / FAMILY_MODELS["cosyvoice2"]
+    model = model_folder(w, "cosyvoice2")
     t0 = time.time()
     build_tiny_cosyvoice2(model, size="full")
     say(f"flow.pt {gib((model / 'flow.pt').stat().st_size)}, hift.pt {gib((model / 'hift.pt').stat().st_size)} "
@@ -116,7 +115,7 @@ def _build_cosyvoice3(w: Path, a) -> list[str]:
     and, with ``--checkout``, its token2wav half at the released flow/HiFT shapes."""
     from cosyvoice3_tiny import write_random_llm3
 
-    model = w / FAMILY_MODELS["cosyvoice3"]
+    model = model_folder(w, "cosyvoice3")
     t0 = time.time()
     write_random_llm3(model, size="full")
     say(f"llm.pt {gib((model / 'llm.pt').stat().st_size)} (Fun-CosyVoice3-0.5B's shapes, upstream CosyVoice3LM's "
@@ -155,7 +154,7 @@ def cmd_vllm(a) -> None:
                         gpu_memory_utilization=0.3, max_model_len=512)
     say(f"vLLM engine up in {time.time() - t0:.1f}s (the ttsrl plugin's class, fp32; {lm.vocab.family.name})")
     reqs = [Request(f"u{i}", tuple(lm.tokenizer.encode(t, add_special_tokens=False))) for i, t in enumerate(TEXTS)]
-    rule = family_rule(lm.vocab.family.name)  # the family of the converted checkpoint (its tokenizer)
+    rule = lm.vocab.family.default_rule  # the family of the converted checkpoint (its tokenizer)
     greedy = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
     sampled = GenerationConfig(greedy=False, seed=0, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
     runs = {}
@@ -386,7 +385,7 @@ def cmd_merged(a) -> None:
 def cmd_export(a) -> None:
     """The exported llm.pt loads strict in the family's LM class: ``_export_cosyvoice2`` or
     ``_export_cosyvoice3``."""
-    {"cosyvoice2": _export_cosyvoice2, "cosyvoice3": _export_cosyvoice3}[a.family](a)
+    EXPORTS[a.family](a)
 
 
 def _export_cosyvoice2(a) -> None:
@@ -447,12 +446,18 @@ def _export_cosyvoice3(a) -> None:
         raise SystemExit("[rehearsal] FAILED: the exported llm.pt does not compute the merged step's logits")
 
 
+#: each family's builder and export check: they build its released shapes with the test helpers
+#: (tests/*_tiny.py, ``size="full"``), which stay in tests, not in the family's folder
+BUILDERS = {"cosyvoice2": _build_cosyvoice2, "cosyvoice3": _build_cosyvoice3}
+EXPORTS = {"cosyvoice2": _export_cosyvoice2, "cosyvoice3": _export_cosyvoice3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=("build", "vllm", "reward", "grpo", "merged", "stage4", "export"))
     ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 17 GB at the end)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--family", default="cosyvoice2", choices=tuple(FAMILY_MODELS),
+    ap.add_argument("--family", default="cosyvoice2", choices=tuple(BUILDERS),
                     help="build, export: the model family (run.sh's MODEL_FAMILY)")
     from ttsrl import knobs
 

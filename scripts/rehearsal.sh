@@ -33,9 +33,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/family.sh
 source scripts/family.sh
 family_arg rehearsal.sh "$@"
-# the family's random full-size folder (rehearsal.py FAMILY_MODELS), backend and sampling rule
-MODEL_NAME=$([[ $FAMILY == cosyvoice2 ]] && echo CosyVoice2-0.5B || echo Fun-CosyVoice3-0.5B)
-RULE=$FAMILY-2026
+# the family's random full-size folder (named as its release: rehearsal.py model_folder) and default
+# sampling rule, from the registry (standard library only: any python3 reads it)
+read -r MODEL_NAME RULE < <(python3 -c 'import sys; from ttsrl.families import family; f = family(sys.argv[1]); print(f.release, f.default_rule)' "$FAMILY")
 CHECKOUT=${TTSRL_COSYVOICE_CHECKOUT:-}
 # why the phases that voice codes with the family's token2wav cannot run here ("" = they can)
 NO_T2W=""
