@@ -16,7 +16,7 @@ responses, 2 GRPO steps; never a layer size.
 
     python scripts/rehearsal.py build  --workdir W [--family F] [--checkout C]  the model folders, prompts, data
     python scripts/rehearsal.py vllm   --workdir W          (.venv-vllm) vLLM serves W/hf_model
-    python scripts/rehearsal.py reward --workdir W --url U  the cosyvoice2 reward server at U
+    python scripts/rehearsal.py reward --workdir W --url U  the family's reward server at U
     python scripts/rehearsal.py grpo   --workdir W [--url U] [--rollout hf]  (.venv-vllm) 2 GRPO steps
     python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
     python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
@@ -201,24 +201,25 @@ def cmd_vllm(a) -> None:
 # ---------------------------------------------------------------- reward
 def cmd_reward(a) -> None:
     """A GRPO step's worth of requests (8 responses of RESPONSE random codes, all in flight at
-    once) against the running cosyvoice2 reward server; ``--batches`` times."""
+    once) against the running reward server of ``--family``; ``--batches`` times."""
     import asyncio
 
     import numpy as np
 
-    from ttsrl.model import vocab as V
+    from ttsrl.families import family
     from ttsrl.reward.client import RewardClientConfig, score_all
 
     cfg = RewardClientConfig(url=a.url)
+    fam = family(a.family)  # the server's family (rehearsal.sh starts it with --family)
     rng = np.random.default_rng(0)
     for rep in range(a.batches):
         before = server_seconds(a.url)
-        rows = [(rng.integers(0, V.SPEECH_TOKEN_SIZE, RESPONSE).tolist(), t) for t in TEXTS[:a.requests]]
+        rows = [(rng.integers(0, fam.speech_token_size, RESPONSE).tolist(), t) for t in TEXTS[:a.requests]]
         t0 = time.time()
         res = asyncio.run(score_all(rows, cfg))
         secs = time.time() - t0
         failed = [r for r in res if r.get("reward_failed")]
-        audio_s = len(rows) * RESPONSE / V.TOKEN_RATE_HZ
+        audio_s = len(rows) * RESPONSE / fam.token_rate_hz
         say(f"reward batch {rep + 1}: {len(rows)} requests in {secs:.1f}s ({audio_s / secs:.2f} s of speech a second), "
             f"failed {len(failed)}, rewards {[round(r['score'], 3) for r in res]}")
         after = server_seconds(a.url)
@@ -458,7 +459,7 @@ def main() -> None:
     ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 17 GB at the end)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--family", default="cosyvoice2", choices=tuple(BUILDERS),
-                    help="build, export: the model family (run.sh's MODEL_FAMILY)")
+                    help="build, export, reward: the model family (run.sh's MODEL_FAMILY)")
     from ttsrl import knobs
 
     ap.add_argument("--checkout", default=knobs.get("TTSRL_COSYVOICE_CHECKOUT") or None,

@@ -91,7 +91,7 @@ old_yaml() {
     || { kill -- "-$(cat "$WORK/server.pid")" 2>/dev/null; return 1; }
   pid=$(cat "$WORK/server.pid")
   grep -m1 -i "causal" "$WORK/server_pre2025.log" || true
-  "$PY" "$R" reward --workdir "$WORK" --url "$url" --requests 2
+  "$PY" "$R" reward --workdir "$WORK" --family "$FAMILY" --url "$url" --requests 2
   local rc=$?
   kill -- "-$pid" 2>/dev/null || true
   return $rc
@@ -133,7 +133,7 @@ if want reward || { want grpo && [[ -n $GRPO_URL ]]; }; then
   fi
 fi
 if want reward; then
-  if [[ -z $NO_T2W ]]; then phase "reward: a step's 8 requests at once" 600 "$PY" "$R" reward --workdir "$WORK" --url "$URL"
+  if [[ -z $NO_T2W ]]; then phase "reward: a step's 8 requests at once" 600 "$PY" "$R" reward --workdir "$WORK" --family "$FAMILY" --url "$URL"
   else phase_skip "reward: a step's 8 requests at once" "$NO_T2W"; fi
 fi
 [[ -n $GRPO_URL ]] || stop_servers

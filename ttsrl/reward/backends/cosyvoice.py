@@ -209,7 +209,7 @@ class CosyVoiceToken2Wav(Token2Wav):
         self._model = model
         self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev, self.family)
         self.sample_rate = int(conf.get("sample_rate", 24000))
-        self.token_rate = float(conf.get("token_frame_rate", 25))
+        self.token_rate = float(conf.get("token_frame_rate", family_named(self.name).token_rate_hz))
 
     # ---- speaker prompts ----------------------------------------------------
     def _features(self, wav: Path) -> dict:
