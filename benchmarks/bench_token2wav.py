@@ -9,7 +9,7 @@ folder. Same 10 Euler steps with classifier-free guidance, same HiFT as the rele
 
 One pool of utterances (lengths drawn uniformly between --tokens/2 and --tokens, fixed seed);
 batch B is the pool's first B. The serial path is timed once per utterance (its time for B
-is the sum over the first B), the batched path (``CosyVoice2Config.batch_flow``) once per B.
+is the sum over the first B), the batched path (``CosyVoiceConfig.batch_flow``) once per B.
 Prints utterances/s of each and their ratio, the process CPU seconds of each (the ratio a
 machine shared with other work still measures fairly), the flow/HiFT split of the serial
 time, and the largest per-sample difference between the two paths' waveforms.
@@ -46,7 +46,7 @@ def main() -> None:
     import torch
     from cosyvoice2_tiny import build_tiny_cosyvoice2, write_tone_wav
 
-    from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
+    from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav
 
     sizes = [int(b) for b in a.batch_sizes.split(",") if b.strip()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,7 +55,7 @@ def main() -> None:
         prompts = Path(tmp) / "p"
         prompts.mkdir()
         write_tone_wav(prompts / "spk.wav", a.prompt_seconds, 16000)
-        t2w = CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device=a.device))
+        t2w = CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device=a.device))
         name = a.model_dir or f"random-weight {a.size}"
         print(f"model {name}; build + load {time.perf_counter() - t0:.1f} s; torch threads "
               f"{torch.get_num_threads()}; device {a.device}; prompt {a.prompt_seconds} s", flush=True)

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from ttsrl.atomic import atomic_write_text
-    from ttsrl.reward.backends.cosyvoice2 import PromptTokenizer
+    from ttsrl.reward.backends.cosyvoice import PromptTokenizer
 
     items, base, texts = read_wav_list(Path(a.input))
     if a.texts:

@@ -16,12 +16,12 @@ responses, 2 GRPO steps; never a layer size.
 
     python scripts/rehearsal.py build  --workdir W [--family F] [--checkout C]  the model folders, prompts, data
     python scripts/rehearsal.py vllm   --workdir W          (.venv-vllm) vLLM serves W/hf_model
-    python scripts/rehearsal.py reward --workdir W --url U  the cosyvoice2 reward server at U
+    python scripts/rehearsal.py reward --workdir W --url U  the family's reward server at U
     python scripts/rehearsal.py grpo   --workdir W [--url U] [--rollout hf]  (.venv-vllm) 2 GRPO steps
     python scripts/rehearsal.py merged --workdir W          the merged step vs the FSDP master
     python scripts/rehearsal.py stage4 --workdir W --out O  what stage 4 wrote in W/O
     python scripts/rehearsal.py export --workdir W [--family F] [--checkout C]  (.venv) the family's LM
-                                                            class loads it strict (FAMILY_MODELS)
+                                                            class loads it strict (EXPORTS)
 """
 
 from __future__ import annotations
@@ -57,13 +57,12 @@ def folder_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
 
 
-#: the random full-size model folder of each family (scripts/rehearsal.sh names the same)
-FAMILY_MODELS = {"cosyvoice2": "CosyVoice2-0.5B", "cosyvoice3": "Fun-CosyVoice3-0.5B"}
+def model_folder(w: Path, name: str) -> Path:
+    """The family's random full-size model folder: named as its release (``Family.release``;
+    scripts/rehearsal.sh asks the registry the same)."""
+    from ttsrl.families import family
 
-
-def family_rule(family: str) -> str:
-    """The family's current sampling rule (``cosyvoice2-2026``, ``cosyvoice3-2026``)."""
-    return f"{family}-2026"
+    return w / family(name).release
 
 
 # ---------------------------------------------------------------- build
@@ -74,8 +73,8 @@ def cmd_build(a) -> None:
     from helpers import grpo_rows
 
     w = Path(a.workdir)
-    others = {"cosyvoice2": _build_cosyvoice2, "cosyvoice3": _build_cosyvoice3}[a.family](w, a)
-    model = w / FAMILY_MODELS[a.family]
+    others = BUILDERS[a.family](w, a)
+    model = model_folder(w, a.family)
     prompts = w / "prompts"
     prompts.mkdir(exist_ok=True)
     write_tone_wav(prompts / "spk_a.wav", 2.0, 16000, 170.0)
@@ -94,7 +93,7 @@ def _build_cosyvoice2(w: Path, a) -> list[str]:
     returns the other folders' names."""
     from cosyvoice2_tiny import as_before_2025, build_tiny_cosyvoice2, write_random_llm
 
-    model = w / FAMILY_MODELS["cosyvoice2"]
+    model = model_folder(w, "cosyvoice2")
     t0 = time.time()
     build_tiny_cosyvoice2(model, size="full")
     say(f"flow.pt {gib((model / 'flow.pt').stat().st_size)}, hift.pt {gib((model / 'hift.pt').stat().st_size)} "
@@ -116,7 +115,7 @@ def _build_cosyvoice3(w: Path, a) -> list[str]:
     and, with ``--checkout``, its token2wav half at the released flow/HiFT shapes."""
     from cosyvoice3_tiny import write_random_llm3
 
-    model = w / FAMILY_MODELS["cosyvoice3"]
+    model = model_folder(w, "cosyvoice3")
     t0 = time.time()
     write_random_llm3(model, size="full")
     say(f"llm.pt {gib((model / 'llm.pt').stat().st_size)} (Fun-CosyVoice3-0.5B's shapes, upstream CosyVoice3LM's "
@@ -155,7 +154,7 @@ def cmd_vllm(a) -> None:
                         gpu_memory_utilization=0.3, max_model_len=512)
     say(f"vLLM engine up in {time.time() - t0:.1f}s (the ttsrl plugin's class, fp32; {lm.vocab.family.name})")
     reqs = [Request(f"u{i}", tuple(lm.tokenizer.encode(t, add_special_tokens=False))) for i, t in enumerate(TEXTS)]
-    rule = family_rule(lm.vocab.family.name)  # the family of the converted checkpoint (its tokenizer)
+    rule = lm.vocab.family.default_rule  # the family of the converted checkpoint (its tokenizer)
     greedy = GenerationConfig(greedy=True, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
     sampled = GenerationConfig(greedy=False, seed=0, sampling=SamplingConfig(max_token_text_ratio=RATIO, rule=rule))
     runs = {}
@@ -202,24 +201,25 @@ def cmd_vllm(a) -> None:
 # ---------------------------------------------------------------- reward
 def cmd_reward(a) -> None:
     """A GRPO step's worth of requests (8 responses of RESPONSE random codes, all in flight at
-    once) against the running cosyvoice2 reward server; ``--batches`` times."""
+    once) against the running reward server of ``--family``; ``--batches`` times."""
     import asyncio
 
     import numpy as np
 
-    from ttsrl.model import vocab as V
+    from ttsrl.families import family
     from ttsrl.reward.client import RewardClientConfig, score_all
 
     cfg = RewardClientConfig(url=a.url)
+    fam = family(a.family)  # the server's family (rehearsal.sh starts it with --family)
     rng = np.random.default_rng(0)
     for rep in range(a.batches):
         before = server_seconds(a.url)
-        rows = [(rng.integers(0, V.SPEECH_TOKEN_SIZE, RESPONSE).tolist(), t) for t in TEXTS[:a.requests]]
+        rows = [(rng.integers(0, fam.speech_token_size, RESPONSE).tolist(), t) for t in TEXTS[:a.requests]]
         t0 = time.time()
         res = asyncio.run(score_all(rows, cfg))
         secs = time.time() - t0
         failed = [r for r in res if r.get("reward_failed")]
-        audio_s = len(rows) * RESPONSE / V.TOKEN_RATE_HZ
+        audio_s = len(rows) * RESPONSE / fam.token_rate_hz
         say(f"reward batch {rep + 1}: {len(rows)} requests in {secs:.1f}s ({audio_s / secs:.2f} s of speech a second), "
             f"failed {len(failed)}, rewards {[round(r['score'], 3) for r in res]}")
         after = server_seconds(a.url)
@@ -386,7 +386,7 @@ def cmd_merged(a) -> None:
 def cmd_export(a) -> None:
     """The exported llm.pt loads strict in the family's LM class: ``_export_cosyvoice2`` or
     ``_export_cosyvoice3``."""
-    {"cosyvoice2": _export_cosyvoice2, "cosyvoice3": _export_cosyvoice3}[a.family](a)
+    EXPORTS[a.family](a)
 
 
 def _export_cosyvoice2(a) -> None:
@@ -423,9 +423,10 @@ def _export_cosyvoice3(a) -> None:
     CosyVoice3LM) and, with ``--checkout``, in upstream's ``cosyvoice.llm.llm.CosyVoice3LM`` from
     that checkout; under each its speech logits equal the merged step's under the transformers
     class (the model vLLM served): ``verify_export`` with references "ttsrl" and "cosyvoice"."""
+    from ttsrl.families import family
     from ttsrl.model import vocab as V
     from ttsrl.model.convert import verify_export
-    from ttsrl.reward.backends.cosyvoice_code import COSYVOICE3, import_cosyvoice
+    from ttsrl.reward.backends.cosyvoice_code import import_cosyvoice
 
     w = Path(a.workdir)
     merged, pt = w / "merged" / f"step_{STEPS}", w / "llm_exported.pt"
@@ -434,7 +435,7 @@ def _export_cosyvoice3(a) -> None:
     say(f"ttsrl's CosyVoice3LM loaded llm_exported.pt strict; speech logits vs transformers on merged step "
         f"{STEPS}: max |diff| {worst:.2e} ({probes})")
     if a.checkout:
-        import_cosyvoice(a.checkout, COSYVOICE3)  # the checkout's cosyvoice package, not the PyPI one
+        import_cosyvoice(a.checkout, family("cosyvoice3").token2wav)  # the checkout's cosyvoice package, not the PyPI one
         up = verify_export(merged, pt, reference="cosyvoice")
         say(f"upstream's CosyVoice3LM (cosyvoice.llm.llm, checkout {a.checkout}) loaded llm_exported.pt strict; "
             f"speech logits vs transformers: max |diff| {up:.2e} ({probes})")
@@ -446,13 +447,19 @@ def _export_cosyvoice3(a) -> None:
         raise SystemExit("[rehearsal] FAILED: the exported llm.pt does not compute the merged step's logits")
 
 
+#: each family's builder and export check: they build its released shapes with the test helpers
+#: (tests/*_tiny.py, ``size="full"``), which stay in tests, not in the family's folder
+BUILDERS = {"cosyvoice2": _build_cosyvoice2, "cosyvoice3": _build_cosyvoice3}
+EXPORTS = {"cosyvoice2": _export_cosyvoice2, "cosyvoice3": _export_cosyvoice3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=("build", "vllm", "reward", "grpo", "merged", "stage4", "export"))
     ap.add_argument("--workdir", required=True, help="the rehearsal's folder (about 17 GB at the end)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--family", default="cosyvoice2", choices=tuple(FAMILY_MODELS),
-                    help="build, export: the model family (run.sh's MODEL_FAMILY)")
+    ap.add_argument("--family", default="cosyvoice2", choices=tuple(BUILDERS),
+                    help="build, export, reward: the model family (run.sh's MODEL_FAMILY)")
     from ttsrl import knobs
 
     ap.add_argument("--checkout", default=knobs.get("TTSRL_COSYVOICE_CHECKOUT") or None,

@@ -33,9 +33,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/family.sh
 source scripts/family.sh
 family_arg rehearsal.sh "$@"
-# the family's random full-size folder (rehearsal.py FAMILY_MODELS), backend and sampling rule
-MODEL_NAME=$([[ $FAMILY == cosyvoice2 ]] && echo CosyVoice2-0.5B || echo Fun-CosyVoice3-0.5B)
-RULE=$FAMILY-2026
+# the family's random full-size folder (named as its release: rehearsal.py model_folder) and default
+# sampling rule, from the registry (standard library only: any python3 reads it)
+read -r MODEL_NAME RULE < <(python3 -c 'import sys; from ttsrl.families import family; f = family(sys.argv[1]); print(f.release, f.default_rule)' "$FAMILY")
 CHECKOUT=${TTSRL_COSYVOICE_CHECKOUT:-}
 # why the phases that voice codes with the family's token2wav cannot run here ("" = they can)
 NO_T2W=""
@@ -91,7 +91,7 @@ old_yaml() {
     || { kill -- "-$(cat "$WORK/server.pid")" 2>/dev/null; return 1; }
   pid=$(cat "$WORK/server.pid")
   grep -m1 -i "causal" "$WORK/server_pre2025.log" || true
-  "$PY" "$R" reward --workdir "$WORK" --url "$url" --requests 2
+  "$PY" "$R" reward --workdir "$WORK" --family "$FAMILY" --url "$url" --requests 2
   local rc=$?
   kill -- "-$pid" 2>/dev/null || true
   return $rc
@@ -133,7 +133,7 @@ if want reward || { want grpo && [[ -n $GRPO_URL ]]; }; then
   fi
 fi
 if want reward; then
-  if [[ -z $NO_T2W ]]; then phase "reward: a step's 8 requests at once" 600 "$PY" "$R" reward --workdir "$WORK" --url "$URL"
+  if [[ -z $NO_T2W ]]; then phase "reward: a step's 8 requests at once" 600 "$PY" "$R" reward --workdir "$WORK" --family "$FAMILY" --url "$URL"
   else phase_skip "reward: a step's 8 requests at once" "$NO_T2W"; fi
 fi
 [[ -n $GRPO_URL ]] || stop_servers

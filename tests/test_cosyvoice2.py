@@ -24,13 +24,16 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import tiny_folder_with_prompts, write_tone_wav  # noqa: E402
 
+from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
-from ttsrl.reward.backends.cosyvoice2 import (  # noqa: E402
-    CosyVoice2Config,
-    CosyVoice2Token2Wav,
+from ttsrl.reward.backends.cosyvoice import (  # noqa: E402
+    CosyVoiceConfig,
+    CosyVoiceToken2Wav,
     check_prompt_wav,
 )
 from ttsrl.reward.backends.cosyvoice_code import check_model_dir  # noqa: E402
+
+COSYVOICE2 = family("cosyvoice2").token2wav
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 960  # 24 kHz / 25 tokens per second
@@ -44,7 +47,7 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def t2w(folders):
     model, prompts = folders
-    return CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
 def codes(n, start=0):
@@ -94,11 +97,11 @@ def test_zero_shot_prompt_wav_is_the_speaker(t2w, folders, tmp_path):
 def test_model_folder_and_prompt_checks(folders, tmp_path):
     model, _ = folders
     with pytest.raises(FileNotFoundError) as e:
-        check_model_dir(tmp_path)
+        check_model_dir(tmp_path, COSYVOICE2)
     msg = str(e.value)
     for f in ("cosyvoice2.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx"):
         assert f in msg  # one message naming everything missing
-    check_model_dir(model)
+    check_model_dir(model, COSYVOICE2)
     low = write_tone_wav(tmp_path / "low.wav", 1.0, 8000)
     with pytest.raises(ValueError, match="8000 Hz"):
         check_prompt_wav(low)

@@ -17,7 +17,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
 
-from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
+from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav  # noqa: E402
 from ttsrl.reward.backends.cosyvoice2_batch import MAX_PADDING, length_groups  # noqa: E402
 
 #: batched vs serial waveform samples (in [-1, 1]): the same float32 math in another order, off by a
@@ -29,7 +29,7 @@ TOLERANCE = 1e-4
 @pytest.fixture(scope="module")
 def t2w(tmp_path_factory):
     model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"), b_seconds=0.7)  # 2 lengths
-    return CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
 def codes(n, start=0):

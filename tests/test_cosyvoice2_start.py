@@ -23,9 +23,12 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
 sys.path.insert(0, str(Path(__file__).parent))
 from cosyvoice2_tiny import as_before_2025, tiny_folder_with_prompts, write_tone_wav  # noqa: E402
 
+from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.backends import BackendConfig  # noqa: E402
-from ttsrl.reward.backends import cosyvoice2 as cv2  # noqa: E402
+from ttsrl.reward.backends import cosyvoice as cv2  # noqa: E402
 from ttsrl.reward.backends.cosyvoice_code import import_cosyvoice, load_yaml_without_llm, make_frontend  # noqa: E402
+
+COSYVOICE2 = family("cosyvoice2").token2wav
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +68,7 @@ def test_prompt_wavs_are_extracted_once_for_all_replicas(folders, monkeypatch, t
             assert all(torch.equal(a.data[k], b.data[k]) for k in ("prompt_token", "prompt_feat", "embedding"))
     # a changed wav is a new prompt: extracted again, not taken from the cache
     write_tone_wav(prompts / "spk_b.wav", 1.0, 22050, 260.0)
-    cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    cv2.CosyVoiceToken2Wav(cv2.CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
     assert sorted(extracted) == ["spk_a.wav", "spk_b.wav", "spk_b.wav"], extracted
 
 
@@ -99,9 +102,9 @@ def test_speech_tokenizer_opens_once_on_the_replicas_own_device(folders, monkeyp
     opened = _Opened(onnxruntime.InferenceSession)
     monkeypatch.setattr(onnxruntime, "InferenceSession", opened)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU node: CosyVoice asks for CUDA
-    FrontEnd, _ = import_cosyvoice(None)
+    FrontEnd, _ = import_cosyvoice(None, COSYVOICE2)
     conf = load_yaml_without_llm(model / "cosyvoice2.yaml", keep=("feat_extractor",))
-    fe = make_frontend(FrontEnd, model, conf["feat_extractor"], torch.device(device))
+    fe = make_frontend(FrontEnd, model, conf["feat_extractor"], torch.device(device), COSYVOICE2)
     assert opened.of("speech_tokenizer_v2.onnx") == [expected], opened.calls
     assert opened.of("campplus.onnx") == [["CPUExecutionProvider"]], opened.calls
     assert fe.device == torch.device(device)
@@ -154,9 +157,9 @@ def test_an_old_yaml_with_causal_decoder_is_read_as_the_current_one(folders, tmp
     old = _old_folder(model, tmp_path / "CosyVoice2-old", as_before_2025)
     assert "causal: True" in (old / "cosyvoice2.yaml").read_text()
     with caplog.at_level(logging.WARNING, logger="ttsrl.reward.backends"):
-        t_old = cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(old), prompt_dir=str(prompts), device="cpu"))
+        t_old = cv2.CosyVoiceToken2Wav(cv2.CosyVoiceConfig(model_dir=str(old), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
     assert any(str(old / "cosyvoice2.yaml") in r.getMessage() and "causal" in r.getMessage() for r in caplog.records)
-    t_new = cv2.CosyVoice2Token2Wav(cv2.CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    t_new = cv2.CosyVoiceToken2Wav(cv2.CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
     codes = [(5 + 37 * i) % 6561 for i in range(15)]
     a, b = (t.synthesize([codes], [None])[0].waveform for t in (t_old, t_new))
     assert np.array_equal(a, b)
@@ -208,7 +211,7 @@ def test_frontends_built_at_once_leave_the_modules_onnxruntime_as_it_was(monkeyp
     built = {}
 
     def build(name, dev):
-        built[name] = cosyvoice_code.make_frontend(FrontEnd, Path("/nonexistent"), None, torch.device(dev))
+        built[name] = cosyvoice_code.make_frontend(FrontEnd, Path("/nonexistent"), None, torch.device(dev), COSYVOICE2)
 
     first = threading.Thread(target=build, args=("a", "cpu"))
     first.start()

@@ -35,7 +35,7 @@ from cosyvoice2_tiny import write_tone_wav  # noqa: E402
 
 from ttsrl import knobs  # noqa: E402
 from ttsrl.families import family  # noqa: E402
-from ttsrl.reward.backends.cosyvoice3 import CosyVoice3Config, CosyVoice3Token2Wav  # noqa: E402
+from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav  # noqa: E402
 from ttsrl.reward.backends.cosyvoice_code import check_model_dir, checkout_lacks  # noqa: E402
 
 COSYVOICE3 = family("cosyvoice3").token2wav
@@ -74,7 +74,7 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def t2w(folders):
     model, prompts = folders
-    return CosyVoice3Token2Wav(CosyVoice3Config(model_dir=str(model), prompt_dir=str(prompts), checkout=CHECKOUT,
+    return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice3", prompt_dir=str(prompts), checkout=CHECKOUT,
                                                 device="cpu"))
 
 
@@ -96,7 +96,7 @@ def test_a_missing_file_is_one_error_naming_all_missing(tmp_path):
     d.mkdir()
     (d / "flow.pt").write_bytes(b"x")
     with pytest.raises(FileNotFoundError) as e:
-        CosyVoice3Token2Wav(CosyVoice3Config(model_dir=str(d), checkout=CHECKOUT or None, device="cpu"))
+        CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(d), family="cosyvoice3", checkout=CHECKOUT or None, device="cpu"))
     msg = str(e.value)
     for f in ("cosyvoice3.yaml", "hift.pt", "campplus.onnx", "speech_tokenizer_v3.onnx"):
         assert f in msg, f
@@ -110,13 +110,13 @@ def test_a_checkout_without_cosyvoice3_is_named(tmp_path):
     (old / "cosyvoice" / "cli").mkdir(parents=True)
     (old / "cosyvoice" / "cli" / "model.py").write_text("class CosyVoice2Model:\n    pass\n")
     with pytest.raises(ImportError) as e:
-        CosyVoice3Token2Wav(CosyVoice3Config(model_dir=str(_complete_folder(tmp_path / "m")), checkout=str(old),
+        CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(_complete_folder(tmp_path / "m")), family="cosyvoice3", checkout=str(old),
                                              device="cpu"))
     msg = str(e.value)
     assert "needs a CosyVoice source checkout at or after dd2d926" in msg and "PyPI" in msg
     assert "CosyVoice3Model" in msg and "CausalHiFTGenerator" in msg and str(old) in msg
     with pytest.raises(FileNotFoundError, match="not a CosyVoice checkout"):
-        CosyVoice3Token2Wav(CosyVoice3Config(model_dir=str(tmp_path / "m"), checkout=str(tmp_path / "nope"),
+        CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(tmp_path / "m"), family="cosyvoice3", checkout=str(tmp_path / "nope"),
                                              device="cpu"))
 
 
@@ -126,8 +126,8 @@ def test_no_checkout_is_the_clear_error(tmp_path):
     (a fresh process: this one may have imported a checkout's)."""
     pytest.importorskip("cosyvoice.cli.model", reason="CosyVoice's runtime (cosyvoice-minicpmo) is not installed")
     model = _complete_folder(tmp_path / "m")
-    code = ("from ttsrl.reward.backends.cosyvoice3 import CosyVoice3Config, CosyVoice3Token2Wav\n"
-            f"CosyVoice3Token2Wav(CosyVoice3Config(model_dir={str(model)!r}, device='cpu'))\n")
+    code = ("from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav\n"
+            f"CosyVoiceToken2Wav(CosyVoiceConfig(model_dir={str(model)!r}, family='cosyvoice3', device='cpu'))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     if r.returncode == 0:
         pytest.skip("the installed cosyvoice has CosyVoice3 (not the PyPI package)")
@@ -204,7 +204,7 @@ def test_voices_codes_into_24khz_audio(t2w):
 def test_prompt_tokenizer_reads_speech_tokenizer_v3(folders, t2w):
     """scripts/prompt_tokens.py's PromptTokenizer with CosyVoice3's family: speech_tokenizer_v3 at
     25 Hz, trimmed to the prompt's mel as the backend's own prompt features are."""
-    from ttsrl.reward.backends.cosyvoice2 import PromptTokenizer
+    from ttsrl.reward.backends.cosyvoice import PromptTokenizer
 
     _, prompts = folders
     tok = PromptTokenizer(folders[0], CHECKOUT, family=COSYVOICE3)
@@ -221,9 +221,9 @@ def test_same_codes_and_prompt_give_the_same_waveform(t2w, folders):
     a = t2w.synthesize([codes(20)], [t2w.prompts[0]])[0]
     assert np.array_equal(t2w.synthesize([codes(20)], [t2w.prompts[0]])[0].waveform, a.waveform)
     model, prompts = folders
-    cfg = CosyVoice3Config(model_dir=str(model), prompt_dir=str(prompts), checkout=CHECKOUT, device="cpu")
+    cfg = CosyVoiceConfig(model_dir=str(model), family="cosyvoice3", prompt_dir=str(prompts), checkout=CHECKOUT, device="cpu")
     with ThreadPoolExecutor(2) as ex:  # as the server builds its replicas: at once, in threads
-        others = list(ex.map(lambda _: CosyVoice3Token2Wav(cfg), range(2)))
+        others = list(ex.map(lambda _: CosyVoiceToken2Wav(cfg), range(2)))
 
     def fixed_noise(x):
         src = x._model.hift.m_source

@@ -210,10 +210,10 @@ needs_cosyvoice = pytest.mark.skipif(bool(cosyvoice_missing), reason=f"{', '.joi
 def t2w(tmp_path_factory):
     from cosyvoice2_tiny import tiny_folder_with_prompts
 
-    from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav
+    from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav
 
     model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
-    return CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
 def _server(t2w, **cfg):

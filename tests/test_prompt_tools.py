@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from ttsrl.data.testsets import TestSetError, read_test_set
-from ttsrl.reward.backends.cosyvoice2 import check_prompt_wav
+from ttsrl.reward.backends.cosyvoice import check_prompt_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -251,6 +251,8 @@ def test_a_reused_pid_is_neither_adopted_nor_killed(hand_started_server, tmp_pat
         other.kill()
 
 
+@pytest.mark.slow  # run.sh twice: ~4 s; the refusal itself, in-process: test_launch.py's
+# test_a_server_serving_another_model_folder_or_reward_is_refused_unless_asked
 def test_a_server_with_another_reward_is_not_adopted(hand_started_server, tmp_path):
     """REWARD=exp_toneless beside a server serving tanh used to train on tanh.
     Now stage 2 stops, naming what the server serves and what the run asks for."""

@@ -28,7 +28,7 @@ from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
 
 from ttsrl.model.vocab import SpeechVocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline  # noqa: E402
-from ttsrl.reward.backends.cosyvoice2 import CosyVoice2Config, CosyVoice2Token2Wav  # noqa: E402
+from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav  # noqa: E402
 from ttsrl.reward.backends.sim import SimASR  # noqa: E402
 from ttsrl.reward.client import RewardClientConfig, compute_score  # noqa: E402
 from ttsrl.reward.protocol import build_payload, infer_path  # noqa: E402
@@ -42,7 +42,7 @@ TEXTS = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见
 @pytest.fixture(scope="module")
 def t2w(tmp_path_factory):
     model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
-    return CosyVoice2Token2Wav(CosyVoice2Config(model_dir=str(model), prompt_dir=str(prompts), device="cpu"))
+    return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
 def codes(n: int, start: int = 0) -> list[int]:

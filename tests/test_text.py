@@ -234,36 +234,40 @@ def test_unknown_reward_name():
 
 # ---------------------------------------------------------------- length guard
 
+RATE = 25.0  # speech tokens per second (CosyVoice2's and CosyVoice3's)
+
 def test_expected_tokens():
     # 3 syllables at 25 tokens/s and 4.5 syllables/s
-    assert expected_tokens("你好吗") == pytest.approx(3 * 25 / 4.5)
+    assert expected_tokens("你好吗", RATE) == pytest.approx(3 * 25 / 4.5)
     assert expected_tokens("你好吗", token_rate=9.0) == pytest.approx(6.0)
     # English counted by vowel groups: i-pho-ne = 3
     assert expected_tokens("iPhone", token_rate=4.5) == pytest.approx(3.0)
-    assert expected_tokens("。") == 0.0
+    assert expected_tokens("。", RATE) == 0.0
 
 
 def test_length_guard_penalises_implausible_lengths_only():
     ref = "今天天气很好我们去公园散步吧"
-    exp = expected_tokens(ref)
-    plausible = [compute_reward("tanh", ref, ref, n_tokens=round(exp * k)) for k in (0.6, 1.0, 1.9)]
+    exp = expected_tokens(ref, RATE)
+    plausible = [compute_reward("tanh", ref, ref, n_tokens=round(exp * k), token_rate=RATE) for k in (0.6, 1.0, 1.9)]
     assert all(r.reward == 1.0 and r.length_ok for r in plausible)
     for k in (3.0, 1 / 3):
-        r = compute_reward("tanh", ref, ref, n_tokens=round(exp * k))
+        r = compute_reward("tanh", ref, ref, n_tokens=round(exp * k), token_rate=RATE)
         assert not r.length_ok
         assert r.raw_reward == 1.0
         assert 0.3 < r.reward < 0.6  # (2/3)^2 = 0.44 at both ends
         assert r.length_ratio == pytest.approx(k, rel=0.05)
-    assert compute_reward("tanh", ref, ref, n_tokens=0).reward == 0.0
+    assert compute_reward("tanh", ref, ref, n_tokens=0, token_rate=RATE).reward == 0.0
     # continuous at the band edge, decreasing beyond it
-    rewards = [compute_reward("tanh", ref, ref, n_tokens=round(exp * k)).reward
+    rewards = [compute_reward("tanh", ref, ref, n_tokens=round(exp * k), token_rate=RATE).reward
                for k in (2.0, 2.5, 4.0, 8.0)]
     assert rewards == sorted(rewards, reverse=True) and rewards[0] == pytest.approx(1.0, abs=0.02)
+    with pytest.raises(ValueError, match="token_rate"):  # no family's rate is assumed
+        compute_reward("tanh", ref, ref, n_tokens=10)
 
 
 def test_length_guard_applies_to_every_variant():
     ref = "今天天气很好"
-    n = round(expected_tokens(ref) * 3)
+    n = round(expected_tokens(ref, RATE) * 3)
     for name in REWARDS:
-        r = compute_reward(name, ref, ref, asr_logprob=0.0, n_tokens=n)
+        r = compute_reward(name, ref, ref, asr_logprob=0.0, n_tokens=n, token_rate=RATE)
         assert not r.length_ok and r.reward < r.raw_reward, name

@@ -40,8 +40,6 @@ class Token2WavSpec:
     speech_tokenizer: str  # the model folder's speech tokenizer (ONNX)
     model_class: str  # in cosyvoice.cli.model
     release: str  # the released model folder
-    backend: str  # "module:Class" of ttsrl's token2wav backend (a ttsrl.reward.backends.base.Token2Wav)
-    config: str  # "module:Class" of that backend's config
     #: what CosyVoice's code must have (a path under the checkout, a class it defines), and since when
     needs_code: tuple[tuple[str, str], ...] = ()
     since: str = ""
@@ -55,6 +53,12 @@ class Token2WavSpec:
     hub_repo: str = ""
     modelscope_repo: str = ""
     release_extras: tuple[str, ...] = ()
+    #: "module:Class" of ttsrl's token2wav backend (a ttsrl.reward.backends.base.Token2Wav) and of its
+    #: config, which is built with ``family=`` the family's name. The family declares data and the
+    #: reward layer's engine reads it (as torchtune's model folders build on torchtune.modules): this
+    #: layer may not import the reward layer, and every CosyVoice family shares one engine.
+    backend: str = "ttsrl.reward.backends.cosyvoice:CosyVoiceToken2Wav"
+    config: str = "ttsrl.reward.backends.cosyvoice:CosyVoiceConfig"
 
     @property
     def token2wav_files(self) -> tuple[str, ...]:

@@ -54,89 +54,35 @@ USAGE = ("usage: bash run.sh [START [STOP]] [-- HYDRA_OVERRIDE...] | --config   
          f"(stages {' '.join(map(str, STAGES))}; bash run.sh --help)")
 
 HELP = f"""\
-ttsrl: GRPO post-training of CosyVoice2's speech-token LLM, stage by stage.
+ttsrl: RL post-training of a CosyVoice speech-token LLM, stage by stage.
 
-  bash run.sh                      all stages (-2 .. 5) of the embedded CPU preset
+  bash run.sh                      all stages (-2 .. 5) of the preset (presets/embedded.sh: CPU)
   bash run.sh START STOP           a contiguous range of stages, e.g. `bash run.sh 1 3`
   bash run.sh 2 2 -- KEY=VALUE...  extra Hydra overrides for verl's main_ppo (stage 2); a key a
                                    GRPOConfig field owns is refused: set the field (GRPO_EXTRA)
   bash run.sh --config             print every setting a run would use, GRPO's resolved fields
                                    included (GRPO.lr=...), and run nothing
   PRESET=presets/gpu8.sh bash run.sh -1 5     the 8-GPU recipe
-  TRAINER=dpo bash run.sh          offline DPO (or TRAINER=kto) instead of GRPO: stage 2 mines
-                                   pairs and trains on TRL; outputs under EXP_DIR/dpo/
+  TRAINER=dpo bash run.sh          offline DPO (or TRAINER=kto) instead of GRPO, under EXP_DIR/dpo/
 
-Stages: -2 install .venv | -1 build (embedded) + convert llm.pt -> HF | 0 JSONL -> Parquet
+Stages: -2 install .venv | -1 fetch or build, convert llm.pt -> HF | 0 dev set, JSONL -> Parquet
          1 reward server | 2 GRPO (verl) | 3 merge FSDP checkpoints | 4 CER sweep
          5 export the step chosen on the dev set (or EXPORT_STEP) to llm.pt
-  Dev set: DEV_FILE=dev.jsonl, or (default) DEV_SIZE training texts held out of training by
-  stage 0; stage 5 chooses on it, never on a test set. DEV_SIZE=0 and no DEV_FILE: no dev set,
-  and stage 5 needs EXPORT_STEP. ALLOW_LEAK=1: keep test (and DEV_FILE) texts that are training
-  texts too; stage 0 refuses them otherwise.
-  Zero-shot rows: PROMPT_POOL=DIR (DIR/prompt_speech_tokens.jsonl: ids, transcripts, speech tokens)
-  gives every stage-0 row a speaker prompt (seeded by PROMPT_SEED, default 0; prepare_data.py
-  --help has the rule), the held-out dev rows too (a DEV_FILE's rows name their prompt_id and carry
-  its transcript and speech tokens, checked by stage 0; text-only rows without a pool); the reward server voices from the same DIR (its --prompt-dir). Empty: text-only rows
-  (the embedded preset's default is its own pool, data/corpus/prompt_pool: PROMPT_POOL= for text-only).
 
-Settings (ttsrl/launch/settings.py): the preset (PRESET, default presets/embedded.sh) sets what
-  differs between runs, each value as a default, `: "${{VAR:=value}}"`; a setting given in the
-  environment wins, and so it does over run.sh's defaults: `EXP_DIR=/data/run1 DEV_SIZE=100 bash
-  run.sh`. A preset must set {' '.join(REQUIRED)}
+Settings: the preset sets what differs between runs, each value as a default, `: "${{VAR:=value}}"`;
+  a setting given in the environment wins, and so it does over run.sh's defaults: `EXP_DIR=/data/run1
+  DEV_SIZE=100 bash run.sh`. A preset must set {' '.join(REQUIRED)}
   and the arrays {' '.join(REQUIRED_ARRAYS)}.
-  Argument lists are bash arrays (a path with a space stays one argument); the environment
-  cannot carry an array, so a list changes in a preset of your own, or grows by words:
-  REWARD_EXTRA, GRPO_EXTRA, EVAL_EXTRA, PREF_EXTRA="--flag 'a value'" are added to REWARD_ARGS,
-  GRPO_ARGS, EVAL_ARGS, PREF_ARGS, split as the shell splits words. GRPO_EXTRA sets any field of
-  train_grpo.py (`train_grpo.py --help`), e.g. GRPO_EXTRA="--lr 5e-7 --total-training-steps 200";
-  PREF_EXTRA any option of train_dpo.py, e.g. PREF_EXTRA="--loss-type ipo --seed 2".
+  Argument lists are bash arrays; from the environment one grows by words, split as the shell
+  splits them: {', '.join(EXTRAS)}
+  extend {', '.join(EXTRAS.values())} (GRPO_EXTRA="--lr 5e-7": any train_grpo.py field).
   Derived from EXP_DIR when unset: HF_MODEL_DIR DATA_DIR CKPT_DIR MERGED_DIR EVAL_DIR EXPORT_PATH
-  TENSORBOARD_DIR (TRAINER=dpo|kto: MERGED_DIR and EVAL_DIR under EXP_DIR/$TRAINER, EXPORT_PATH
-  EXP_DIR/llm-$TRAINER.pt; PAIRS_FILE, USER_PAIRS). Defaults: LOGGERS=console REWARD_PORT=8000
-  REWARD_START_TIMEOUT_S=300 BUILD_BASE_MODEL=0 DEV_SIZE=0.
-  MODEL_FAMILY: cosyvoice2 (default) or cosyvoice3 (ttsrl/families/): the LLM's layout;
-  stage -1 refuses an llm.pt of another family, and EVAL_ARGS' --sampling-rule must be the family's.
-  LLM_FILE (llm.pt): the LLM stage -1 converts, e.g. LLM_FILE=llm.rl.pt (Fun-CosyVoice3's RL one).
-  Named variants: REWARD (REWARDS in ttsrl/reward/rewards.py; default tanh), ALGORITHM (stage 2's
-  estimator and loss, ttsrl/train/algorithms.py; default grpo), SAMPLING (stage 2's rollout
-  sampling, reference or mairhub; empty: the preset's), SEED (stage 2's prompt order and rollout
-  seed; empty: verl's defaults). The later NVIDIA mair-hub recipe: REWARD=exp_toneless SAMPLING=mairhub.
-  REWARD_WEIGHTS (WEIGHTS in ttsrl/reward/rewards.py; default cer = the error-rate reward alone;
-  glm_tts = + 0.1 SIM): the combined reward's weighting, passed to the server (--weights) and to
-  stage 2 (--reward-weights), which refuses servers that combine with another SIM weight.
-  ALGORITHM=gdpo trains on the terms cer, sim, length apart (SIM needs a server with --want-sim).
+  TENSORBOARD_DIR. Named variants: MODEL_FAMILY, REWARD, REWARD_WEIGHTS, ALGORITHM, SAMPLING.
+  Several nodes (GRPO): NODE_IPS, NODE_RANK, GPUS_PER_NODE, JOIN_TIMEOUT_S, RAY_PORT, RAY_ADDRESS;
+  a rehearsal on one machine: presets/multinode_sim.sh.
 
-The reward: stages 1, 2 (and DPO mining) use the reward servers of REWARD_URLS (default this
-  machine's, http://127.0.0.1:REWARD_PORT); stage 1 starts the local one when the list holds it.
-  A server that answers already is used only when it serves this run's REWARD, REWARD_BACKEND,
-  model folder, MODEL_FAMILY and prompt pool (the ids of PROMPT_POOL); else the stage stops naming
-  both (REWARD_ANY_SERVER=1: use it anyway, said so). A training step that lost more than
-  TTSRL_REWARD_MAX_FAIL_FRACTION (10%) of its rewards stops the run before it trains; every step's
-  line shows the shares with no reward and of groups dropped (CKPT_DIR/ttsrl_run.json: reward_health).
-  Training refuses a server that answers with another reward; stage 2 records the reward, the
-  servers and their metadata in CKPT_DIR/ttsrl_run.json; stage 4 scores with the same REWARD.
-  REWARD_MIN_READY=N waits for N servers instead of all; REWARD_START_TIMEOUT_S how long.
-
-Several nodes (GRPO): the same command on every node (srun, pdsh, or one shell per node), e.g.
-  NODE_IPS=10.0.0.1,10.0.0.2 NODE_RANK=R EXP_DIR=/shared/run1 bash run.sh -2 5
-  NODE_IPS     node IPs (or host names), comma-separated, head first (default: slurm's
-               `scontrol show hostnames $SLURM_JOB_NODELIST`; empty: one node)
-  NODE_RANK    this node's index in NODE_IPS (default: $SLURM_NODEID, else 0). EXP_DIR (and every
-               folder under it) must be an absolute path every node mounts at the same place.
-  The head (rank 0) runs stages -1 and 0; stage 2 starts a Ray head (unless RAY_ADDRESS answers:
-  that cluster is used), waits until every node joined with GPUS_PER_NODE GPUs (naming the
-  missing ones after JOIN_TIMEOUT_S=600 s), trains, stops its Ray; stage 3 merges and marks
-  EXP_DIR/nodes/merged; stage 5 exports. A worker's stage 2 joins the head's Ray and returns when
-  it stops; its stage 3 waits for the head's marker of the run it joined (HEAD_WAIT_S, 0: no
-  limit); stage 4 scores its share of the checkpoints on every node. Every node serves rewards at
-  http://NODE_IP:REWARD_PORT when REWARD_URLS lists it. Logs: EXP_DIR/logs/nodeR/.
-  Ray settings: RAY_PORT (6379, the head's GCS), RAY_NODE_PORT (RAY_PORT+1: each node's 10 fixed
-  ports from there), RAY_WORKER_PORTS (10002-19999), RAY_TEMP_DIR (Ray's default), RAY_NUM_CPUS
-  (16 logical CPUs a node on DEVICE=cpu, with GPUS_PER_NODE=1 logical GPU), RAY_START_ARGS (a
-  preset's array of more `ray start` arguments), RAY_START_ATTEMPTS (3). Ranks on one host (the
-  same or loopback IPs) split these ports. Ray's token authentication is on (RAY_AUTH_MODE=token):
-  every node needs the head's ~/.ray/auth_token.
-  A rehearsal on one machine: presets/multinode_sim.sh (its top says how).
+What each setting means, its default and where it lives: README.md (Configuration), docs/operations.md
+(the reward servers), docs/evaluation.md (dev set, stage 4 and 5), docs/multinode.md (several nodes).
 """
 
 

@@ -44,10 +44,7 @@ import jiwer
 from pypinyin import Style, lazy_pinyin
 
 from ttsrl import knobs
-from ttsrl.families import DEFAULT_FAMILY
 from ttsrl.text import SYLLABLES_PER_SECOND, cer, is_cjk, is_toned_syllable, pinyin, pinyin_error_rate
-
-TOKEN_RATE_HZ = DEFAULT_FAMILY.token_rate_hz  # the run's family's, where a caller knows it
 
 # ---------------------------------------------------------------------------
 # length plausibility
@@ -64,7 +61,7 @@ def _syllable_count(token: str) -> int:
     return max(1, len(re.findall(r"[aeiouy]+", token)))  # English: vowel groups
 
 
-def expected_tokens(text: str, token_rate: float = TOKEN_RATE_HZ) -> float:
+def expected_tokens(text: str, token_rate: float) -> float:
     """Expected number of speech tokens for ``text`` at ``token_rate`` tokens/s.
 
     syllables * token_rate / SYLLABLES_PER_SECOND; a Chinese syllable counts 1, an
@@ -73,7 +70,7 @@ def expected_tokens(text: str, token_rate: float = TOKEN_RATE_HZ) -> float:
     return sum(_syllable_count(t) for t in pinyin(text)) * token_rate / SYLLABLES_PER_SECOND
 
 
-def length_ratio(n_tokens: int, text: str, token_rate: float = TOKEN_RATE_HZ) -> float | None:
+def length_ratio(n_tokens: int, text: str, token_rate: float) -> float | None:
     """Speech tokens generated / tokens expected for ``text`` (``expected_tokens``): about 1
     for speech at a normal rate, above 1 slow or drawn out, below 1 fast or clipped. None
     when the text has no expected length (empty). The ratio the length guard judges."""
@@ -297,15 +294,18 @@ def reward_choices_help() -> str:
 
 def compute_reward(name: str, ref: str, hyp: str, *, asr_logprob: float | None = None,
                    n_tokens: int | None = None,
-                   token_rate: float = TOKEN_RATE_HZ) -> RewardResult:
+                   token_rate: float | None = None) -> RewardResult:
     """Reward of transcript ``hyp`` for reference ``ref`` under variant ``name``.
 
     When ``n_tokens`` (speech tokens generated) is given, the length guard scales the
-    reward by ``length_factor(n_tokens, expected_tokens(ref, token_rate))``.
+    reward by ``length_factor(n_tokens, expected_tokens(ref, token_rate))``, at the backend's
+    ``token_rate`` (its family's codes per second; required with ``n_tokens``).
     """
     raw, err, conf = reward_variant(name).fn(ref, hyp, asr_logprob)
     factor, ratio, ok = 1.0, None, True
     if n_tokens is not None:
+        if token_rate is None:
+            raise ValueError("the length guard (n_tokens) needs the backend's token_rate")
         factor, ratio, ok = length_factor(n_tokens, expected_tokens(ref, token_rate))
     return RewardResult(reward=raw * factor, error_rate=err, length_ok=ok, raw_reward=raw,
                         length_factor=factor, length_ratio=ratio, confidence=conf)

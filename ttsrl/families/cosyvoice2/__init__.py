@@ -49,8 +49,7 @@ FAMILY = Family(
     min_len_held=(6561,), rules=(("cosyvoice2-2026", "2026"), ("cosyvoice2-2024", "2024")),
     release=RELEASE,
     token2wav=Token2WavSpec("CosyVoice2", "cosyvoice2.yaml", "speech_tokenizer_v2.onnx", "CosyVoice2Model", RELEASE,
-                        backend="ttsrl.reward.backends.cosyvoice2:CosyVoice2Token2Wav",
-                        config="ttsrl.reward.backends.cosyvoice2:CosyVoice2Config", batch_flow=True,
+                        batch_flow=True,
                         # upstream README's download lines (ModelScope iic/..., Hugging Face FunAudioLLM/...)
                         hub_repo="FunAudioLLM/CosyVoice2-0.5B", modelscope_repo="iic/CosyVoice2-0.5B"),
 )

@@ -19,9 +19,14 @@ upstream's HF loop can stop before the minimum length on any of the 199 other st
 its vLLM path (SamplingParams min_tokens, stop_token_ids = all 200) cannot. This rule takes the
 consistent reading: before the minimum length every stop row (6561..6760) is -inf, one draw.
 
-Token2wav: CosyVoice3's classes first appear together in upstream's dd2d926 (2025-08-20); the
-released folder goes with its code of December 2025 (56d9876 on); ttsrl is tested against ace7c47.
-The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it: a source checkout is needed.
+Token2wav (DiT flow matching + causal HiFT; the shared engine ``ttsrl.reward.backends.cosyvoice``
+reads :data:`FAMILY`'s spec): CosyVoice3's classes (``CosyVoice3Model``, ``CausalMaskedDiffWithDiT``,
+``cosyvoice.flow.DiT``, ``CausalHiFTGenerator``) first appear together in upstream's dd2d926
+(2025-08-20); the released folder goes with its code of December 2025 (56d9876 on); ttsrl is tested
+against ace7c47. The PyPI cosyvoice-minicpmo (46dfe043, June 2025) predates it: a source checkout
+is needed (``--cosyvoice-checkout``), and its DiT imports ``x_transformers``. The audio is 24 kHz,
+960 samples per code (token_mel_ratio 2, hop 480). Its flow is voiced one utterance at a time (the
+batched flow path is CosyVoice2's encoder: no ``batch_flow``).
 """
 
 from ttsrl.families.base import Family, Token2WavSpec
@@ -53,8 +58,6 @@ FAMILY = Family(
     system_prefix="You are a helpful assistant." + ENDOFPROMPT,
     input_embedding="speech_embedding", upstream_class="CosyVoice3LM", release=RELEASE,
     token2wav=Token2WavSpec("CosyVoice3", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx", "CosyVoice3Model", RELEASE,
-                        backend="ttsrl.reward.backends.cosyvoice3:CosyVoice3Token2Wav",
-                        config="ttsrl.reward.backends.cosyvoice3:CosyVoice3Config",
                         needs_code=(("cosyvoice/cli/model.py", "CosyVoice3Model"),
                                     ("cosyvoice/flow/flow.py", "CausalMaskedDiffWithDiT"),
                                     ("cosyvoice/flow/DiT/dit.py", "DiT"),

@@ -165,7 +165,7 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
     else:  # a family's token2wav
         spec = family(cfg.backend).token2wav
         Backend, Config = _load(spec.backend), _load(spec.config)
-        t2w = Backend(Config(model_dir=cfg.cosyvoice_model_dir or "", prompt_dir=cfg.prompt_dir,
+        t2w = Backend(Config(model_dir=cfg.cosyvoice_model_dir or "", family=cfg.backend, prompt_dir=cfg.prompt_dir,
                              checkout=cfg.cosyvoice_checkout, device=device, batch_flow=cfg.cosyvoice_batch_flow))
         asr_name = "whisper"
     if cfg.asr != "default":

@@ -28,9 +28,7 @@ import numpy as np
 
 from ttsrl.atomic import atomic_path
 from ttsrl.data.prompt_pool import pool_sha1
-from ttsrl.families import DEFAULT_FAMILY, token2wav_families
-
-TOKEN_RATE_HZ = DEFAULT_FAMILY.token_rate_hz
+from ttsrl.families import token2wav_families
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,13 @@ class Audio:
     waveform: np.ndarray | None
     sample_rate: int
     codes: tuple[int, ...] = ()
-    token_rate: float = TOKEN_RATE_HZ  # codes per second (duration of waveform-less audio)
+    token_rate: float | None = None  # codes per second: the backend's, needed for waveform-less audio
 
     @property
     def duration_s(self) -> float:
         if self.waveform is None:
+            if self.token_rate is None:
+                raise ValueError("waveform-less audio needs its backend's token_rate for a duration")
             return len(self.codes) / self.token_rate
         return len(self.waveform) / float(self.sample_rate)
 
@@ -95,8 +95,9 @@ class Token2Wav(ABC):
     """Speech codes + speaker prompt -> audio."""
 
     name: str = "token2wav"
-    #: speech codes per second of audio (the length guard's expected token count)
-    token_rate: float = TOKEN_RATE_HZ
+    #: speech codes per second of audio (the length guard's expected token count); each backend sets
+    #: its own (its codec's, its model folder's), so no family's rate is assumed here
+    token_rate: float
     #: whether ``speaker_similarity`` measures anything (a speaker model: CosyVoice2's campplus)
     has_speaker_model: bool = False
 

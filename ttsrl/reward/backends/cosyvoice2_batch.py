@@ -17,7 +17,7 @@ What one utterance would get is returned per item: its mel frames after its own 
 The backend runs a server batch as ``length_groups`` (longest first, padding at most
 ``MAX_PADDING`` of each item), each group one padded batch.
 ``tests/test_cosyvoice2_batch.py`` checks the batched audio equals the one-utterance
-audio up to float error. HiFT stays per utterance (see ``CosyVoice2Token2Wav``): its
+audio up to float error. HiFT stays per utterance (see ``CosyVoiceToken2Wav``): its
 source excitation draws noise shaped like the batch and its convolutions look ahead,
 so a padded HiFT batch cannot give each utterance its one-utterance waveform.
 """

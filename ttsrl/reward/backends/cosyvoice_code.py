@@ -1,5 +1,5 @@
-"""CosyVoice's code and model folder, as our token2wav (``cosyvoice2``, ``cosyvoice3``) and
-prompt tokenizer use them: which files a model folder of each family must hold (``Family.token2wav``),
+"""CosyVoice's code and model folder, as our token2wav (``cosyvoice``) and prompt tokenizer use
+them: which files a model folder of each family must hold (``Family.token2wav``),
 importing CosyVoice (installed, or a source checkout) and checking it has the family's classes,
 loading its yaml without the LLM, its frontend on a chosen device, ``frontend_zero_shot`` on a
 prompt wav, the campplus embedding of a waveform, and reading audio at the 16 kHz its speech
@@ -21,21 +21,19 @@ from typing import Sequence
 
 import numpy as np
 
-from ttsrl.families import DEFAULT_FAMILY, Token2WavSpec
+from ttsrl.families import Token2WavSpec
 from ttsrl.reward.wavcheck import check_prompt_wav
 
-#: the default family's token2wav (each family's own: ``ttsrl.families``, ``Family.token2wav``)
-DEFAULT_T2W: Token2WavSpec = DEFAULT_FAMILY.token2wav  # type: ignore[assignment]
 YAML_KEEP = ("flow", "hift", "feat_extractor")
 log = logging.getLogger("ttsrl.reward.backends")
 
 
-def missing_model_entries(model_dir: str | Path, entries: Sequence[str] = DEFAULT_T2W.token2wav_files) -> list[str]:
+def missing_model_entries(model_dir: str | Path, entries: Sequence[str]) -> list[str]:
     d = Path(model_dir)
     return [e for e in entries if not ((d / e).is_dir() if e.endswith("/") else (d / e).is_file())]
 
 
-def check_model_dir(model_dir: str | Path, entries: Sequence[str] | None = None, family: Token2WavSpec = DEFAULT_T2W) -> None:
+def check_model_dir(model_dir: str | Path, family: Token2WavSpec, entries: Sequence[str] | None = None) -> None:
     """One error naming every missing file of a model folder of ``family`` (its token2wav files
     unless ``entries``)."""
     entries = family.token2wav_files if entries is None else entries
@@ -136,7 +134,7 @@ def _use_code(root: Path | None) -> None:
             del sys.modules[name]
 
 
-def import_cosyvoice(checkout: str | None, family: Token2WavSpec = DEFAULT_T2W):
+def import_cosyvoice(checkout: str | None, family: Token2WavSpec):
     """CosyVoice's frontend class and ``family``'s model class, from ``checkout`` (a source
     checkout) or the installed ``cosyvoice`` package."""
     if checkout:
@@ -316,7 +314,7 @@ class _OrtOn:
 _FRONTEND_LOCK = threading.Lock()  # replicas are built in threads; one swaps the module's onnxruntime at a time
 
 
-def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Token2WavSpec = DEFAULT_T2W):
+def make_frontend(FrontEnd, model_dir: Path, feat_extractor, dev, family: Token2WavSpec):
     """CosyVoice's own CosyVoiceFrontEnd for prompt wavs (no text tokenizer: token2wav
     and the speech tokenizer never read text), its device set to ``dev``.
 

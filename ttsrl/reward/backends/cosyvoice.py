@@ -1,15 +1,21 @@
-"""CosyVoice2's own token2wav (flow matching + HiFT vocoder), run with CosyVoice's code.
+"""The token2wav of CosyVoice's families (flow matching + HiFT vocoder), run with CosyVoice's code.
+
+One engine for every family whose ``<Family>Model.token2wav`` and ``CosyVoiceFrontEnd`` take
+CosyVoice's calls: the family (``CosyVoiceConfig.family``) names its files, model class and the
+code it needs (``Family.token2wav``, a :class:`~ttsrl.families.Token2WavSpec` in its folder);
+what differs between CosyVoice2 and CosyVoice3 is that data, not a class here.
 
 Code: the installed ``cosyvoice`` package (PyPI ``cosyvoice-minicpmo==0.1.0``, whose
 ``cosyvoice/flow``, ``cosyvoice/hifigan``, ``cosyvoice/transformer`` and ``cosyvoice/utils`` are
 byte-identical to upstream FunAudioLLM/CosyVoice at commit 46dfe043, 2025-06-25; its
 ``cli/`` drops the LLM and text normaliser) or, with ``checkout``, a CosyVoice source
-checkout put first on ``sys.path``. Weights: a CosyVoice2 model folder (``CosyVoice2-0.5B``).
+checkout put first on ``sys.path`` (a family whose spec names ``needs_code`` must have one that
+holds it: CosyVoice3). Weights: a model folder of the family (its ``token2wav_files``).
 
 Only what token2wav needs is built: the yaml is loaded with every top-level object
 except ``flow``, ``hift`` and ``feat_extractor`` overridden to None, so the 0.5B LLM
 (and the training-data processors, which import ``pyworld``) are never constructed.
-CosyVoice's own ``CosyVoice2Model.token2wav`` and ``CosyVoiceFrontEnd.frontend_zero_shot``
+CosyVoice's own ``<Family>Model.token2wav`` and ``CosyVoiceFrontEnd.frontend_zero_shot``
 do the work; keyword arguments are matched to the installed version's signatures.
 
 Devices are explicit and right by construction: every call into a replica (building it,
@@ -17,7 +23,9 @@ prompt extraction, synthesis) runs under ``torch.cuda.device(dev)``, so CosyVoic
 ``torch.device('cuda')`` means this replica's GPU in whatever thread runs it; the model's and
 frontend's ``device`` attributes are set to ``dev``; ``cuda`` without index means the current
 device. HiFT's source excitation is random: each synthesis seeds the replica's generator from
-the codes (sha1), so the same codes and prompt give the same waveform.
+the codes (sha1), so the same codes and prompt give the same waveform (CosyVoice3's flow noise
+and HiFT source phases are drawn once when built, from ``set_all_random_seed(0)``'s stream:
+hence one yaml built at a time, ``_BUILD_LOCK``).
 
 Speakers: the reward voices each text with one of the ``*.wav`` of ``prompt_dir`` (chosen by
 the pipeline from the text, or named by the request's PROMPT_ID: the wav's stem, ``prompt_pool``);
@@ -43,10 +51,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ttsrl.families import Token2WavSpec, family
+from ttsrl.families import Token2WavSpec
+from ttsrl.families import family as family_named
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
 from ttsrl.reward.backends.cosyvoice_code import (
-    DEFAULT_T2W,
     call_matching,
     check_model_dir,
     import_cosyvoice,
@@ -67,7 +75,7 @@ _SHARED_LOCKS: dict[tuple, threading.Lock] = {}
 _SHARED_GUARD = threading.Lock()
 
 
-def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path, family: Token2WavSpec = DEFAULT_T2W) -> tuple:
+def prompt_key(model_dir: str | Path, checkout: str | None, wav: Path, family: Token2WavSpec) -> tuple:
     """What a prompt wav's features depend on: the model's feature files (path, size, mtime),
     the CosyVoice code, and the wav's bytes (sha1)."""
     d = Path(model_dir).resolve()
@@ -89,14 +97,16 @@ def shared_prompt_features(key: tuple, extract) -> dict:
 
 
 @dataclass
-class CosyVoice2Config:
-    model_dir: str  # CosyVoice2 model folder (CosyVoice2-0.5B)
+class CosyVoiceConfig:
+    model_dir: str  # a model folder of the family (CosyVoice2-0.5B, Fun-CosyVoice3-0.5B-2512)
+    family: str  # the model family whose token2wav this is (ttsrl.families; the backend's name)
     prompt_dir: str | None = None  # *.wav speaker prompts for requests without their own prompt wav
     checkout: str | None = None  # CosyVoice source checkout; None = the installed `cosyvoice` package
     device: str = "cuda:0"
     fp16: bool = False
     prompt_cache: int = 256  # prompt wavs whose features are kept
-    batch_flow: bool = False  # flow over the whole batch at once (ttsrl.reward.backends.cosyvoice2_batch); False: one by one
+    batch_flow: bool = False  # flow over the whole batch at once (ttsrl.reward.backends.cosyvoice2_batch; a family
+    # whose spec has batch_flow); False: one by one
 
 
 def _seed(codes: Sequence[int]) -> int:
@@ -104,7 +114,7 @@ def _seed(codes: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha1(np.asarray(codes, dtype=np.int64).tobytes()).digest()[:4], "big")
 
 
-def _check_prompt(prompt: SpeakerPrompt, family: Token2WavSpec = DEFAULT_T2W) -> None:
+def _check_prompt(prompt: SpeakerPrompt, family: Token2WavSpec) -> None:
     if prompt.data is None:
         raise ValueError(f"{family.name} token2wav needs a speaker prompt: give --prompt-dir (reward) "
                          "or each utterance's prompt wav (zero-shot evaluation)")
@@ -122,13 +132,12 @@ def cosine(a, b) -> float | None:
 
 
 class PromptTokenizer:
-    """Prompt wav -> the speech tokens CosyVoice2's zero-shot inference gives its LLM
-    (``llm_prompt_speech_token`` of ``frontend_zero_shot``: speech_tokenizer_v2.onnx at
-    25 Hz, trimmed to the prompt's mel length as CosyVoice2 does); ``family`` COSYVOICE3:
-    CosyVoice3's (speech_tokenizer_v3.onnx, the same frontend call)."""
+    """Prompt wav -> the speech tokens ``family``'s zero-shot inference gives its LLM
+    (``llm_prompt_speech_token`` of ``frontend_zero_shot``: the family's speech tokenizer,
+    trimmed to the prompt's mel length as CosyVoice does)."""
 
-    def __init__(self, model_dir: str | Path, checkout: str | None = None, device: str = "cpu",
-                 family: Token2WavSpec = DEFAULT_T2W):
+    def __init__(self, model_dir: str | Path, family: Token2WavSpec, checkout: str | None = None,
+                 device: str = "cpu"):
         check_model_dir(model_dir, family=family)
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
@@ -149,16 +158,21 @@ class PromptTokenizer:
         return [int(t) for t in inp["llm_prompt_speech_token"].reshape(-1).tolist()]
 
 
-class CosyVoice2Token2Wav(Token2Wav):
-    """CosyVoice2's token2wav; the family's files and model class come from ``family``, so a
-    family whose ``<Family>Model.token2wav`` and frontend take the same calls (CosyVoice3:
-    ``cosyvoice3.CosyVoice3Token2Wav``) is this class with another ``family``."""
+class CosyVoiceToken2Wav(Token2Wav):
+    """The token2wav of ``cfg.family`` (a family with a ``token2wav`` spec): its files, model
+    class and needed code come from that spec; the backend is named after the family."""
 
-    name = "cosyvoice2"
-    family: Token2WavSpec = family("cosyvoice2").token2wav  # type: ignore[assignment]
     has_speaker_model = True  # campplus.onnx of the model folder
 
-    def __init__(self, cfg: CosyVoice2Config):
+    def __init__(self, cfg: CosyVoiceConfig):
+        spec = family_named(cfg.family).token2wav
+        if spec is None:
+            raise ValueError(f"model family {cfg.family} has no token2wav")
+        if cfg.batch_flow and not spec.batch_flow:
+            raise ValueError(f"--cosyvoice-batch-flow: {spec.name}'s flow is not one the batched path knows "
+                             f"(its Token2WavSpec.batch_flow); backend {cfg.family} voices one utterance at a time "
+                             "(start without it)")
+        self.name, self.family = cfg.family, spec
         check_model_dir(cfg.model_dir, family=self.family)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
@@ -195,7 +209,7 @@ class CosyVoice2Token2Wav(Token2Wav):
         self._model = model
         self._fe = make_frontend(FrontEnd, d, conf["feat_extractor"], dev, self.family)
         self.sample_rate = int(conf.get("sample_rate", 24000))
-        self.token_rate = float(conf.get("token_frame_rate", 25))
+        self.token_rate = float(conf.get("token_frame_rate", family_named(self.name).token_rate_hz))
 
     # ---- speaker prompts ----------------------------------------------------
     def _features(self, wav: Path) -> dict:
@@ -308,7 +322,7 @@ class CosyVoice2Token2Wav(Token2Wav):
 
         model, dev = self._model, self.device
         for p in prompts:
-            _check_prompt(p)
+            _check_prompt(p, self.family)
         out = []
         with self._lock, (_CPU_LOCK if dev.type == "cpu" else nullcontext()), torch.inference_mode():
             with torch.autocast(dev.type, enabled=bool(self.cfg.fp16 and dev.type == "cuda")):
