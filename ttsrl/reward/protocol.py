@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ttsrl.data.prompt_pool import MAX_ID_BYTES, prompt_id_problem
-from ttsrl.families import DEFAULT_FAMILY
 from ttsrl.reward.triton_binary import BinaryDataError, attach_inputs, split_body
 
 DEFAULT_MODEL_NAME = "token2wav_asr"
@@ -408,10 +407,11 @@ def _flag(params: Any, key: str, where: str, refused: tuple[str, ...] = ()) -> b
     return v
 
 
-def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None,
-                speech_token_size: int = DEFAULT_FAMILY.speech_token_size) -> InferRequest:
+def parse_infer(body: bytes, max_tokens: int, header_length: str | None = None, *,
+                speech_token_size: int) -> InferRequest:
     """Validate an infer body (JSON, or JSON + binary tensor data when ``header_length``,
-    the ``Inference-Header-Content-Length`` header, is given: ``ttsrl.reward.triton_binary``)."""
+    the ``Inference-Header-Content-Length`` header, is given: ``ttsrl.reward.triton_binary``);
+    every code must be below ``speech_token_size``, the speech vocabulary of the server's family."""
     try:
         body, binary = split_body(body, header_length)
     except BinaryDataError as e:

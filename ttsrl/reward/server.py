@@ -91,7 +91,8 @@ class ServerConfig:
     max_body_bytes: int = option(1 << 20, help="largest request body (413 above)")
     family: str = option(DEFAULT_FAMILY.name, choices=tuple(FAMILIES),
                          help="the model family whose speech codes requests carry (MODEL_FAMILY): codes are checked "
-                              "against its speech vocabulary")
+                              "against its speech vocabulary; run.sh always passes it, and the default is the "
+                              "family registry's default (ttsrl.families.DEFAULT_FAMILY)")
     max_tokens: int = option(MAX_SPEECH_CODES,  # CosyVoice2: 25/s -> 164 s
                              help="most speech codes per sequence (413 above)")
     max_text_chars: int = option(MAX_TEXT_CHARS, cli=False, help="characters of GT_TEXT (ttsrl.limits)")
@@ -467,7 +468,7 @@ class RewardServer:
                 self.guard.reading(request.transport, False)
         t_parse = time.perf_counter_ns()
         req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER),
-                              family(self.cfg.family).speech_token_size)
+                          speech_token_size=family(self.cfg.family).speech_token_size)
         triton = self.stats.triton
         triton.durations["compute_input"].add(time.perf_counter_ns() - t_parse)
         why = text_problem(req.text, self.cfg.max_text_chars)
