@@ -211,12 +211,10 @@ needs_cosyvoice = pytest.mark.skipif(bool(cosyvoice_missing), reason=f"{', '.joi
 
 
 @pytest.fixture(scope="module")
-def t2w(tmp_path_factory):
-    from cosyvoice2_tiny import tiny_folder_with_prompts
-
+def t2w(cosyvoice2_folders):
     from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav
 
-    model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
+    model, prompts = cosyvoice2_folders
     return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
