@@ -27,14 +27,13 @@ from ttsrl.embedded import codec
 from ttsrl.families import family
 from ttsrl.model.vocab import SpeechVocab
 from ttsrl.reward.client import RewardClientConfig, RewardServiceError, compute_score, row_prompt_id
+from ttsrl.reward.infer_request import RequestError, parse_infer
 from ttsrl.reward.protocol import (
     MAX_PROMPT_ID_BYTES,
-    RequestError,
     ResponseError,
     build_payload,
     build_response,
     infer_path,
-    parse_infer,
     parse_response,
 )
 from ttsrl.reward.triton_binary import HEADER, attach_inputs, split_body

@@ -19,6 +19,7 @@ from ttsrl.families import family
 from ttsrl.model.generate import Generated
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline
 from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.infer_request import parse_infer
 from ttsrl.reward.protocol import (
     INPUT_SPECS,
     OUTPUT_SPECS,
@@ -27,7 +28,6 @@ from ttsrl.reward.protocol import (
     build_response,
     infer_path,
     model_metadata,
-    parse_infer,
     parse_response,
 )
 from ttsrl.reward.scoring import NO_CODES, result_row, score_codes

@@ -1,6 +1,7 @@
 """The reward server (stage 1): speech tokens -> audio -> ASR -> error rate -> reward.
 
-The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``; batching is
+The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``, and its reader of
+requests ``ttsrl.reward.infer_request``; batching is
 ``ttsrl.reward.batching``; scoring is ``ttsrl.reward.scoring.score_codes`` (shared with the
 evaluator). Every bad request gets a 4xx with ``{"error": message}``; an empty token
 list gets reward 0 by definition; a full queue answers 503 with ``Retry-After``.
@@ -44,16 +45,15 @@ from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline,
 from ttsrl.reward.backends.base import prompt_pool_sha1, unknown_prompt_message
 from ttsrl.reward.batching import Batcher, Stats
 from ttsrl.reward.http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
+from ttsrl.reward.infer_request import RequestError, parse_infer
 from ttsrl.reward.metrics import ServerMetrics, is_infer
 from ttsrl.reward.protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
     DEFAULT_PORT,
     MODEL_VERSION,
-    RequestError,
     build_response,
     model_metadata,
-    parse_infer,
     reward_range,
 )
 from ttsrl.reward.rewards import REWARDS, WEIGHTS, reward_choices_help, reward_variant, sim_weight_of, weights_help
