@@ -48,7 +48,7 @@ def build_tiny_tokenizer(out: Path) -> Path:
     from ttsrl.model.vocab import extend_tokenizer
     rng = random.Random(0)
     tok = train_tokenizer([sentence(rng, i) for i in range(2000)], vocab_size=1024)
-    extend_tokenizer(tok)
+    extend_tokenizer(tok, "cosyvoice2")
     save_blank_en(tok, out)
     return out
 

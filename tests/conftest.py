@@ -47,6 +47,16 @@ def tiny_hf(tiny_cosyvoice2, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def cosyvoice2_folders(tmp_path_factory):
+    """(model folder, prompt folder) of ``cosyvoice2_tiny.tiny_folder_with_prompts``, built once a
+    session (about 5 s): the modules that run the tiny CosyVoice2 only read them, and a test that
+    changes one works on a copy. Requested only where CosyVoice's code is installed."""
+    from cosyvoice2_tiny import tiny_folder_with_prompts
+
+    return tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matmuls: more threads only add waiting."""

@@ -148,7 +148,7 @@ def _tokenizer():
     from ttsrl.model.vocab import extend_tokenizer
 
     tok = train_tokenizer(TEXTS * 5, 300)
-    return tok, extend_tokenizer(tok)
+    return tok, extend_tokenizer(tok, "cosyvoice2")
 
 
 def _verl_scores(tok, sv, server_url, monkeypatch):

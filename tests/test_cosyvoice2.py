@@ -22,7 +22,7 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import tiny_folder_with_prompts, write_tone_wav  # noqa: E402
+from cosyvoice2_tiny import write_tone_wav  # noqa: E402
 
 from ttsrl.families import family  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
@@ -40,8 +40,8 @@ SAMPLES_PER_TOKEN = 960  # 24 kHz / 25 tokens per second
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
+def folders(cosyvoice2_folders):
+    return cosyvoice2_folders
 
 
 @pytest.fixture(scope="module")

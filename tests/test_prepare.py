@@ -71,7 +71,7 @@ def tok_dir(tmp_path_factory) -> Path:
         texts += [json.loads(line)["text"] for line in (CORPUS / "train.jsonl").read_text().splitlines()
                   if line.strip()]
     tok = train_tokenizer(texts, vocab_size=400)
-    extend_tokenizer(tok)
+    extend_tokenizer(tok, "cosyvoice2")
     out = tmp_path_factory.mktemp("tok")
     save_blank_en(tok, out)
     return out

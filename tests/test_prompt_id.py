@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import importlib.util
 import json
 import struct
@@ -23,16 +24,16 @@ import pytest
 import requests
 
 from ttsrl.embedded import codec
+from ttsrl.families import family
 from ttsrl.model.vocab import SpeechVocab
 from ttsrl.reward.client import RewardClientConfig, RewardServiceError, compute_score, row_prompt_id
+from ttsrl.reward.infer_request import RequestError, parse_infer
 from ttsrl.reward.protocol import (
     MAX_PROMPT_ID_BYTES,
-    RequestError,
     ResponseError,
     build_payload,
     build_response,
     infer_path,
-    parse_infer,
     parse_response,
 )
 from ttsrl.reward.triton_binary import HEADER, attach_inputs, split_body
@@ -41,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 TEXTS = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见", "早上好", "晚上好", "明天见"]
 HAS_TRITONCLIENT = importlib.util.find_spec("tritonclient") is not None
+# the server reads requests against its family's speech vocabulary; these are CosyVoice2's
+parse = functools.partial(parse_infer, speech_token_size=family("cosyvoice2").speech_token_size)
 
 
 def codes(n: int, start: int = 0) -> list[int]:
@@ -76,8 +79,8 @@ def test_a_request_without_prompt_id_is_the_reference_body_and_answer():
         {"name": "TOKENS", "shape": [1, 5], "datatype": "INT32", "data": [c]},
         {"name": "TOKEN_LENS", "shape": [1, 1], "datatype": "INT32", "data": [[5]]},
         {"name": "GT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["你好"]}]}
-    assert parse_infer(json.dumps(build_payload(c, "你好")).encode(), 100).prompt_id is None
-    assert parse_infer(*binary_body(c, "你好", None)[:1], 100, binary_body(c, "你好", None)[1]).prompt_id is None
+    assert parse(json.dumps(build_payload(c, "你好")).encode(), 100).prompt_id is None
+    assert parse(*binary_body(c, "你好", None)[:1], 100, binary_body(c, "你好", None)[1]).prompt_id is None
     plain = build_response("m", 0.5, "t", 0.1, reward_name="tanh")
     assert plain == build_response("m", 0.5, "t", 0.1, reward_name="tanh", prompt_id=None)
     assert "prompt_id" not in plain["parameters"]
@@ -95,9 +98,9 @@ def test_prompt_id_is_read_from_json_and_binary_requests(how):
     elif how == "base64":
         spec["data"] = [{"b64": base64.b64encode(pid.encode()).decode()}]
     if how == "binary":
-        req = parse_infer(*binary_body(c, "你好", pid.encode())[:1], 100, binary_body(c, "你好", pid.encode())[1])
+        req = parse(*binary_body(c, "你好", pid.encode())[:1], 100, binary_body(c, "你好", pid.encode())[1])
     else:
-        req = parse_infer(json.dumps(body).encode(), 100)
+        req = parse(json.dumps(body).encode(), 100)
     assert (req.prompt_id, req.codes, req.text) == (pid, c, "你好")
 
 
@@ -127,24 +130,24 @@ def test_a_bad_prompt_id_is_a_4xx_naming_the_input(case):
     if spec["data"] is None:
         del spec["data"]
     with pytest.raises(RequestError) as e:
-        parse_infer(json.dumps(body).encode(), 100)
+        parse(json.dumps(body).encode(), 100)
     assert e.value.status == status and "PROMPT_ID" in str(e.value) and words in str(e.value), str(e.value)
 
 
 def test_prompt_id_limits_in_binary_and_twice():
     body, n = binary_body(codes(5), "你好", b"\xff\xfe")
     with pytest.raises(RequestError, match="PROMPT_ID.*not valid UTF-8"):
-        parse_infer(body, 100, n)
+        parse(body, 100, n)
     ok = "甲" * (MAX_PROMPT_ID_BYTES // 3)  # 255 bytes: the longest id
-    assert parse_infer(json.dumps(build_payload(codes(5), "你好", ok)).encode(), 100).prompt_id == ok
+    assert parse(json.dumps(build_payload(codes(5), "你好", ok)).encode(), 100).prompt_id == ok
     twice = build_payload(codes(5), "你好", "spk_a")
     twice["inputs"].append(dict(twice["inputs"][3]))
     with pytest.raises(RequestError, match="input PROMPT_ID given twice"):
-        parse_infer(json.dumps(twice).encode(), 100)
+        parse(json.dumps(twice).encode(), 100)
     other = build_payload(codes(5), "你好")
     other["inputs"].append({"name": "SPEAKER", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]})
     with pytest.raises(RequestError, match="unknown input 'SPEAKER'.*optionally PROMPT_ID"):
-        parse_infer(json.dumps(other).encode(), 100)
+        parse(json.dumps(other).encode(), 100)
 
 
 def test_the_client_refuses_an_answer_voiced_by_another_prompt():
@@ -207,12 +210,10 @@ needs_cosyvoice = pytest.mark.skipif(bool(cosyvoice_missing), reason=f"{', '.joi
 
 
 @pytest.fixture(scope="module")
-def t2w(tmp_path_factory):
-    from cosyvoice2_tiny import tiny_folder_with_prompts
-
+def t2w(cosyvoice2_folders):
     from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav
 
-    model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
+    model, prompts = cosyvoice2_folders
     return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 
@@ -416,7 +417,7 @@ def test_verl_hands_each_rows_prompt_id_to_the_server(t2w, sim_on, monkeypatch):
     from ttsrl.reward.client import ENV_URL
 
     tok = train_tokenizer(TEXTS * 5, 300)
-    sv = extend_tokenizer(tok)
+    sv = extend_tokenizer(tok, "cosyvoice2")
     monkeypatch.setenv(ENV_URL, sim_on.url)
     root = Path(__file__).resolve().parent.parent
     config = OmegaConf.create({"reward": {"custom_reward_function": {

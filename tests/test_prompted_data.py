@@ -236,7 +236,7 @@ def test_prompted_rows_render_through_verl_to_cosyvoice2s_zero_shot_input(tmp_pa
     from ttsrl.model.hf_model import load_speech_lm
 
     up = QwenTokenizer(str(tiny_cosyvoice2[0] / "CosyVoice-BlankEN"))  # what CosyVoice2's frontend encodes with
-    lm = cosyvoice_own_lm(inner_config_of(json.loads((tiny_hf / "config.json").read_text())))
+    lm = cosyvoice_own_lm(inner_config_of(json.loads((tiny_hf / "config.json").read_text())), V.family("cosyvoice2"))
     lm.load_state_dict(load_llm_state_dict(tiny_cosyvoice2[0] / "llm.pt"), strict=True)
     hf = load_speech_lm(tiny_hf, dtype=torch.float32)
     lo, hi = sv.output_range
@@ -318,7 +318,7 @@ def test_a_prompt_whose_transcript_merges_with_the_text_is_passed_by(tmp_path):
 
     text = "今天下雨。"
     base = train_tokenizer(["好。今天下雨。"] * 60 + TEXTS * 3, vocab_size=400)  # learns a "。今" merge
-    V.extend_tokenizer(base)
+    V.extend_tokenizer(base, "cosyvoice2")
     save_blank_en(base, tmp_path / "hf")
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731

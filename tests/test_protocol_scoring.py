@@ -15,9 +15,11 @@ import requests
 from ttsrl.data.testsets import Utterance
 from ttsrl.embedded import codec
 from ttsrl.eval.evaluate import score
+from ttsrl.families import family
 from ttsrl.model.generate import Generated
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline
 from ttsrl.reward.backends.sim import SimASR, SimToken2Wav
+from ttsrl.reward.infer_request import parse_infer
 from ttsrl.reward.protocol import (
     INPUT_SPECS,
     OUTPUT_SPECS,
@@ -26,7 +28,6 @@ from ttsrl.reward.protocol import (
     build_response,
     infer_path,
     model_metadata,
-    parse_infer,
     parse_response,
 )
 from ttsrl.reward.scoring import NO_CODES, result_row, score_codes
@@ -124,7 +125,7 @@ def test_the_result_row_of_a_success_and_of_each_failure_comes_from_scoring():
 def test_protocol_round_trip():
     codes, text = [5, 6, 7, 6560], "你好，世界"
     body = json.dumps(build_payload(codes, text)).encode()
-    r = parse_infer(body, 4096)
+    r = parse_infer(body, 4096, speech_token_size=family("cosyvoice2").speech_token_size)
     assert (r.codes, r.text, r.rid, r.wanted) == (codes, text, None, None)
     resp = build_response("m", 0.25, "ni3 hao3", 0.5, rid="x", wanted=["REWARDS", "ERROR_RATES"])
     assert resp["id"] == "x" and [o["name"] for o in resp["outputs"]] == ["REWARDS", "ERROR_RATES"]

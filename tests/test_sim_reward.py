@@ -23,9 +23,6 @@ for mod, why in (("cosyvoice.cli.model", "CosyVoice's runtime (cosyvoice-minicpm
                  ("onnx", "onnx"), ("matcha.utils.audio", "Matcha-TTS (cosyvoice-minicpmo)")):
     pytest.importorskip(mod, reason=f"{why} is not installed (bash scripts/install.sh installs it)")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cosyvoice2_tiny import tiny_folder_with_prompts  # noqa: E402
-
 from ttsrl.model.vocab import SpeechVocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, SpeechPipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav  # noqa: E402
@@ -40,8 +37,8 @@ TEXTS = ["你好", "今天天气很好", "我们去散步", "谢谢你", "再见
 
 
 @pytest.fixture(scope="module")
-def t2w(tmp_path_factory):
-    model, prompts = tiny_folder_with_prompts(tmp_path_factory.mktemp("cosyvoice2"))
+def t2w(cosyvoice2_folders):
+    model, prompts = cosyvoice2_folders
     return CosyVoiceToken2Wav(CosyVoiceConfig(model_dir=str(model), family="cosyvoice2", prompt_dir=str(prompts), device="cpu"))
 
 

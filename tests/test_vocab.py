@@ -16,7 +16,7 @@ def qwen_sized_tokenizer():
 
 
 def test_real_ids(qwen_sized_tokenizer):
-    sv = V.extend_tokenizer(qwen_sized_tokenizer)
+    sv = V.extend_tokenizer(qwen_sized_tokenizer, "cosyvoice2")
     tok = qwen_sized_tokenizer
     assert tok.convert_tokens_to_ids("<|endofprompt|>") == 151646
     assert tok.convert_tokens_to_ids("[mn]") == 151662
@@ -31,11 +31,11 @@ def test_real_ids(qwen_sized_tokenizer):
     assert sv.padded_vocab_size == 158336
     assert sv.output_range == (151663, 158227)
     # idempotent: a second pass keeps every id
-    assert V.extend_tokenizer(tok) == sv
+    assert V.extend_tokenizer(tok, "cosyvoice2") == sv
 
 
 def test_index_maps():
-    sv = V.SpeechVocab(1000)
+    sv = V.SpeechVocab(1000, V.family("cosyvoice2"))
     assert sv.to_hf(0) == 1000 and sv.to_index(1000 + 6563) == 6563
     with pytest.raises(ValueError):
         sv.to_hf(V.family("cosyvoice2").num_outputs)
@@ -75,4 +75,4 @@ def test_partial_specials_rejected(qwen_sized_tokenizer):
     tok = Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
     with pytest.raises(ValueError, match="Qwen special token"):
-        V.extend_tokenizer(fast)
+        V.extend_tokenizer(fast, "cosyvoice2")

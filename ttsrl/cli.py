@@ -78,6 +78,12 @@ def field_location(cls: type, name: str) -> str:
     return f"{path}:{start}"
 
 
+def _where(cls: type, f: dataclasses.Field) -> str:
+    """``FILE:LINE: Class.field`` for an error message; only then, since finding the line parses the
+    class's source (about 20 ms a field: most of a large CLI's start-up, were it done for every field)."""
+    return f"{field_location(cls, f.name)}: {cls.__name__}.{f.name}"
+
+
 def _item_type(hint) -> tuple[type, bool]:
     """(scalar type, is a tuple of them) of a field's annotation, Optional removed."""
     origin = typing.get_origin(hint)
@@ -141,10 +147,9 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
         target = parser
         if f.metadata.get("group") and isinstance(parser, argparse.ArgumentParser):
             target = group(parser, f.metadata["group"])
-        where = f"{field_location(cls, f.name)}: {cls.__name__}.{f.name}"
         text = f.metadata.get("help")
         if not text:
-            raise TypeError(f"{where} has no help: declare it with option(..., help=...)")
+            raise TypeError(f"{_where(cls, f)} has no help: declare it with option(..., help=...)")
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         names = (flag, *f.metadata.get("aliases", ()))
         choices = f.metadata.get("choices")
@@ -172,7 +177,7 @@ def add_fields(parser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
             continue
         item, many = _item_type(hints[f.name])
         if item not in METAVARS:
-            raise TypeError(f"{where}: type {hints[f.name]} is not a command-line type (str, int, float, bool, "
+            raise TypeError(f"{_where(cls, f)}: type {hints[f.name]} is not a command-line type (str, int, float, bool, "
                             "Optional[X], tuple[X, ...]); declare parse=FUNCTION for another")
         conv = parse_bool if item is bool else item
         if many:

@@ -1,7 +1,7 @@
 """Length limits on texts and speech codes, the same in every reader.
 
 Stage 0 (``ttsrl.data.rowchecks``), the pair readers (``ttsrl.train.pairs``: mining, user pairs,
-DPO/KTO) and the reward server (``ttsrl.reward.protocol``) check texts and code sequences
+DPO/KTO) and the reward server (``ttsrl.reward.infer_request``) check texts and code sequences
 here, so a row one of them accepts is never refused (or, worse, run out of memory)
 by another. Each message names the limit.
 

@@ -177,9 +177,9 @@ def test_processor_rows_follow_the_batch():
 
     from ttsrl.model.vllm_sampling import CosyVoiceRuleProcessor, rule_sampling_params
 
-    vocab = V.SpeechVocab(1000)
+    vocab = V.SpeechVocab(1000, V.family("cosyvoice2"))
     start, end = vocab.output_range
-    hf_config = SimpleNamespace(speech_output_range=list(vocab.output_range))
+    hf_config = SimpleNamespace(speech_output_range=list(vocab.output_range), speech_family="cosyvoice2")
     proc = CosyVoiceRuleProcessor(SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config)),
                                   torch.device("cpu"), False)
     rules = [SamplingConfig(), SamplingConfig(rule=RULE_2024), SamplingConfig(), None]

@@ -83,7 +83,7 @@ def pool_sha1(ids) -> str:
 def prompt_id_problem(v: str) -> str | None:
     """Why ``v`` cannot be a prompt id (None when it can): the one rule, applied by stage 0 and the
     checker (:func:`read_pool`), the reward server to its pool and to every request's PROMPT_ID
-    (``ttsrl.reward.protocol``). 1..MAX_ID_BYTES bytes of UTF-8, no control or format character
+    (``ttsrl.reward.infer_request``). 1..MAX_ID_BYTES bytes of UTF-8, no control or format character
     (Unicode category C: a tab, U+0085, U+200B ...), no '/' or '\\', no leading/trailing
     whitespace, not '.' or '..' (the ids are the stems of a folder's wav files)."""
     if not v:

@@ -264,7 +264,9 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
 
     for name in REQUIRED:
         get(name)
-    resolve_family(r, get("MODEL_FAMILY", "cosyvoice2"))
+    from ttsrl.families import DEFAULT_FAMILY  # standard library only, as this module
+
+    resolve_family(r, get("MODEL_FAMILY", DEFAULT_FAMILY.name))
     exp = v["EXP_DIR"]
     for name, default in (("REWARD", "tanh"), ("ALGORITHM", "grpo"), ("SAMPLING", ""), ("SEED", ""),
                           ("LOGGERS", "console"), ("BUILD_BASE_MODEL", "0"),

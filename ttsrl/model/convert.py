@@ -110,7 +110,7 @@ def check_output_path(source: Path, out: Path, force: bool = False) -> None:
                          "replaced as a whole. Choose a new or empty folder, or pass --force to replace it.")
 
 
-def expected_llm_shapes(inner_config, fam: V.Family = V.DEFAULT_FAMILY) -> dict[str, torch.Size]:
+def expected_llm_shapes(inner_config, fam: V.Family) -> dict[str, torch.Size]:
     """Key -> shape of the family's LM (``Qwen2LM``/``CosyVoice3LM``) for this inner config
     (built on the meta device)."""
     with torch.device("meta"):
@@ -118,7 +118,7 @@ def expected_llm_shapes(inner_config, fam: V.Family = V.DEFAULT_FAMILY) -> dict[
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def check_llm_state(state: dict, inner_config, source: str, fam: V.Family = V.DEFAULT_FAMILY) -> None:
+def check_llm_state(state: dict, inner_config, source: str, fam: V.Family) -> None:
     expected = expected_llm_shapes(inner_config, fam)
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
@@ -361,7 +361,7 @@ def stock_head_loss(model: Qwen2LM, text_vocab: int, n_seqs: int = 8, text_len: 
             "non_speech_mass_stock": torch.cat(leaks).mean().item()}
 
 
-def cosyvoice_own_lm(inner_config, family: V.Family = V.DEFAULT_FAMILY) -> torch.nn.Module:
+def cosyvoice_own_lm(inner_config, family: V.Family) -> torch.nn.Module:
     """CosyVoice's own LM class of ``family`` (``family.upstream_class`` of ``cosyvoice.llm.llm``:
     ``Qwen2LM``, or ``CosyVoice3LM``, which only a CosyVoice source checkout has: import it first,
     ``ttsrl.reward.backends.cosyvoice_code.import_cosyvoice``) from the installed CosyVoice code

@@ -119,10 +119,11 @@ class CosyVoiceRuleProcessor(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         hf_config = vllm_config.model_config.hf_config
         output_range = getattr(hf_config, "speech_output_range", None)
-        if output_range is None:
+        name = getattr(hf_config, "speech_family", None)
+        if output_range is None or name is None:  # the converter writes both, and every step keeps its config
             raise ValueError("CosyVoiceRuleProcessor needs a converted CosyVoice checkpoint "
-                             "(config.json without speech_output_range)")
-        self.vocab = V.SpeechVocab(int(output_range[0]), V.family(getattr(hf_config, "speech_family", "cosyvoice2")))
+                             f"(config.json without {'speech_output_range' if output_range is None else 'speech_family'})")
+        self.vocab = V.SpeechVocab(int(output_range[0]), V.family(name))
         if tuple(int(x) for x in output_range) != self.vocab.output_range:
             raise ValueError(f"speech_output_range {list(output_range)} is not {self.vocab.num_outputs} outputs "
                              f"({self.vocab.family.name})")

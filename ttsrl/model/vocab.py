@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ttsrl.families import (
-    DEFAULT_FAMILY,
     FAMILIES,
     PAD_MULTIPLE,
     QWEN_SPECIALS,
@@ -24,21 +23,11 @@ from ttsrl.families import (
     speech_name,
 )
 
-__all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "QWEN_SPECIALS", "SpeechVocab", "add_cosyvoice_specials",
-           "added_token_names", "check_tokenizer", "extend_tokenizer", "family", "family_of_tokenizer",
-           "padded_size", "parse_speech_text", "speech_token_name", "speech_token_name_in", "text_offset_of", "vocab_of"]
+__all__ = ["FAMILIES", "Family", "QWEN_SPECIALS", "SpeechVocab", "add_cosyvoice_specials", "check_tokenizer",
+           "extend_tokenizer", "family", "family_of_tokenizer", "padded_size", "parse_speech_text",
+           "speech_token_name_in", "text_offset_of", "vocab_of"]
 
 _speech_name = speech_name
-
-
-def speech_token_name(index: int, fam: "Family | str | None" = None) -> str:
-    """Token string of LLM output class ``index`` of the family (default CosyVoice2)."""
-    f = family(fam or DEFAULT_FAMILY)
-    if 0 <= index < f.speech_token_size:
-        return _speech_name(index)
-    if f.speech_token_size <= index < f.num_outputs:
-        return f.output_names[index - f.speech_token_size]
-    raise ValueError(f"LLM output index {index} outside 0..{f.num_outputs - 1}")
 
 
 _SPEECH_RE = re.compile(r"<\|s_(\d+)\|>")
@@ -63,11 +52,6 @@ def speech_token_name_in(text: str) -> str | None:
     return m.group(0) if m else None
 
 
-def added_token_names(fam: Family | str = DEFAULT_FAMILY) -> list[str]:
-    """The tokens appended after the text vocabulary, in id order."""
-    return list(family(fam).added_names)
-
-
 def padded_size(n: int, multiple: int = PAD_MULTIPLE) -> int:
     return (n + multiple - 1) // multiple * multiple
 
@@ -79,7 +63,7 @@ class SpeechVocab:
     ``speech_offset`` is the HF id of ``<|s_0|>`` (= number of text ids)."""
 
     speech_offset: int
-    family: Family = DEFAULT_FAMILY
+    family: Family  # no default: the ids are one family's, and the caller knows which
 
     # ---- derived ids --------------------------------------------------------
     @property
@@ -195,7 +179,7 @@ def parse_speech_text(text: str) -> list[int]:
     return codes
 
 
-def text_offset_of(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> int:
+def text_offset_of(tokenizer, fam: Family | str) -> int:
     """Number of text ids once the family's specials are present (= first speech id)."""
     f = family(fam)
     vocab = tokenizer.get_vocab()
@@ -205,7 +189,7 @@ def text_offset_of(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> int:
     return max(vocab[t] for t in f.specials) + 1
 
 
-def add_cosyvoice_specials(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> int:
+def add_cosyvoice_specials(tokenizer, fam: Family | str) -> int:
     """Add the family's run-time special tokens as CosyVoice does; idempotent.
 
     Returns the number of text ids afterwards."""
@@ -224,7 +208,7 @@ def add_cosyvoice_specials(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> int
     return text_offset_of(tokenizer, f)
 
 
-def extend_tokenizer(tokenizer, fam: Family | str = DEFAULT_FAMILY) -> SpeechVocab:
+def extend_tokenizer(tokenizer, fam: Family | str) -> SpeechVocab:
     """Give a Qwen tokenizer the family's full speech vocabulary and chat template.
 
     Idempotent: a tokenizer that already has them keeps its ids (checked)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ttsrl.reward.backends import SpeechPipeline
-from ttsrl.reward.protocol import RequestError
+from ttsrl.reward.infer_request import RequestError
 from ttsrl.reward.scoring import Scored
 from ttsrl.reward.triton_admin import TritonStats
 

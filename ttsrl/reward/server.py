@@ -1,6 +1,7 @@
 """The reward server (stage 1): speech tokens -> audio -> ASR -> error rate -> reward.
 
-The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``; batching is
+The wire protocol (KServe v2 / Triton HTTP JSON) is ``ttsrl.reward.protocol``, and its reader of
+requests ``ttsrl.reward.infer_request``; batching is
 ``ttsrl.reward.batching``; scoring is ``ttsrl.reward.scoring.score_codes`` (shared with the
 evaluator). Every bad request gets a 4xx with ``{"error": message}``; an empty token
 list gets reward 0 by definition; a full queue answers 503 with ``Retry-After``.
@@ -44,16 +45,15 @@ from ttsrl.reward.backends import BackendConfig, SpeechPipeline, build_pipeline,
 from ttsrl.reward.backends.base import prompt_pool_sha1, unknown_prompt_message
 from ttsrl.reward.batching import Batcher, Stats
 from ttsrl.reward.http_guard import ConnectionGuard, RepeatedErrors, default_max_connections
+from ttsrl.reward.infer_request import RequestError, parse_infer
 from ttsrl.reward.metrics import ServerMetrics, is_infer
 from ttsrl.reward.protocol import (
     DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
     DEFAULT_PORT,
     MODEL_VERSION,
-    RequestError,
     build_response,
     model_metadata,
-    parse_infer,
     reward_range,
 )
 from ttsrl.reward.rewards import REWARDS, WEIGHTS, reward_choices_help, reward_variant, sim_weight_of, weights_help
@@ -91,7 +91,8 @@ class ServerConfig:
     max_body_bytes: int = option(1 << 20, help="largest request body (413 above)")
     family: str = option(DEFAULT_FAMILY.name, choices=tuple(FAMILIES),
                          help="the model family whose speech codes requests carry (MODEL_FAMILY): codes are checked "
-                              "against its speech vocabulary")
+                              "against its speech vocabulary; run.sh always passes it, and the default is the "
+                              "family registry's default (ttsrl.families.DEFAULT_FAMILY)")
     max_tokens: int = option(MAX_SPEECH_CODES,  # CosyVoice2: 25/s -> 164 s
                              help="most speech codes per sequence (413 above)")
     max_text_chars: int = option(MAX_TEXT_CHARS, cli=False, help="characters of GT_TEXT (ttsrl.limits)")
@@ -467,7 +468,7 @@ class RewardServer:
                 self.guard.reading(request.transport, False)
         t_parse = time.perf_counter_ns()
         req = parse_infer(body, self.cfg.max_tokens, request.headers.get(HEADER),
-                              family(self.cfg.family).speech_token_size)
+                          speech_token_size=family(self.cfg.family).speech_token_size)
         triton = self.stats.triton
         triton.durations["compute_input"].add(time.perf_counter_ns() - t_parse)
         why = text_problem(req.text, self.cfg.max_text_chars)

@@ -14,7 +14,7 @@ specified in triton-inference-server/server ``docs/protocol/extension_binary_dat
 * ``parameters.binary_data`` on a requested output (or ``binary_data_output`` on the
   request) asks for that output in binary.
 
-This module knows nothing of the reward model: ``ttsrl.reward.protocol`` validates what it
+This module knows nothing of the reward model: ``ttsrl.reward.infer_request`` validates what it
 decodes with the same checks as JSON data. Every malformed body raises
 :class:`BinaryDataError` with a message for the client.
 """
