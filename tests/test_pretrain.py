@@ -177,12 +177,10 @@ def test_the_pronunciation_dictionary_sets_the_initial_embeddings_and_nothing_el
     a character's text embedding is the sum of the unit vectors of its reading; every other initial weight
     (layers, unused code rows, other text rows) is the one a build without it draws."""
     from ttsrl.embedded import codec
-    from ttsrl.embedded.pretrain import pronunciation_init_
+    from ttsrl.embedded.pretrain import pronunciation_init_, read_texts
     from ttsrl.embedded.tiny_model import qwen2_config
     from ttsrl.embedded.tiny_tokenizer import train_tokenizer
     from ttsrl.model.cosyvoice_lm import Qwen2LM
-
-    from ttsrl.embedded.pretrain import read_texts
 
     texts = read_texts(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "corpus",
                                     "train.jsonl"))
@@ -195,7 +193,7 @@ def test_the_pronunciation_dictionary_sets_the_initial_embeddings_and_nothing_el
     units, voices = pronunciation_init_(model, tok, chars, seed=1)
     emb, head = model.speech_embedding.weight, model.llm_decoder.weight
     for voice, book in enumerate(codec.BOOKS.values()):
-        for (fin, tone), code in list(book.finals.items())[:20]:
+        for code in list(book.finals.values())[:20]:
             want = units[codec._LOGICAL[code]] + 0.5 * voices[voice]
             assert torch.equal(emb[code], want) and torch.equal(head[code], want)
     for ch in chars:
@@ -211,32 +209,42 @@ def test_the_pronunciation_dictionary_sets_the_initial_embeddings_and_nothing_el
     assert layers and all(torch.equal(plain.state_dict()[k], model.state_dict()[k]) for k in layers)
 
 
-def test_a_build_from_the_pronunciation_dictionary_reads_held_out_text_better_at_equal_steps(tmp_path):
-    """The start model's recipe on a small sample: two 80-step builds of a small model on the corpus, with and
-    without pinyin_init, teacher-forced on 48 held-out sentences; the build from the dictionary has the lower
-    per-sentence loss, as a paired bootstrap 95% interval of the difference says (a claim about the recipe,
-    not a level: weights differ by CPU)."""
+@pytest.mark.slow
+@pytest.mark.extended  # two builds of the preset's size and 192 sampled continuations: ~12 min on 2 cores
+def test_the_dictionary_embeddings_make_the_preset_start_model_read_zero_shot_text(tmp_path):
+    """The preset's zero-shot build with and without pinyin_init (4,000 steps of 16, tone noise 0.15, prompts
+    from step 1,000), each sampled once on the first 96 zero-shot test rows with the family's rule: the
+    per-row CER of the build from the dictionary is lower, as a paired bootstrap 95% interval of the
+    difference says (docs/embedded.md: 23% against ~50% measured). The claim is the difference; the levels
+    differ by CPU."""
     from transformers import AutoTokenizer
 
-    from ttsrl.embedded import codec
-    from ttsrl.embedded.pretrain import batch_loss, prefix_ids, read_texts
-    from ttsrl.model.cosyvoice_lm import Qwen2LM
+    from ttsrl.embedded import codec, speakers
+    from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig
     from ttsrl.stats import bootstrap_mean
+    from ttsrl.text import error_counts
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     corpus = os.path.join(root, "data", "corpus", "train.jsonl")
-    held = read_texts(os.path.join(root, "data", "corpus", "test.jsonl"))[:48]
-    cfg = dataclasses.replace(CFG, model=dataclasses.replace(CFG.model, hidden_size=64, intermediate_size=128,
-                                                             tokenizer_vocab=4096), steps=80, batch_size=16)
-    losses = {}
+    pool = speakers.read_pool(speakers.POOL_DIR)
+    rows = [json.loads(x) for x in speakers.ZERO_SHOT_TEST_FILE.read_text(encoding="utf-8").splitlines()][:96]
+    cers = {}
     for init in (True, False):
         out = tmp_path / str(init)
-        build_base_model(corpus, out, dataclasses.replace(cfg, pinyin_init=init), log=lambda s: None)
+        build_base_model(corpus, out, PretrainConfig(prompt_prob=0.7, prompt_from=0.25, pinyin_init=init),
+                         log=lambda s: None)
         model = Qwen2LM.from_pretrained(out).eval()
         tok = AutoTokenizer.from_pretrained(out / "CosyVoice-BlankEN")
-        prefix = prefix_ids(tok, model.family)
-        with torch.no_grad():
-            losses[init] = [batch_loss(model, [(prefix + tok.encode(t, add_special_tokens=False), codec.encode(t))]).item()
-                            for t in held]
-    lo, hi = bootstrap_mean([a - b for a, b in zip(losses[True], losses[False])], resamples=2000)
+        rule = SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule)
+        g = torch.Generator().manual_seed(0)
+        cers[init] = []
+        for row in rows:
+            p = pool[row["prompt_id"]]
+            with torch.no_grad():
+                codes = list(model.inference(tok.encode(row["text"], add_special_tokens=False),
+                                             tok.encode(p.prompt_text, add_special_tokens=False),
+                                             p.prompt_speech_tokens, sampling=rule, generator=g))
+            e, n = error_counts(row["text"], codec.decode(codes), unit="char")
+            cers[init].append(e / n)
+    lo, hi = bootstrap_mean([a - b for a, b in zip(cers[True], cers[False])], resamples=2000)
     assert hi < 0, (lo, hi)
