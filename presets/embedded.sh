@@ -44,8 +44,10 @@ prompt_budget=32; [[ $family == cosyvoice2 ]] || prompt_budget=64
 # stage 1
 : "${REWARD_BACKEND:=sim}"
 REWARD_ARGS=()
-# zero-shot: measure SIM against each row's prompt (logged; it enters the reward only with a SIM weight)
-[[ -z $PROMPT_POOL ]] || REWARD_ARGS=(--want-sim)
+# zero-shot: measure SIM against each row's prompt, and train on the field's recipe, CER 1 + SIM 0.1
+# (REWARD_WEIGHTS=glm_tts, GLM-TTS's weights; the length term multiplies the CER term): CER alone drifts
+# the voice (README, "which reward"); REWARD_WEIGHTS=cer is the CosyVoice2 reference's CER-only reward
+[[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=glm_tts}"; }
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py
@@ -56,8 +58,8 @@ GRPO_ARGS=(--preset "$grpo_preset" --loggers "$LOGGERS")
 # temperature 0.8 (zero-shot 1.0), top-p 0.95, top-k 25, n 8), set them in the environment (`bash run.sh --help`)
 
 # stage 2 with TRAINER=dpo|kto (run.sh): pair mining from the start model, then TRL
-# zero-shot: at the start's ~82% CER the tanh reward is ~0.02, so 4 candidates 0.05 apart are rare (79 of
-# 329 texts, no change in CER); 8 candidates and a 0.01 margin (276 pairs; docs/results.md, DPO section)
+# zero-shot: 8 candidates and a 0.01 margin (docs/results.md, DPO section: chosen when the start model
+# read far worse, where 4 candidates 0.05 apart were rare)
 mine_k=4 mine_margin=0.05; [[ -z $PROMPT_POOL ]] || { mine_k=8; mine_margin=0.01; }
 MINE_ARGS=(--k "$mine_k" --min-margin "$mine_margin" --min-token-text-ratio 0 --batch-size 32)
 PREF_ARGS=(--lr 1e-4 --beta 0.1 --batch-size 16 --epochs 3 --save-steps 10)

@@ -332,8 +332,10 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     got = config()
     pool = "data/corpus/prompt_pool"
     assert got["PROMPT_POOL"] == pool and got["EXP_DIR"] == "exp/embedded"
-    assert got["BASE_MODEL_ARGS"] == ["--prompt-prob", "0.7", "--prompt-from", "0.5"]
-    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "cer"
+    assert got["BASE_MODEL_ARGS"] == ["--prompt-prob", "0.7", "--prompt-from", "0.25"]
+    # zero-shot trains on CER + 0.1 SIM (the field's recipe); the environment still wins
+    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "glm_tts"
+    assert config(REWARD_WEIGHTS="cer")["REWARD_WEIGHTS"] == "cer"
     assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
     assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
     # zero-shot GRPO: four updates a step, rollouts at temperature 1.0; a named SAMPLING still wins
@@ -347,6 +349,7 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     mine = text_only["MINE_ARGS"]
     assert (mine[mine.index("--k") + 1], mine[mine.index("--min-margin") + 1]) == ("4", "0.05")
     assert text_only["EXP_DIR"] == "exp/embedded_textonly" and text_only["BASE_MODEL_ARGS"] == []
+    assert text_only["REWARD_WEIGHTS"] == "cer"  # no prompt, no SIM to weigh
     assert (text_only["GRPO.preset"], text_only["GRPO.ppo_mini_batch_size"], text_only["GRPO.temperature"]) == \
         ("embedded", "16", "0.8")
     assert "--want-sim" not in text_only["REWARD_ARGS"] and "--prompt-dir" not in text_only["EVAL_ARGS"]
