@@ -1,18 +1,15 @@
 """The embedded base model (ttsrl.embedded.pretrain): the hash of the weights it built, its
-progress lines off a terminal, and its thread count on a shared machine."""
+progress lines off a terminal, and its fixed thread count."""
 
 import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
-from ttsrl.embedded.pretrain import INFO_FILE, PretrainConfig, build_base_model, free_threads, weights_sha256
+from ttsrl.embedded.pretrain import INFO_FILE, PretrainConfig, build_base_model, weights_sha256
 from ttsrl.embedded.tiny_model import TinyConfig
 
 TEXTS = ["今天天气很好。", "我们去公园散步吧。", "你吃过早饭了吗？"]
@@ -34,10 +31,10 @@ def test_weights_hash_is_recorded_matches_the_file_and_the_cache(tmp_path):
     assert build_base_model(corpus, tmp_path / "b", CFG, log=logs.append)["weights_sha256"] == info["weights_sha256"]
     assert build_base_model(corpus, tmp_path / "a", CFG, log=logs.append)["weights_sha256"] == info["weights_sha256"]
     assert "skipping the build" in logs[-1] and info["weights_sha256"][:16] in logs[-1]
-    # the thread count only sets the speed: it is no input of the cache
+    # the thread count is an input: two threads rebuild (their weights may differ)
     two = dataclasses.replace(CFG, threads=2)
-    assert build_base_model(corpus, tmp_path / "a", two, log=logs.append)["weights_sha256"] == info["weights_sha256"]
-    assert "skipping the build" in logs[-1]
+    build_base_model(corpus, tmp_path / "a", two, log=logs.append)
+    assert "skipping the build" not in logs[-1]
     # one changed bit changes the hash
     k = sorted(sd)[0]
     sd[k].view(-1)[0] = torch.nextafter(sd[k].view(-1)[0], torch.tensor(float("inf")))
@@ -60,42 +57,19 @@ def test_off_a_terminal_the_build_prints_progress_lines(tmp_path, capsys):
     assert info["threads"] == 1 and "3 steps on 1 torch thread(s)" in out.out
 
 
-@pytest.mark.parametrize("cores,load,threads", [(2, 0.0, 2), (2, 0.4, 2), (2, 1.0, 1), (2, 1.6, 1), (2, 9.0, 1),
-                                                (8, 2.6, 5), (1, 0.0, 1)])
-def test_free_threads_leaves_the_busy_cores_alone(cores, load, threads):
-    assert free_threads(cores, load) == threads
-
-
-def test_busy_cores_sees_a_spinning_process():
-    """Measured, not the lagging load average: one process spinning for the whole window is
-    at least ~one busy core (other work on the machine only adds to it)."""
-    from ttsrl.embedded.pretrain import busy_cores
-
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)
-        busy = busy_cores(1.0)
-    finally:
-        spin.kill()
-        spin.wait()
-    assert busy is not None and 0.8 <= busy <= os.cpu_count() + 0.01, busy
-    assert busy_cores(0.1, stat="/nonexistent") is None
-
-
-def test_auto_threads_follow_the_busy_cores(tmp_path, monkeypatch):
+def test_the_build_uses_two_threads_whatever_the_load_and_the_count_is_an_input(tmp_path, monkeypatch):
+    """1 and 2 threads build different weights, so the count is fixed (two, or the usable cores where fewer),
+    never the cores free at the start, and it is part of the cache's fingerprint."""
     import ttsrl.embedded.pretrain as pretrain
+    from ttsrl.embedded.pretrain import build_threads, fingerprint
 
-    corpus = tmp_path / "train.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TEXTS), encoding="utf-8")
-    monkeypatch.setattr(pretrain, "busy_cores", lambda: 1.2)
-    monkeypatch.setattr(pretrain.os, "getloadavg", lambda: (3.0, 0.0, 0.0))  # not read: busy_cores answers
-    monkeypatch.setattr(pretrain.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    threads = torch.get_num_threads()
-    try:
-        info = build_base_model(corpus, tmp_path / "a", dataclasses.replace(CFG, threads=0), log=lambda m: None)
-        assert info["threads"] == 3 and torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(threads)
+    monkeypatch.setattr(pretrain, "usable_cores", lambda: 4)
+    assert build_threads(dataclasses.replace(CFG, threads=0)) == 2
+    monkeypatch.setattr(pretrain, "usable_cores", lambda: 1)
+    assert build_threads(dataclasses.replace(CFG, threads=0)) == 1
+    assert build_threads(dataclasses.replace(CFG, threads=3)) == 3
+    assert fingerprint(TEXTS, dataclasses.replace(CFG, threads=1)) != fingerprint(TEXTS, dataclasses.replace(CFG, threads=2))
+    assert fingerprint(TEXTS, dataclasses.replace(CFG, threads=0)) == fingerprint(TEXTS, dataclasses.replace(CFG, threads=1))
 
 
 @pytest.mark.parametrize("steps", [2, 3, 20, 39])

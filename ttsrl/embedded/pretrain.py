@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import sys
 import time
@@ -90,8 +89,9 @@ class PretrainConfig:
     family: str = option("cosyvoice2", choices=tuple(V.FAMILIES),
                          help="model family whose layout the base model has (cosyvoice3: specials in the speech "
                               "embedding, no head bias, every input opens with its <|endofprompt|> instruction)")
-    threads: int = option(0, help="torch CPU threads (0: the cores free at the start, from the load average); it "
-                                  "sets the speed only (1 and 2 threads build the same weights)")
+    threads: int = option(0, help="torch CPU threads (0: two, or the usable cores where fewer). Part of the build's "
+                                  "inputs: 1 and 2 threads build different weights (torch's kernels split the "
+                                  "sums by thread), so the count is fixed, never the cores free at the start")
 
     def __post_init__(self):
         V.family(self.family)
@@ -99,47 +99,16 @@ class PretrainConfig:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         if self.threads < 0:
-            raise ValueError(f"--threads must be >= 0 (0: the cores free now), got {self.threads}")
+            raise ValueError(f"--threads must be >= 0 (0: two, or the usable cores where fewer), got {self.threads}")
 
 
-def busy_cores(interval: float = 1.0, stat: str = "/proc/stat") -> float | None:
-    """Cores busy now: the machine's non-idle CPU time over ``interval`` seconds, in cores
-    (from /proc/stat), or None where there is no /proc/stat. The 1-minute load average lags by
-    a minute: right after another job ends it still counts that job, so a build started on a
-    machine just freed ran on one thread of two (130 s against 86 s, measured)."""
-
-    def sample() -> tuple[int, int]:
-        with open(stat) as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle  # user nice system idle iowait irq softirq steal
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(interval)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    if total1 <= total0:
-        return None
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+BUILD_THREADS = 2
 
 
-def free_threads(cores: int | None = None, load: float | None = None) -> int:
-    """Threads for a CPU build that shares the machine: the cores this process may use minus
-    those busy now (``busy_cores``, else the 1-minute load average; rounded), at least one.
-    Each torch op waits for its slowest thread, so a thread on a busy core slows every step to
-    that core's share; with only free cores the build slows by no more than the load it gets."""
-    if cores is None:
-        cores = usable_cores()
-    if load is None:
-        load = busy_cores()
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:  # no load average on this system
-            load = 0.0
-    return max(1, min(cores, cores - int(load + 0.5)))
+def build_threads(cfg: "PretrainConfig") -> int:
+    """The build's thread count: ``cfg.threads``, else two (or the usable cores where fewer). Not the cores
+    free at the start: the count changes the weights, and a start model must not depend on the load."""
+    return cfg.threads or max(1, min(BUILD_THREADS, usable_cores()))
 
 
 def warmup_share(steps: int) -> float:
@@ -289,11 +258,11 @@ def heldout_zero_shot(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, s
 
 
 def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
-    """The build's inputs. Not the thread count: 1 and 2 threads built bit-identical weights
-    (the 40-step build on the shipped corpus, same weights_sha256), so it only sets the speed.
+    """The build's inputs, the thread count included: 1 and 2 threads build different weights (the 40-step
+    build of the preset on the shipped corpus: other weights_sha256), so a cache of one is not the other.
     ``v`` is the build code's version: raised when the code changes the weights it trains from
     the same inputs (3: fused AdamW), so a cache is rebuilt."""
-    inputs = {k: v for k, v in asdict(cfg).items() if k != "threads"}
+    inputs = {**asdict(cfg), "threads": build_threads(cfg)}
     if inputs["prompt_prob"] == 0:  # a text-only build draws no prompt: the zero-shot fields change nothing
         for k in ("prompt_prob", "speaker_leak", "prompt_chars", "prompt_from"):
             del inputs[k]
@@ -336,10 +305,9 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
-    threads = cfg.threads or free_threads()
+    threads = build_threads(cfg)
     torch.set_num_threads(threads)
-    log(f"building the base model: {cfg.steps} steps on {threads} torch thread(s)"
-        + ("" if cfg.threads else " (the cores free now)"))
+    log(f"building the base model: {cfg.steps} steps on {threads} torch thread(s)")
     rng = random.Random(cfg.seed)
     tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
     fam = V.family(cfg.family)
