@@ -366,37 +366,3 @@ def test_a_briefly_pretrained_model_continues_its_prompts_speaker(tmp_path):
     print("SIM zero-shot", sum(sims["zero-shot"].values()) / len(rows), "text-only",
           sum(sims["text-only"].values()) / len(rows), "paired difference", d)
     assert d["lo"] > 0, d
-
-
-@pytest.mark.slow  # ~6 s: two tiny builds
-@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git history (the build before speakers)")
-def test_a_text_only_build_is_the_build_before_speakers(tmp_path):
-    """prompt_prob 0: the same weights as pretrain.py as committed before speakers (1335aa1), on a
-    tiny build that touches every kind of example."""
-    old = subprocess.run(["git", "show", "1335aa1:ttsrl/embedded/pretrain.py"], cwd=ROOT, capture_output=True, text=True)
-    if old.returncode != 0:
-        pytest.skip(f"commit 1335aa1 not in this clone: {old.stderr.strip()}")
-    (tmp_path / "old_pretrain.py").write_text(_today(old.stdout), encoding="utf-8")
-    corpus = tmp_path / "train.jsonl"
-    corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in load(CORPUS / "train.jsonl")[:20]),
-                      encoding="utf-8")
-    shape = ("TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, "
-             "num_key_value_heads=1, tokenizer_vocab=512)")
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import old_pretrain as P; "
-              "from ttsrl.embedded.tiny_model import TinyConfig; "
-              f"cfg = P.PretrainConfig(model={shape}, steps=3, batch_size=8, threads=1, initial_noise=0.2); "
-              "info = P.build_base_model(sys.argv[2], sys.argv[3], cfg, log=lambda s: None); "
-              "print(json.dumps(info['weights_sha256']))")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", script, str(tmp_path), str(corpus), str(tmp_path / "old")], env=env,
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-    from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
-    from ttsrl.embedded.tiny_model import TinyConfig
-
-    cfg = PretrainConfig(model=eval(shape, {"TinyConfig": TinyConfig}), steps=3, batch_size=8, threads=1,
-                         initial_noise=0.2, prompt_prob=0.0)
-    info = build_base_model(corpus, tmp_path / "new", cfg, log=lambda s: None)
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == info["weights_sha256"]
-    zero_shot = build_base_model(corpus, tmp_path / "zs", PretrainConfig(**{**cfg.__dict__, "prompt_prob": 0.5}),
-                                 log=lambda s: None)
-    assert zero_shot["fingerprint"] != info["fingerprint"] and zero_shot["weights_sha256"] != info["weights_sha256"]

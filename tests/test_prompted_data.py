@@ -434,10 +434,10 @@ def test_one_prompt_id_rule_for_stage_0_the_server_and_the_checker(tmp_path):
     import soundfile as sf
 
     from ttsrl.data import prompt_pool
-    from ttsrl.reward import protocol
+    from ttsrl.reward import infer_request
     from ttsrl.reward.server import RewardServer
 
-    assert protocol.prompt_id_problem is prompt_pool.prompt_id_problem
+    assert infer_request.prompt_id_problem is prompt_pool.prompt_id_problem
     pool = write_pool(tmp_path / "pool", 3)
     rows = [json.loads(line) for line in (pool / POOL_FILE).read_text().splitlines()]
     for row, bad in zip(rows, BAD_IDS):

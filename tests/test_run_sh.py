@@ -273,7 +273,8 @@ def test_a_server_with_another_prompt_pool_is_not_adopted(hand_started_server, t
     proc, port = hand_started_server  # started without --prompt-dir: it knows no prompt id
     exp, env = _dry_run_preset(tmp_path, port)
     for stages in (("1", "1"), ("2", "2")):
-        r = run_sh(*stages, env={**env, "PROMPT_POOL": "data/corpus/prompt_pool"})
+        # the server's reward weighting is the run's (CER only), so the pool is the one difference named
+        r = run_sh(*stages, env={**env, "PROMPT_POOL": "data/corpus/prompt_pool", "REWARD_WEIGHTS": "cer"})
         assert r.returncode == 1, r.stdout + r.stderr
         assert "serves prompt_pool 'da39a3ee5e6b4b0d3255bfef95601890afd80709' (this run asks for '" in r.stderr, r.stderr
         assert "PROMPT_POOL" in r.stderr and "stage 2 output follows" not in r.stdout and _alive(proc)
