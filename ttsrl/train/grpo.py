@@ -64,8 +64,8 @@ PRESETS: dict[str, dict] = {
 # presets/embedded.sh's zero-shot run (its default): the same, with four policy updates a step
 # (mini-batches of 4 prompts x 8 samples; the rollout's log-probs serve the later ones as old log-probs,
 # PPO's clip bounds them) and rollouts at temperature 1.0, CosyVoice's own; the work per step is the same.
-# Measured from both zero-shot start models (docs/results.md, 2026-12-04 evening): test CER -31.0% and
-# -32.0% at step 80 (AVX2 and AVX-512 builds), where one update at 0.8 gave -25.6..-28.9% and -32.1%.
+# Chosen on the earlier start model (2026-12-04): test CER -31.0% and -32.0% at step 80 (AVX2 and AVX-512
+# builds), where one update at 0.8 gave -25.6..-28.9% and -32.1%; from today's start, -33.7% (docs/results.md).
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
                                 "ppo_mini_batch_size": 4, "temperature": 1.0}
 
