@@ -168,11 +168,11 @@ def test_the_pronunciation_dictionary_sets_the_initial_embeddings_and_nothing_el
     emb, head = model.speech_embedding.weight, model.llm_decoder.weight
     for voice, book in enumerate(codec.BOOKS.values()):
         for code in list(book.finals.values())[:20]:
-            want = units[codec._LOGICAL[code]] + 0.5 * voices[voice]
+            want = units[codec.unit_of(code)] + 0.5 * voices[voice]
             assert torch.equal(emb[code], want) and torch.equal(head[code], want)
     for ch in chars:
         (tid,) = tok.encode(ch, add_special_tokens=False)
-        want = sum(units[codec._LOGICAL[c]] for c in codec.encode(ch))
+        want = sum(units[codec.unit_of(c)] for c in codec.encode(ch))
         assert torch.allclose(model.embed_tokens.weight[tid], want)
     used = set(tok.encode("".join(chars), add_special_tokens=False))
     other = sorted(set(range(len(tok))) - used)

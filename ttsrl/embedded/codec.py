@@ -134,6 +134,11 @@ def speaker_of_code(code: int) -> str | None:
     return _SPEAKER_OF.get(code)
 
 
+def unit_of(code: int) -> int:
+    """The logical unit (silence, initial, final+tone or letter) a code of any book speaks."""
+    return _LOGICAL[code]
+
+
 def to_speaker(codes: Iterable[int], speaker: str) -> list[int]:
     """The same units in ``speaker``'s voice: every book code mapped to that speaker's code for
     its unit; codes of no book are kept."""

@@ -169,7 +169,7 @@ def pronunciation_init_(model: Qwen2LM, tokenizer, chars: list[str], seed: int,
     voices = torch.randn(len(codec.SPEAKERS), h, generator=g) * scale
     with torch.no_grad():
         for code in sorted(codec.ALL_CODES):
-            row = units[codec._LOGICAL[code]] + 0.5 * voices[codec.SPEAKERS.index(codec.speaker_of_code(code))]
+            row = units[codec.unit_of(code)] + 0.5 * voices[codec.SPEAKERS.index(codec.speaker_of_code(code))]
             model.speech_embedding.weight[code] = row
             model.llm_decoder.weight[code] = row
         emb = model.embed_tokens.weight
@@ -177,7 +177,7 @@ def pronunciation_init_(model: Qwen2LM, tokenizer, chars: list[str], seed: int,
             ids = tokenizer.encode(ch, add_special_tokens=False)
             codes = codec.encode(ch)
             if len(ids) == 1 and codes:
-                emb[ids[0]] = sum(units[codec._LOGICAL[c]] for c in codes)
+                emb[ids[0]] = sum(units[codec.unit_of(c)] for c in codes)
     return units, voices
 
 
