@@ -4,6 +4,9 @@ Test files import them as ``from helpers import ...``: pytest puts tests/ on ``s
 (rootdir conftest, ``prepend`` import mode), and scripts/rehearsal.py adds it itself.
 """
 
+import contextlib
+import importlib
+import io
 import json
 import subprocess
 import sys
@@ -134,3 +137,18 @@ def fsdp_full_state(actor: Path) -> dict:
         assert placement.is_shard(), f"{key}: placement {placement}, expected Shard"
         out[key] = torch.cat([r[key]._local_tensor for r in ranks], dim=placement.dim)
     return out
+
+
+def run_main(script: str, *args) -> subprocess.CompletedProcess:
+    """A top-level CLI's ``main(argv)`` (``script``: its module name, e.g. ``prepare_data``) run in this
+    process: its exit status, stdout and stderr as ``subprocess.run`` gives them, without starting an
+    interpreter and importing torch again (seconds a call). For the many inputs of one check; each CLI
+    is also run as a process by a test of its own."""
+    main = importlib.import_module(script).main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:
+            rc = e.code
+    return subprocess.CompletedProcess([script, *map(str, args)], rc, out.getvalue(), err.getvalue())

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from helpers import run_main  # tests/helpers.py (tests/ is on sys.path)
 
 from ttsrl.model import convert
 from ttsrl.model.cosyvoice_lm import Qwen2LM
@@ -229,11 +230,7 @@ def test_cli_round_trip(tiny_cosyvoice2, tmp_path):
 # ---- the converter never deletes what it did not create; clear messages ----
 
 def _cli(*args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "pretrained_to_huggingface.py", *map(str, args)],
-                          capture_output=True, text=True)
+    return run_main("pretrained_to_huggingface", *args)
 
 
 def _tree(d):
@@ -292,11 +289,7 @@ def test_blank_en_config_not_json(tiny_cosyvoice2, tmp_path):
 
 
 def _export(hf, out):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "huggingface_to_pretrained.py", "--hf-cosyvoice2-llm-path", str(hf),
-                           "--output-path", str(out)], capture_output=True, text=True)
+    return run_main("huggingface_to_pretrained", "--hf-cosyvoice2-llm-path", hf, "--output-path", out)
 
 
 @pytest.mark.slow  # CLI round trips: ~22 s

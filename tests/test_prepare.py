@@ -5,8 +5,6 @@ verl's own RLHFDataset and prompt builder, a real (tiny) tokenizer, the real CLI
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -17,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import run_main  # tests/helpers.py (tests/ is on sys.path)
 
 from ttsrl.data.prepare import DataError, PrepareConfig, output_schema, prepare
 from ttsrl.data.rowchecks import normalise_for_dedup
@@ -61,21 +60,6 @@ def run_prepare(tmp_path: Path, train: list | Path, test: list | Path | None = N
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(CLI), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
-
-
-def run_main(*args: str) -> subprocess.CompletedProcess:
-    """The CLI's ``main`` in this process: its exit status, stdout and stderr as ``run_cli`` gives them,
-    without a new interpreter (about a second a call). For the many inputs of one check; the CLI
-    itself is run as a process by the tests that use ``run_cli``."""
-    import prepare_data
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = prepare_data.main(list(args))
-        except SystemExit as e:
-            rc = e.code
-    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -526,11 +510,11 @@ def test_hostile_jsonl_row_is_a_row_error_with_file_and_line(tmp_path, kind):
     train.write_text('{"text": "你好"}\n' + line + '\n{"text": "再见"}\n', encoding="utf-8")
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
     out = tmp_path / "out"
-    res = run_main("--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q")
+    res = run_main("prepare_data", "--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q")
     assert res.returncode == 2, res.stderr
     assert f"{train}:2: " in res.stderr and message in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not out.exists()
-    res = run_main("--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q",
+    res = run_main("prepare_data", "--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q",
                   "--skip-invalid")
     assert res.returncode == 0, res.stderr
     assert f"{train}:2: " in res.stderr and "Traceback" not in res.stderr
@@ -545,7 +529,7 @@ def test_hostile_json_array_element_is_fatal_with_file_and_line(tmp_path, kind):
     train.write_text('[\n{"text": "你好"},\n' + line + '\n]\n', encoding="utf-8")
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
     for extra in ((), ("--skip-invalid",)):
-        res = run_main("--train_file", str(train), "--test_file", str(test), "--local_dir",
+        res = run_main("prepare_data", "--train_file", str(train), "--test_file", str(test), "--local_dir",
                       str(tmp_path / "out"), "-q", *extra)
         if kind == "lone surrogate" and extra:  # parsed fine: a row problem, skippable
             assert res.returncode == 0, res.stderr
