@@ -169,11 +169,18 @@ def test_hand_started_server_is_used_and_left_running(hand_started_server, tmp_p
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
 
 
-def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
+def _crashed_run(own_server, tmp_path):
+    """(server process, EXP_DIR, env): the state a run.sh killed mid-way leaves, its reward server
+    still running and its pid file in EXP_DIR."""
     proc, port = own_server
     exp, env = _dry_run_preset(tmp_path, port)
     exp.mkdir(parents=True)
-    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
+    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")
+    return proc, exp, env
+
+
+def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
+    proc, exp, env = _crashed_run(own_server, tmp_path)
     r = run_sh("2", "2", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "started by an earlier run" in r.stdout and "reward server stopped" in r.stdout
@@ -184,10 +191,7 @@ def test_server_of_a_crashed_run_is_adopted_and_stopped(own_server, tmp_path):
 def test_an_adopted_server_is_announced_as_what_happens_to_it(own_server, tmp_path):
     """A run ending at stage 1 said of an adopted server "stopped at the end", then "left running" (it was
     left running); now the launcher says the run takes it over, and the end says what it does with it."""
-    proc, port = own_server
-    exp, env = _dry_run_preset(tmp_path, port)
-    exp.mkdir(parents=True)
-    (exp / "reward_server.pid").write_text(f"{proc.pid}\n")  # as a run.sh killed mid-way leaves it
+    proc, _, env = _crashed_run(own_server, tmp_path)
     r = run_sh("1", "1", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "started by an earlier run: this run takes it over as its own" in r.stdout, r.stdout
