@@ -84,7 +84,10 @@ def _requests(tokenizer):
             for i, t in enumerate(TEXTS)]
 
 
-@pytest.fixture(scope="module", params=["start", "merged"])
+# the merged-like single-file checkpoint is extended: the test command serves a real stage-3 step in
+# vLLM (tests/gpu_stack/test_vllm_grpo.py, greedy scores equal to the transformers engine's)
+@pytest.fixture(scope="module", params=["start", pytest.param("merged", marks=[pytest.mark.slow,
+                                                                          pytest.mark.extended])])
 def engines(request, checkpoints):
     """(name, dir, VLLMGenerator, SpeechLM) for one checkpoint; one vLLM engine at a time."""
     from ttsrl.model.generate import VLLMGenerator

@@ -153,6 +153,8 @@ def test_stage4_vllm_engine_on_merged_step(merged):
     assert v["cer"] == pytest.approx(h["cer"]) and v["reward"] == pytest.approx(h["reward"])
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # ~50 s; the rule in vLLM's logits processor: tests/gpu_stack/test_vllm_sampling.py
 def test_stage4_vllm_engine_samples(merged):
     """Stage 4 samples on the vLLM engine (CosyVoice2's rule in its logits processor)."""
     ws, _ = merged
