@@ -26,10 +26,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from ttsrl.embedded import codec, speakers
-from ttsrl.embedded.pretrain import PretrainConfig, build_base_model
+from ttsrl.embedded import speakers
+from ttsrl.embedded.pretrain import PretrainConfig, build_base_model, zero_shot_counts
 from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig
-from ttsrl.text import error_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = {"prompt_prob": 0.7, "prompt_from": 0.25}  # presets/embedded.sh's BASE_MODEL_ARGS
@@ -51,20 +50,12 @@ def recipe(sets: list[str], seed: int, threads: int) -> PretrainConfig:
 
 
 def zero_shot_cer(model_dir: Path, rows: list[dict], pool: dict, mode: dict) -> float:
+    """Utterance-mean CER of one sampled pass over ``rows`` with the family's rule changed by ``mode``."""
     model = Qwen2LM.from_pretrained(model_dir).eval()
     tok = AutoTokenizer.from_pretrained(model_dir / "CosyVoice-BlankEN")
     rule = SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule, **mode)
-    g = torch.Generator().manual_seed(0)
-    rates = []
-    for row in rows:
-        p = pool[row["prompt_id"]]
-        with torch.no_grad():
-            codes = list(model.inference(tok.encode(row["text"], add_special_tokens=False),
-                                         tok.encode(p.prompt_text, add_special_tokens=False),
-                                         p.prompt_speech_tokens, sampling=rule, generator=g))
-        errors, n = error_counts(row["text"], codec.decode(codes), unit="char")
-        rates.append(errors / n)
-    return sum(rates) / len(rates)
+    counts = zero_shot_counts(model, tok, rows, pool, seed=0, sampling=rule)
+    return sum(e / n for e, n, _ in counts) / len(counts)
 
 
 def main() -> None:

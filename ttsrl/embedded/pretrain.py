@@ -234,27 +234,35 @@ def heldout_cer(model: Qwen2LM, tokenizer, texts: list[str], greedy: bool, seed:
     return errs / max(total, 1)
 
 
-def heldout_zero_shot(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, seed: int = 0,
-                      sampling: SamplingConfig | None = None) -> tuple[float, float]:
-    """(micro-averaged error rate, mean SIM) of sampled zero-shot continuations: each row
+def zero_shot_counts(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, seed: int = 0,
+                     sampling: SamplingConfig | None = None) -> list[tuple[int, int, float]]:
+    """Per row, (errors, reference length, SIM) of one sampled zero-shot continuation: each row
     ({"text", "prompt_id"}) prompted by ``pool[prompt_id]`` (``ttsrl.embedded.speakers.PoolPrompt``)
-    as ``make_requests`` builds it, SIM the share of the output's codes in the prompt's book."""
+    as ``make_requests`` builds it, sampled by the family's rule (or ``sampling``) from one generator
+    seeded ``seed``, decoded exactly by the codec; SIM the share of the output's codes in the prompt's book."""
     from ttsrl.embedded.speakers import similarity
     from ttsrl.text import error_counts
 
     sampling = sampling or SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule)
     g = torch.Generator().manual_seed(seed)
-    errs = total = 0
-    sims = []
+    out = []
     for row in rows:
         p = pool[row["prompt_id"]]
         ids = tokenizer.encode(row["text"], add_special_tokens=False)
         ptext = tokenizer.encode(model.family.system_prefix + p.prompt_text, add_special_tokens=False)
-        codes = list(model.inference(ids, ptext, p.prompt_speech_tokens, sampling=sampling, generator=g))
+        with torch.no_grad():
+            codes = list(model.inference(ids, ptext, p.prompt_speech_tokens, sampling=sampling, generator=g))
         e, n = error_counts(row["text"], codec.decode(codes), unit="char")
-        errs, total = errs + e, total + n
-        sims.append(similarity(codes, p.speaker))
-    return errs / max(total, 1), sum(sims) / max(len(sims), 1)
+        out.append((e, n, similarity(codes, p.speaker)))
+    return out
+
+
+def heldout_zero_shot(model: Qwen2LM, tokenizer, rows: list[dict], pool: dict, seed: int = 0,
+                      sampling: SamplingConfig | None = None) -> tuple[float, float]:
+    """(micro-averaged error rate, mean SIM) of ``zero_shot_counts``."""
+    counts = zero_shot_counts(model, tokenizer, rows, pool, seed, sampling)
+    errs, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return errs / max(total, 1), sum(c[2] for c in counts) / max(len(counts), 1)
 
 
 def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
