@@ -515,7 +515,7 @@ def test_hostile_jsonl_row_is_a_row_error_with_file_and_line(tmp_path, kind):
     assert f"{train}:2: " in res.stderr and message in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not out.exists()
     res = run_main("prepare_data", "--train_file", str(train), "--test_file", str(test), "--local_dir", str(out), "-q",
-                  "--skip-invalid")
+                   "--skip-invalid")
     assert res.returncode == 0, res.stderr
     assert f"{train}:2: " in res.stderr and "Traceback" not in res.stderr
     texts = [r["text"] for r in pq.read_table(out / "train.parquet").column("extra_info").to_pylist()]
@@ -530,7 +530,7 @@ def test_hostile_json_array_element_is_fatal_with_file_and_line(tmp_path, kind):
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "测试"}])
     for extra in ((), ("--skip-invalid",)):
         res = run_main("prepare_data", "--train_file", str(train), "--test_file", str(test), "--local_dir",
-                      str(tmp_path / "out"), "-q", *extra)
+                       str(tmp_path / "out"), "-q", *extra)
         if kind == "lone surrogate" and extra:  # parsed fine: a row problem, skippable
             assert res.returncode == 0, res.stderr
             assert f"{train}:3: " in res.stderr and message in res.stderr

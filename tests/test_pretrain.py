@@ -193,10 +193,10 @@ def test_the_dictionary_embeddings_make_the_preset_start_model_read_zero_shot_te
     differ by CPU."""
     from transformers import AutoTokenizer
 
-    from ttsrl.embedded import codec, speakers
-    from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig
+    from ttsrl.embedded import speakers
+    from ttsrl.embedded.pretrain import zero_shot_counts
+    from ttsrl.model.cosyvoice_lm import Qwen2LM
     from ttsrl.stats import bootstrap_mean
-    from ttsrl.text import error_counts
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     corpus = os.path.join(root, "data", "corpus", "train.jsonl")
@@ -209,16 +209,6 @@ def test_the_dictionary_embeddings_make_the_preset_start_model_read_zero_shot_te
                          log=lambda s: None)
         model = Qwen2LM.from_pretrained(out).eval()
         tok = AutoTokenizer.from_pretrained(out / "CosyVoice-BlankEN")
-        rule = SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule)
-        g = torch.Generator().manual_seed(0)
-        cers[init] = []
-        for row in rows:
-            p = pool[row["prompt_id"]]
-            with torch.no_grad():
-                codes = list(model.inference(tok.encode(row["text"], add_special_tokens=False),
-                                             tok.encode(p.prompt_text, add_special_tokens=False),
-                                             p.prompt_speech_tokens, sampling=rule, generator=g))
-            e, n = error_counts(row["text"], codec.decode(codes), unit="char")
-            cers[init].append(e / n)
+        cers[init] = [e / n for e, n, _ in zero_shot_counts(model, tok, rows, pool, seed=0)]
     lo, hi = bootstrap_mean([a - b for a, b in zip(cers[True], cers[False])], resamples=2000)
     assert hi < 0, (lo, hi)
