@@ -34,6 +34,8 @@ CHEAP = {
         "install.sh --help and refused arguments: it exits before installing",
     "test_run_sh.py::test_install_refuses_a_python_it_cannot_serve":
         "install.sh with a wrong Python: it exits 2 before creating anything",
+    "test_run_sh.py::test_install_stops_before_pip_on_a_disk_too_small":
+        "install.sh on a 64 MB disk: it exits 1 before pip runs",
     "test_run_sh_settings.py::test_install_stamp_covers_the_torch_pin_and_the_installer":
         "install.sh --stamp: prints the stamp, installs nothing",
     "test_run_sh_settings.py::test_install_takes_uv_for_the_cpu_stack_and_pip_where_uv_fails":
