@@ -101,7 +101,9 @@ def test_pool_fails_over_then_readmits_a_restarted_server(two_servers, caplog):
     # both servers did work and the counts add up: every row answered once, by a or b
     assert a["ok"] >= 1 and b["ok"] >= 1 and d["ok"] == 0 and a["ok"] + b["ok"] == 400
     assert served(url_b) == b["sent"] == b["ok"]  # b answered every request the client sent it
-    assert a["ok"] <= seen_by_a[0] <= a["sent"]  # a saw what it answered, and at most what was sent
+    # a's counter is read just before the kill and a answers on until the signal lands (64 answers
+    # against 32 counted, on a fast machine), so only the bound by what was sent holds
+    assert 1 <= seen_by_a[0] <= a["sent"]
     assert all(c["sent"] == c["ok"] + c["failed"] for c in counts.values())  # no refusals
     assert d["failed"] >= 1 and a["up"] == 0 and d["up"] == 0 and b["up"] == 1
     # each failover is logged once, however many requests were in flight there
