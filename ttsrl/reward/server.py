@@ -259,7 +259,7 @@ class RewardServer:
         if lacking:
             asked = f"--sim-weight {self.cfg.sim_weight:g}" if self.cfg.sim_weight > 0 else "--want-sim"
             raise ValueError(f"{asked} needs a speaker model, and backend {', '.join(lacking)} has none "
-                             "(cosyvoice2 and cosyvoice3 have one: campplus.onnx); start without it")
+                             "(cosyvoice2 and cosyvoice3 have one: campplus.onnx; kokoro: Resemblyzer); start without it")
         for p in self.pipelines:
             p.want_sim = True
 

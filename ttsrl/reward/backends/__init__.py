@@ -9,6 +9,8 @@ tests get a :class:`SpeechPipeline`. Backend presets:
 ``sim``        simulated codec (no audio) ``ttsrl.embedded.codec.decode``
                (speakers: ``--prompt-dir``)
 ``whisper``    espeak-ng on sim pinyin    Whisper (faster-whisper)
+``kokoro``     Kokoro-82M on phoneme      Whisper; SIM: Resemblyzer against the row's voice
+               codes (five voices)
 FAMILY         the family's token2wav         Whisper, or sherpa-onnx (``asr``)
                (``Family.token2wav``: CosyVoice2 flow + HiFT, CosyVoice3 DiT + HiFT)
 =============  =========================  ==================================
@@ -29,7 +31,7 @@ from ttsrl.reward.backends.base import ASR, Audio, SpeakerPrompt, SpeechPipeline
 
 #: the backends that voice codes with CosyVoice's code and a model folder of their family
 COSYVOICE_BACKENDS = token2wav_families()
-BACKENDS = ("sim", "whisper") + COSYVOICE_BACKENDS
+BACKENDS = ("sim", "whisper", "kokoro") + COSYVOICE_BACKENDS
 ASRS = ("default", "sim", "whisper", "sherpa")
 SHERPA_KINDS = ("sense_voice", "paraformer")
 
@@ -44,13 +46,18 @@ class BackendConfig:
     builds a pipeline (``token2wav_asr_server.py``, ``infer_dataset.py``: see ``options``)."""
     backend: str = option("sim", choices=BACKENDS,
                           help="token2wav + ASR preset: sim (simulated codec), whisper (espeak-ng + Whisper), "
-                               "cosyvoice2 (CosyVoice2 flow + HiFT, then Whisper or --asr), cosyvoice3 "
+                               "kokoro (Kokoro-82M speaking phoneme codes + Whisper; SIM: Resemblyzer), cosyvoice2 (CosyVoice2 flow + HiFT, then Whisper or --asr), cosyvoice3 "
                                "(CosyVoice3 DiT flow + HiFT from --cosyvoice-checkout, then Whisper or --asr)")
     asr: str = option("default", choices=ASRS, help="ASR instead of the preset's ('default': the preset's own)")
     want_score: bool = option(False, cli=False,  # set from the reward's needs (Reward.needs_asr_logprob)
                               help="ask the ASR for the log-likelihood of the reference text")
     want_sim: bool = option(False, cli=False,  # stage 4; the server: --want-sim/--sim-weight
                             help="measure speaker similarity to the prompt")
+    want_mos: bool = option(False, cli=False,  # stage 4; the server: --mos-weight
+                            help="measure naturalness (DNSMOS P.835) of each utterance with a waveform")
+    whisper_fit_window: bool = option(False, help="Whisper encodes only the seconds the batch's longest audio "
+                                      "needs (+1), not its 30 s training window: ~4x faster on short "
+                                      "utterances, a figure of its own (benchmarks/bench_speech_reward.py)")
     whisper_model_dir: str | None = option(None, metavar="DIR", help="CTranslate2 Whisper directory "
                                            "(none: Whisper-base from the PyPI wheels)")
     whisper_compute_type: str | None = option(None, metavar="TYPE", help="CTranslate2 compute type "
@@ -88,6 +95,10 @@ class BackendConfig:
         with a server that already answers. sim: the ids of ``prompt_dir``'s
         prompt_speech_tokens.jsonl; a family's token2wav: the stems of its ``*.wav``; none without
         ``prompt_dir`` or for whisper (raises ``PoolError`` for a pool sim could not read)."""
+        if self.backend == "kokoro":  # its voices, with or without a folder
+            from ttsrl.reward.backends.kokoro import load_vocab
+
+            return sorted(load_vocab().voices)
         if not self.prompt_dir:
             return []
         if self.backend == "sim":
@@ -99,7 +110,7 @@ class BackendConfig:
         return []
 
     def validate(self) -> None:
-        if self.backend not in ("sim", "whisper") + token2wav_families():
+        if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {BACKENDS}")
         if self.asr not in ASRS:
             raise ValueError(f"unknown ASR {self.asr!r}; choose from {ASRS}")
@@ -135,7 +146,8 @@ def _build_asr(cfg: BackendConfig, name: str, device: str) -> ASR:
         from ttsrl.reward.backends.whisper import WhisperASR, WhisperConfig
 
         return WhisperASR(WhisperConfig(model_dir=cfg.whisper_model_dir, device=device,
-                                        compute_type=cfg.whisper_compute_type, cpu_threads=cfg.cpu_threads))
+                                        compute_type=cfg.whisper_compute_type, cpu_threads=cfg.cpu_threads,
+                                        fit_window=cfg.whisper_fit_window))
     if name == "sherpa":
         from ttsrl.reward.backends.sherpa import SherpaASR, SherpaConfig
 
@@ -162,6 +174,11 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
 
         t2w = EspeakToken2Wav()
         asr_name = "whisper"
+    elif cfg.backend == "kokoro":
+        from ttsrl.reward.backends.kokoro import KokoroConfig, KokoroToken2Wav
+
+        t2w = KokoroToken2Wav(KokoroConfig(cpu_threads=cfg.cpu_threads))
+        asr_name = "whisper"
     else:  # a family's token2wav
         spec = family(cfg.backend).token2wav
         Backend, Config = _load(spec.backend), _load(spec.config)
@@ -171,4 +188,4 @@ def build_pipeline(cfg: BackendConfig, device: str = "cpu") -> SpeechPipeline:
     if cfg.asr != "default":
         asr_name = cfg.asr
     return SpeechPipeline(t2w, _build_asr(cfg, asr_name, device), device, want_score=cfg.want_score,
-                          want_sim=cfg.want_sim)
+                          want_sim=cfg.want_sim, want_mos=cfg.want_mos, cpu_threads=cfg.cpu_threads)

