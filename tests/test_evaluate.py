@@ -450,6 +450,45 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
         assert w.getnframes() > 0
 
 
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+def test_dnsmos_column_plot_panel_and_listening_page(tmp_path):
+    """Real audio (espeak-ng) gets DNSMOS scores per utterance, a column with its interval and Δ in
+    the report, a panel in the plot, and a listening page that plays stage 4's wavs side by side."""
+    from ttsrl.eval.listen import write_listening_page
+    from ttsrl.eval.report import (
+        RESULTS_FILE,
+        SUMMARY_FILE,
+        format_table,
+        plot_terms,
+        write_json,
+        write_jsonl,
+        write_sweep,
+    )
+
+    pipeline = build_pipeline(BackendConfig(backend="whisper", asr="sim", want_mos=True))
+    utts = [Utterance("a/1", "今天天气很好"), Utterance("b<2>", "你好"), Utterance("c", "银行")]
+    for step, n in ((0, 1), (5, 2)):  # step 5 says each text twice
+        gens = [Generated(codes=codec.encode(u.text) * n, stopped=True) for u in utts]
+        where = tmp_path / f"step_{step}" / "test"
+        rows = score(pipeline, utts, gens, wav_dir=where / "wavs")
+        assert all(1.0 <= r["mos_ovrl"] <= 5.0 and r["mos_sig"] and r["mos_bak"] for r in rows)
+        write_jsonl(where / RESULTS_FILE, rows)
+        write_json(where / SUMMARY_FILE, {**summarize(rows, resamples=200), "step": step, "test_set": "test",
+                                          "settings": {"backend": "whisper"}})
+    models = {0: tmp_path, 5: tmp_path}
+    swept = write_sweep(tmp_path, models, ["test"], resamples=200)
+    assert swept[1]["mos_ovrl_n"] == 3 and swept[1]["mos_ovrl_ci"][0] <= swept[1]["mos_ovrl_mean"]
+    assert "mos_ovrl_vs_start" in swept[1] and "DNSMOS OVRL [95% CI]" in format_table(swept)
+    assert "DNSMOS P.835" in (tmp_path / "report.md").read_text()
+    assert "mos_ovrl_mean" in plot_terms(swept, tmp_path / "t.png")
+    page = (tmp_path / "listen.html").read_text()
+    assert page.count("<audio") == 6 and "step 5 (the last)" in page
+    for src in ("step_0/test/wavs/a_1.wav", "step_5/test/wavs/b_2_.wav"):
+        assert f'src="{src}"' in page and (tmp_path / src).is_file()
+    # no start-model audio (the simulated codec): no page
+    assert write_listening_page(tmp_path, ["dev_only"], None, 5) is None
+
+
 def test_cli_dev_sets_seeds_and_headline(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     from infer_dataset import parse_args

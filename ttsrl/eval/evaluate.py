@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 from ttsrl.cli import option
 from ttsrl.data.testsets import TestSet, TestSetError, Utterance, parse_test_set_arg, read_test_set
 from ttsrl.eval.dist import Dist, init_distributed, pin_local_gpu, rank_threads, shard
+from ttsrl.eval.listen import safe_name
 from ttsrl.eval.report import (
     HEADLINES,
     PLOT_FILE,
@@ -58,7 +59,7 @@ from ttsrl.reward.backends import BackendConfig
 from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
 from ttsrl.stats import DEFAULT_RESAMPLES
 
-SCHEMA_VERSION = 4  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim
+SCHEMA_VERSION = 5  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim; 5: DNSMOS
 
 # ---------------------------------------------------------------------------
 # requests and scoring
@@ -85,7 +86,7 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
             scored[i] = r
             if wav_dir is not None and r.audio is not None and r.audio.waveform is not None:
                 wav_dir.mkdir(parents=True, exist_ok=True)
-                r.audio.write_wav(wav_dir / f"{_safe_name(utts[i].id)}.wav")
+                r.audio.write_wav(wav_dir / f"{safe_name(utts[i].id)}.wav")
             r.audio = None  # do not keep every waveform
     rows = []
     for i, (u, g) in enumerate(zip(utts, gens)):
@@ -96,10 +97,6 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
                    utt_unit=u_score.unit)
         rows.append(row)
     return rows
-
-
-def _safe_name(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s) or "utt"
 
 
 # ---------------------------------------------------------------------------
@@ -204,8 +201,10 @@ class EvalConfig:
 
 def scoring_backend(cfg: EvalConfig) -> BackendConfig:
     """The backend stage 4 scores with: ``cfg.backend`` measuring speaker similarity (where a
-    speaker model exists) and what the reward needs (the ASR's log-probability)."""
-    return replace(cfg.backend or BackendConfig(), want_sim=True,
+    speaker model exists), naturalness (DNSMOS, where there is a waveform: every backend but sim)
+    and what the reward needs (the ASR's log-probability)."""
+    backend = cfg.backend or BackendConfig()
+    return replace(backend, want_sim=True, want_mos=backend.backend != "sim",
                    want_score=reward_variant(cfg.reward).needs_asr_logprob)
 
 

@@ -3,6 +3,7 @@
     OUT/step_N/<set>/results.jsonl   one row per utterance (and sampling seed)
     OUT/step_N/<set>/summary.json    both error-rate conventions with 95% intervals, ...
     OUT/report.md, OUT/summary.json (one row per step and set) and OUT/terms.png
+    OUT/listen.html                  start model and chosen step side by side, to listen to (ttsrl.eval.listen)
 
 Two conventions, named (``ttsrl.eval.seedtts_eval`` owns the first):
 
@@ -15,6 +16,10 @@ Two conventions, named (``ttsrl.eval.seedtts_eval`` owns the first):
 Where the token2wav backend has a speaker model (CosyVoice2), ``sim_mean`` is the mean
 over utterances of the cosine of its campplus embeddings of the generated speech and the
 prompt (``Token2Wav.speaker_similarity``), NOT the Seed-TTS eval SIM (WavLM-large).
+
+Where the audio has a waveform (every backend but sim), ``mos_ovrl_mean`` (and ``mos_sig_mean``,
+``mos_bak_mean``) is the mean over utterances of DNSMOS P.835's predicted opinion score: a
+model's prediction of a listening test, not one.
 
 Every figure has a bootstrap 95% interval over utterances (``ttsrl.stats``); each step
 is also compared with the start model on the same utterances (paired bootstrap).
@@ -29,6 +34,7 @@ from typing import Iterable, Sequence
 from ttsrl.atomic import atomic_path, atomic_write_text
 from ttsrl.eval.seedtts_eval import share_above
 from ttsrl.families import family, token2wav_families
+from ttsrl.reward.backends.naturalness import FIGURES as MOS_FIGURES
 from ttsrl.stats import (
     DEFAULT_RESAMPLES,
     METRICS,
@@ -87,6 +93,8 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
         out["ci"] = {m: list(bootstrap(t, m, resamples=resamples)) for m in METRICS}
         out["resamples"] = resamples
     out.update(sim_summary(rows, resamples=resamples))
+    for k in MOS_FIGURES:
+        out.update(term_summary(rows, f"mos_{k}", resamples=resamples))
     seeds = sorted({r.get("seed", 0) for r in rows})
     out["seeds"] = seeds
     if len(seeds) > 1:
@@ -101,24 +109,34 @@ def _mean_ci(xs: Sequence[float | None], resamples: int) -> list[float] | None:
     return list(bootstrap_mean(got, resamples=resamples)) if got else None
 
 
-def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
-    """``sim_mean``: mean over the utterances with a speaker similarity (each the mean of
-    its seeds' values), ``sim_n`` of them, ``sim_ci`` its bootstrap 95% interval; None
-    (and 0) when no utterance has one (no speaker model, or every decode failed)."""
-    v = list(sim_by_utt(rows).values())
+def term_summary(rows: Sequence[dict], key: str, *, resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """``<key>_mean``: mean over the utterances with a value of the per-utterance term ``key`` (each
+    the mean of its seeds' values), ``<key>_n`` of them, ``<key>_ci`` its bootstrap 95% interval;
+    None (and 0) when no utterance has one (not measured by the backend, or every decode failed)."""
+    v = list(by_utt(rows, key).values())
     if not v:
-        return {"sim_mean": None, "sim_n": 0, "sim_ci": None}
-    return {"sim_mean": sum(v) / len(v), "sim_n": len(v),
-            "sim_ci": list(bootstrap_mean(v, resamples=resamples))}
+        return {f"{key}_mean": None, f"{key}_n": 0, f"{key}_ci": None}
+    return {f"{key}_mean": sum(v) / len(v), f"{key}_n": len(v),
+            f"{key}_ci": list(bootstrap_mean(v, resamples=resamples))}
+
+
+def sim_summary(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """:func:`term_summary` of the speaker similarity: ``sim_mean``, ``sim_n``, ``sim_ci``."""
+    return term_summary(rows, "sim", resamples=resamples)
+
+
+def by_utt(rows: Sequence[dict], key: str) -> dict[str, float]:
+    """Utterance id -> the mean of its decodes' values of ``key`` (those not None)."""
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get(key) is not None:
+            per.setdefault(r["id"], []).append(float(r[key]))
+    return {u: sum(x) / len(x) for u, x in per.items()}
 
 
 def sim_by_utt(rows: Sequence[dict]) -> dict[str, float]:
     """Utterance id -> the mean of its decodes' speaker similarities (those not None)."""
-    per: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("sim") is not None:
-            per.setdefault(r["id"], []).append(float(r["sim"]))
-    return {u: sum(x) / len(x) for u, x in per.items()}
+    return by_utt(rows, "sim")
 
 
 def write_json(path: Path, obj) -> None:
@@ -135,17 +153,19 @@ def read_jsonl(path: Path) -> list[dict]:
 
 SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
               "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "length_ratio_ci", "n", "failures",
-              "sim_mean", "sim_n", "sim_ci")
+              "sim_mean", "sim_n", "sim_ci",
+              *(f"mos_{k}_{x}" for k in MOS_FIGURES for x in ("mean", "n", "ci")))
 
 
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
                 headline: str = "cer_utt_mean", resamples: int = DEFAULT_RESAMPLES) -> list[dict]:
     """report.md, summary.json and terms.png from the per-model summaries on disk.
     ``roles``: set name -> "dev" (chooses the step for stage 5) or "test" (reported only)."""
+    from ttsrl.eval.listen import write_listening_page
     from ttsrl.train.steps import choose_step
 
     roles = roles or {}
-    rows, tables, settings, sims = [], {}, {}, {}
+    rows, tables, settings, sims, moss = [], {}, {}, {}, {}
     for step in sorted(models):
         for name in names:
             where = pair_dir(out_dir, step, name)
@@ -158,6 +178,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
             if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
                 tables[(step, name)] = UttTable.from_rows(results)
             sims[(step, name)] = sim_by_utt(results)
+            moss[(step, name)] = by_utt(results, "mos_ovrl")
             settings[(step, name)] = s.get("settings")
             base = tables.get((0, name))
             if step != 0 and base is not None and (step, name) in tables:
@@ -166,6 +187,8 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
                                        for m in METRICS}
                     row["sim_vs_start"] = paired_mean(sims[(step, name)], sims.get((0, name), {}),
                                                       resamples=resamples)
+                    row["mos_ovrl_vs_start"] = paired_mean(moss[(step, name)], moss.get((0, name), {}),
+                                                           resamples=resamples)
                 else:  # a difference of decoding settings is no difference of models
                     row["vs_start_note"] = "not compared: the start model was scored with other settings"
             rows.append(row)
@@ -173,6 +196,8 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     choice = choose_step(rows)
     atomic_write_text(out_dir / REPORT_FILE, "# CER sweep (stage 4)\n\n" + format_table(rows, choice) + "\n")
     plot_terms(rows, out_dir / PLOT_FILE, chosen=choice.get("step"))
+    write_listening_page(out_dir, [n for n in names if roles.get(n, "test") == "test"], choice.get("step"),
+                         max(models, default=0))
     return rows
 
 
@@ -200,13 +225,20 @@ def _ratio(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def _sim(r: dict) -> str:
-    if r.get("sim_mean") is None:
+def _term(r: dict, key: str, digits: int = 3) -> str:
+    """A per-utterance term's mean, interval, count and paired change from the start model."""
+    if r.get(f"{key}_mean") is None:
         return "n/a"
-    ci = r.get("sim_ci")
-    d = r.get("sim_vs_start")
-    return (f"{r['sim_mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" (n {r.get('sim_n')})"
-            + (f", Δ vs start {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""))
+    ci = r.get(f"{key}_ci")
+    d = r.get(f"{key}_vs_start")
+    f = f"{{:.{digits}f}}".format
+    sf = f"{{:+.{digits}f}}".format
+    return (f(r[f"{key}_mean"]) + (f" [{f(ci[0])}, {f(ci[1])}]" if ci else "") + f" (n {r.get(f'{key}_n')})"
+            + (f", Δ vs start {sf(d['diff'])} [{sf(d['lo'])}, {sf(d['hi'])}]" if d else ""))
+
+
+def _sim(r: dict) -> str:
+    return _term(r, "sim")
 
 
 #: what SIM is, by the scoring backend: (column label, note)
@@ -231,6 +263,12 @@ NO_SIM_NOTE = ("No SIM column: no utterance has a speaker similarity. The token2
                "nothing was voiced.")
 
 
+MOS_NOTE = ("DNSMOS OVRL: mean over utterances of DNSMOS P.835's predicted overall opinion score (1-5; Microsoft's "
+            "model as speechmos 0.0.1.1 ships it, ttsrl.reward.backends.naturalness), n utterances with a value, Δ vs "
+            "start: paired bootstrap. A model's prediction of a listening test, not a listening test; it does not "
+            "know what was said. SIG and BAK are in summary.json.")
+
+
 def _delta(r: dict, m: str) -> tuple[str, str]:
     v = (r.get("vs_start") or {}).get(m)
     if not v:
@@ -247,9 +285,12 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
             "| failures | sampling | min/max ratio |")
     rule = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     with_sim = any(r.get("sim_mean") is not None for r in rows)
+    with_mos = any(r.get("mos_ovrl_mean") is not None for r in rows)
     sim_label, sim_note = sim_model(rows)
     if with_sim:
         head, rule = head + f" SIM ({sim_label}) [95% CI] |", rule + "---:|"
+    if with_mos:
+        head, rule = head + " DNSMOS OVRL [95% CI] |", rule + "---:|"
     head += "\n" + rule
     lines = [head]
     chosen = choice["step"] if choice and choice.get("step") is not None else None
@@ -262,7 +303,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
                      f"| {r['reward']:.3f} | {_ratio(r.get('length_ratio_mean'))} | {r['n']} | {r['failures']} "
                      f"| {r.get('rule', '?')} "
                      f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |"
-                     + (f" {_sim(r)} |" if with_sim else ""))
+                     + (f" {_sim(r)} |" if with_sim else "") + (f" {_term(r, 'mos_ovrl', 2)} |" if with_mos else ""))
     notes = [f"Headline: `{h}`, {NAMES[h]}; also `{other}`, {NAMES[other]}. Error rates are CER on "
              "Chinese sets, WER on English ones (syllables under the simulated ASR). Brackets: bootstrap "
              "95% interval over utterances; Δ: this step minus the start model on the same utterances "
@@ -275,6 +316,8 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
                      "Seed-TTS eval SIM (WavLM-large), so not comparable to papers' SIM.")
     elif rows:
         notes.append(NO_SIM_NOTE)
+    if with_mos:
+        notes.append(MOS_NOTE)
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
@@ -284,6 +327,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
 #: label, scale). The error rate is the rows' headline (its interval in ``ci``); a term a backend does not
 #: measure (SIM without a speaker model) has no panel.
 PLOT_TERMS = (("sim_mean", "sim_ci", "SIM (speaker similarity to the prompt)", 1.0),
+              ("mos_ovrl_mean", "mos_ovrl_ci", "DNSMOS OVRL (predicted MOS)", 1.0),
               ("length_ratio_mean", "length_ratio_ci", "length ratio (codes / expected)", 1.0))
 
 

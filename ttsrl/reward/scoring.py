@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 from ttsrl.reward.backends.base import Audio, SpeechPipeline
+from ttsrl.reward.backends.naturalness import FIGURES as MOS_FIGURES  # result-row columns mos_<figure>
 from ttsrl.reward.rewards import (
     UNFINISHED_LENGTH_TERM,
     RewardResult,
@@ -43,6 +44,7 @@ class Scored:
     detail: RewardResult | None = None
     audio: Audio | None = None  # what the ASR heard (for saving wavs)
     sim: float | None = None  # speaker similarity to the prompt (pipeline want_sim); None = not measured
+    mos: Any = None  # DNSMOS scores (ttsrl.reward.backends.naturalness.MOS; pipeline want_mos); None = not measured
     cer_term: float = 0.0  # the variant's error-rate reward, no length guard (ttsrl.reward.rewards: r)
     length_term: float = 0.0  # the length/finish term (ttsrl.reward.rewards: l); 0 for a failure
     finished: bool | None = None  # ended with end of speech (None: not known)
@@ -97,7 +99,7 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
         length = (r.length_factor if length_guard  # the guard's factor, already computed
                   else length_term(len(c), expected_tokens(text, pipeline.token_rate)))
-        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim,
+        out.append(Scored(tr.text, value, float(r.error_rate), detail=r, audio=tr.audio, sim=tr.sim, mos=tr.mos,
                           cer_term=float(r.raw_reward), length_term=float(length)))
     return out
 
@@ -108,7 +110,8 @@ def result_row(pipeline: SpeechPipeline, text: str, n_codes: int, scored: Scored
 
     Scored (``scored`` without a failure): the transcript, character and pinyin error
     counts against ``text``, the reward, speaker similarity ``sim`` (None where the
-    backend has none) and ``length_ratio`` (codes generated / codes expected for the
+    backend has none), naturalness ``mos_ovrl``/``mos_sig``/``mos_bak`` (DNSMOS P.835; None where not
+    measured) and ``length_ratio`` (codes generated / codes expected for the
     text at the backend's token rate: the length guard's ratio).
 
     A failure (``scored`` None: no output, or ``error`` from generation; or a scored
@@ -121,9 +124,10 @@ def result_row(pipeline: SpeechPipeline, text: str, n_codes: int, scored: Scored
         pe, pn = error_counts(text, scored.transcript, "pinyin")
         return {"length_ratio": length_ratio(n_codes, text, pipeline.token_rate), "transcript": scored.transcript,
                 "cer_errors": ce, "ref_len": cn, "pinyin_errors": pe, "pinyin_ref_len": pn,
-                "reward": scored.reward, "failure": False, "error": None, "sim": scored.sim}
+                "reward": scored.reward, "failure": False, "error": None, "sim": scored.sim,
+                **{f"mos_{k}": None if scored.mos is None else getattr(scored.mos, k) for k in MOS_FIGURES}}
     _, cn = error_counts(text, "", pipeline.failure_unit)
     _, pn = error_counts(text, "", "pinyin")
     return {"length_ratio": None, "transcript": "", "cer_errors": cn, "ref_len": cn, "pinyin_errors": pn,
-            "pinyin_ref_len": pn, "reward": 0.0, "failure": True, "sim": None,
+            "pinyin_ref_len": pn, "reward": 0.0, "failure": True, "sim": None, **{f"mos_{k}": None for k in MOS_FIGURES},
             "error": error or (scored.failure if scored is not None else None) or NO_CODES}
