@@ -210,7 +210,7 @@ class SpeechPipeline:
         if want_mos:
             from ttsrl.reward.backends.naturalness import DNSMOS
 
-            self.naturalness = DNSMOS(cpu_threads or 1)
+            self.naturalness = DNSMOS(cpu_threads)
         #: seconds the last ``transcribe_tokens`` call spent in token2wav and in the ASR
         #: (read by the server's metrics from the same worker thread)
         self.last_stage_seconds: dict[str, float] = {}
@@ -256,8 +256,6 @@ class SpeechPipeline:
         named = {i: self.prompt_by_id(p) for i, p in enumerate(prompt_ids or ()) if p is not None}
         out: list[Transcript | None] = [None] * len(batch_codes)
         self.last_stage_seconds = {"token2wav": 0.0, "asr": 0.0}
-        if self.naturalness is not None:
-            self.last_stage_seconds["mos"] = 0.0
         live = [i for i, c in enumerate(batch_codes) if len(c) > 0]
         for i, c in enumerate(batch_codes):
             if len(c) == 0:  # nothing to voice: an empty transcript by definition
@@ -275,9 +273,10 @@ class SpeechPipeline:
             sims = (self.token2wav.speaker_similarity(audios, prompts) if self.want_sim else None)
             if sims is not None and len(sims) != len(audios):
                 raise ValueError(f"{self.token2wav.name}: {len(sims)} similarities for {len(audios)} audios")
-            t2 = time.perf_counter()
-            mos = self.naturalness.score(audios) if self.naturalness is not None else [None] * len(audios)
+            mos = [None] * len(audios)
             if self.naturalness is not None:
+                t2 = time.perf_counter()
+                mos = self.naturalness.score(audios)
                 self.last_stage_seconds["mos"] = time.perf_counter() - t2
             for j, i in enumerate(live):
                 out[i] = Transcript(text=hyps[j], n_tokens=len(batch_codes[i]),

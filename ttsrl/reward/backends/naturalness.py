@@ -14,6 +14,7 @@ here, with a thread count of our choosing, since the package's use every core.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +42,13 @@ class DNSMOS:
 
     name = "dnsmos-p835"
 
-    def __init__(self, cpu_threads: int = 1):
+    def __init__(self, cpu_threads: int = 0):  # 0: all cores (at most 8), as every CPU backend
         import onnxruntime as ort
         import speechmos.dnsmos as upstream
 
         models = Path(upstream.__file__).parent / "dnsmos_models"
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, cpu_threads)
+        opts.intra_op_num_threads = cpu_threads or min(8, os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         self._model = upstream.DNSMOS.__new__(upstream.DNSMOS)  # its __init__ builds sessions on every core
         self._model.primary_model_path = str(models / "sig_bak_ovr.onnx")
