@@ -10,11 +10,11 @@ Written only where a backend made audio (none for the simulated codec).
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Sequence
 
 from ttsrl.atomic import atomic_write_text
+from ttsrl.eval.report import RESULTS_FILE, read_jsonl
 
 LISTEN_FILE = "listen.html"
 WAVS = "wavs"
@@ -30,7 +30,7 @@ def _first_seed(path: Path) -> dict[str, dict]:
     file order."""
     if not path.is_file():
         return {}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_jsonl(path)
     first = min((r.get("seed", 0) for r in rows), default=0)
     return {r["id"]: r for r in rows if r.get("seed", 0) == first}
 
@@ -59,8 +59,8 @@ def write_listening_page(out_dir: Path, test_sets: Sequence[str], chosen: int | 
     for name in test_sets:
         if not (out_dir / "step_0" / name / WAVS).is_dir():
             continue
-        start = _first_seed(out_dir / "step_0" / name / "results.jsonl")
-        other = _first_seed(out_dir / f"step_{step}" / name / "results.jsonl") if step else {}
+        start = _first_seed(out_dir / "step_0" / name / RESULTS_FILE)
+        other = _first_seed(out_dir / f"step_{step}" / name / RESULTS_FILE) if step else {}
         ids = list(start)[:n]
         label = f"step {step}" + (" (chosen on dev)" if chosen else " (the last)") if step else None
         head = "<tr><th>text</th><th>start model (step 0)</th>" + (f"<th>{label}</th>" if label else "") + "</tr>"

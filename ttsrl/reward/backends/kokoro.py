@@ -234,13 +234,13 @@ class KokoroToken2Wav(Token2Wav):
         (wav,) = (session or self._session).run(None, inputs)
         return np.clip(np.asarray(wav, dtype=np.float32).reshape(-1), -1.0, 1.0)
 
-    def voice_of(self, codes: Sequence[int], prompt: SpeakerPrompt | None) -> str:
-        """The voice an utterance is spoken in: its first voice token's, else its prompt's."""
-        voice, _ = self.vocab.split(codes)
-        return voice or (prompt.name if prompt is not None else DEFAULT_VOICE)
+    def _job(self, codes: Sequence[int], prompt: SpeakerPrompt | None) -> tuple[list[int], str]:
+        """(Kokoro ids, voice) of an utterance: the voice of its first voice token, else its prompt's."""
+        voice, ids = self.vocab.split(codes)
+        return ids, voice or (prompt.name if prompt is not None else DEFAULT_VOICE)
 
     def synthesize(self, batch, prompts):
-        jobs = [(self.vocab.split(codes)[1], self.voice_of(codes, prompt)) for codes, prompt in zip(batch, prompts)]
+        jobs = [self._job(codes, prompt) for codes, prompt in zip(batch, prompts)]
         if len(jobs) == 1 and self._workers > 1:
             if self._lone is None:
                 self._lone = self._new_session(self._workers)
