@@ -53,11 +53,11 @@ class BackendConfig:
                               help="ask the ASR for the log-likelihood of the reference text")
     want_sim: bool = option(False, cli=False,  # stage 4; the server: --want-sim/--sim-weight
                             help="measure speaker similarity to the prompt")
-    want_mos: bool = option(False, cli=False,  # stage 4; the server: --mos-weight
+    want_mos: bool = option(False, cli=False,  # stage 4 turns it on (ttsrl.eval.evaluate.scoring_backend)
                             help="measure naturalness (DNSMOS P.835) of each utterance with a waveform")
     whisper_fit_window: bool = option(False, help="Whisper encodes only the seconds the batch's longest audio "
-                                      "needs (+1), not its 30 s training window: ~4x faster on short "
-                                      "utterances, a figure of its own (benchmarks/bench_speech_reward.py)")
+                                      "needs (+1), not its 30 s training window: about 5x less Whisper time on "
+                                      "2.5 s utterances, a figure of its own (benchmarks/bench_speech_reward.py)")
     whisper_model_dir: str | None = option(None, metavar="DIR", help="CTranslate2 Whisper directory "
                                            "(none: Whisper-base from the PyPI wheels)")
     whisper_compute_type: str | None = option(None, metavar="TYPE", help="CTranslate2 compute type "

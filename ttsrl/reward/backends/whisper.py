@@ -122,7 +122,7 @@ class WhisperConfig:
     tokens_per_second: float = 12.0  # output cap: 16 + this x audio seconds
     normalize_output: bool = True
     #: encode only the frames the batch's longest audio needs (+1 s), not the 30 s window Whisper was
-    #: trained on: ~4x less encoder work on 2.5 s utterances, a measurement of its own
+    #: trained on: about 5x less Whisper time on 2.5 s utterances, a measurement of its own
     #: (benchmarks/bench_speech_reward.py compares the two); off = Whisper's own padding
     fit_window: bool = False
 
