@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Embedded preset, stage -1: pretrain the tiny CosyVoice2-format base model.
+"""Embedded and speech presets, stage -1: pretrain the tiny base model.
 
-Trains a small Qwen2LM on (text, simulated speech codes) pairs from the corpus,
-with deliberate label noise so that held-out error starts well above zero, and
+Trains a small Qwen2LM on (text, speech codes) pairs from the corpus, the codes those of
+the simulated codec (--family cosyvoice2/cosyvoice3) or Kokoro's phonemes from misaki's
+Mandarin G2P (--family kokoro), with deliberate label noise so that held-out error starts
+well above zero, and
 writes OUT/llm.pt + OUT/CosyVoice-BlankEN/ like the released CosyVoice2 model.
 Deterministic from --seed (whatever the thread count); cached (a second run with the same
 inputs skips). Off a terminal it prints a progress line (step, loss, elapsed, ETA) at
@@ -33,7 +35,11 @@ def main(argv=None) -> int:
     a = BuildPaths(**given(args, BuildPaths))
     cfg = parse_into(p, PretrainConfig, args)
     try:
-        build_base_model(a.corpus, a.out, cfg, heldout=a.heldout)
+        if cfg.family == "kokoro":  # real phonemes (misaki's G2P as teacher), not the simulated codec
+            from ttsrl.embedded.phoneme_lm import build_phoneme_lm
+            build_phoneme_lm(a.corpus, a.out, cfg, heldout=a.heldout)
+        else:
+            build_base_model(a.corpus, a.out, cfg, heldout=a.heldout)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -70,6 +70,10 @@ class PretrainConfig:
     tone_noise: float = option(0.15, help="share of training syllables given a wrong tone (the start model then "
                                            "hedges between tones, and sampling from it makes errors RL can remove)")
     initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
+    syllable_noise: float = option(0.2, help="kokoro family: share of a target's characters that misaki's G2P "
+                                             "teacher reads as the character's one confusable character (a whole "
+                                             "wrong syllable, as a TTS LM misreads; the simulated codec's builds "
+                                             "use the tone and initial noise instead)")
     prompt_prob: float = option(0.0, help="share of examples in CosyVoice's zero-shot layout: a prompt (a 2-3 "
                                           "character corpus span in a random simulated speaker's voice) before "
                                           "the text, the target in that voice (0: text-only; the embedded preset's "
@@ -95,7 +99,7 @@ class PretrainConfig:
 
     def __post_init__(self):
         V.family(self.family)
-        for name in ("prompt_prob", "speaker_leak", "prompt_from"):
+        for name in ("prompt_prob", "speaker_leak", "prompt_from", "syllable_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         if self.threads < 0:
@@ -211,6 +215,37 @@ def batch_loss(model: Qwen2LM, batch: list[tuple]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(model.llm_decoder(hidden[keep]), y[keep])
 
 
+def train_steps(model: Qwen2LM, cfg: PretrainConfig, draw, progress_every_s: float = 30.0) -> float:
+    """``cfg.steps`` AdamW steps (one-cycle schedule, gradients clipped at 1) on the batches
+    ``draw(step)`` returns; the model is left in eval mode. Returns the last step's loss. On a terminal
+    a progress bar; otherwise a progress line at least every ``progress_every_s`` seconds, so a log file shows
+    the build is alive."""
+    from tqdm import tqdm
+
+    # fused: one kernel over all tensors, 5x faster than the per-tensor loop on CPU (4.8 ms against 24 ms a
+    # step for this model's size on one thread); the update is the same AdamW
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
+                                                pct_start=warmup_share(cfg.steps))
+    model.train()
+    on_terminal = sys.stderr.isatty()  # tqdm draws on stderr; off a terminal: a line every 30 s
+    bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=not on_terminal, mininterval=2)
+    lines = None if on_terminal else ProgressLines(cfg.steps, "pretrain base model", every_s=progress_every_s,
+                                                   out=sys.stdout)
+    for step in bar:
+        loss = batch_loss(model, draw(step))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if lines is not None:
+            lines.update(step + 1, loss=loss.item())
+    model.eval()
+    return loss.item()
+
+
 def prefix_ids(tokenizer, fam: V.Family) -> list[int]:
     """The family's system prefix as text ids (CosyVoice3's instruction; none for CosyVoice2)."""
     return tokenizer.encode(fam.system_prefix, add_special_tokens=False) if fam.system_prefix else []
@@ -271,6 +306,7 @@ def fingerprint(texts: list[str], cfg: PretrainConfig) -> str:
     ``v`` is the build code's version: raised when the code changes the weights it trains from
     the same inputs (3: fused AdamW), so a cache is rebuilt."""
     inputs = {**asdict(cfg), "threads": build_threads(cfg)}
+    del inputs["syllable_noise"]  # the phoneme teacher's (ttsrl.embedded.phoneme_lm); the codec's build ignores it
     if inputs["prompt_prob"] == 0:  # a text-only build draws no prompt: the zero-shot fields change nothing
         for k in ("prompt_prob", "speaker_leak", "prompt_chars", "prompt_from"):
             del inputs[k]
@@ -289,27 +325,43 @@ def weights_sha256(state_dict: dict) -> str:
     return h.hexdigest()
 
 
+def cached_build(out: Path, fp: str, log=print) -> dict | None:
+    """The build info of the model at ``out`` if it was built from the inputs ``fp``, else None."""
+    info_path = out / INFO_FILE
+    if not (info_path.is_file() and (out / "llm.pt").is_file()):
+        return None
+    info = json.loads(info_path.read_text())
+    if info.get("fingerprint") != fp:
+        return None
+    if "weights_sha256" not in info:  # built before the hash was recorded
+        info["weights_sha256"] = weights_sha256(torch.load(out / "llm.pt", map_location="cpu", weights_only=True))
+        atomic_write_text(info_path, json.dumps(info, indent=2))
+    log(f"base model up to date at {out} (fingerprint {fp}, weights sha256 {info['weights_sha256'][:16]}); "
+        "skipping the build")
+    return info
+
+
+def save_build(out: Path, tok, inner, model: Qwen2LM, info: dict) -> None:
+    """Write the build as a CosyVoice release folder has it (llm.pt, CosyVoice-BlankEN/), then its info
+    last: an interrupted save leaves no info file, so the next call builds again."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_blank_en(tok, out / BLANK_EN)
+    inner.save_pretrained(out / BLANK_EN)
+    atomic_torch_save(model.state_dict(), out / "llm.pt")
+    atomic_write_text(out / INFO_FILE, json.dumps(info, indent=2))
+
+
 def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(),
                      heldout: str | Path | None = None, log=print, progress_every_s: float = 30.0) -> dict:
     """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/). On a
     terminal a progress bar; otherwise a progress line (step, loss, elapsed, ETA) at least
     every ``progress_every_s`` seconds, so a log file shows the build is alive."""
-    from tqdm import tqdm
-
     out = Path(out_dir)
     texts = read_texts(corpus)
     fp = fingerprint(texts, cfg)
-    info_path = out / INFO_FILE
-    if info_path.is_file() and (out / "llm.pt").is_file():
-        info = json.loads(info_path.read_text())
-        if info.get("fingerprint") == fp:
-            if "weights_sha256" not in info:  # built before the hash was recorded
-                info["weights_sha256"] = weights_sha256(torch.load(out / "llm.pt", map_location="cpu",
-                                                                   weights_only=True))
-                atomic_write_text(info_path, json.dumps(info, indent=2))
-            log(f"base model up to date at {out} (fingerprint {fp}, weights sha256 {info['weights_sha256'][:16]}); "
-                "skipping the build")
-            return info
+    info = cached_build(out, fp, log)
+    if info is not None:
+        return info
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
@@ -352,18 +404,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
         pspeech = codec.to_speaker(pcodes, speaker)
         target = leaky_voice(noisy_codes(codec.to_speaker(codes, speaker), cfg, rng), cfg, rng)
         return ptext_ids + text_ids[len(prefix):], pspeech + target, len(pspeech)
-    # fused: one kernel over all tensors, 5x faster than the per-tensor loop on CPU (4.8 ms against 24 ms a
-    # step for this model's size on one thread); the update is the same AdamW
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
-                                                pct_start=warmup_share(cfg.steps))
-    model.train()
-    on_terminal = sys.stderr.isatty()  # tqdm draws on stderr; off a terminal: a line every 30 s
-    bar = tqdm(range(cfg.steps), desc="pretrain base model", unit="step", disable=not on_terminal, mininterval=2)
-    lines = None if on_terminal else ProgressLines(cfg.steps, "pretrain base model", every_s=progress_every_s,
-                                                   out=sys.stdout)
-    first_prompted = int(cfg.prompt_from * cfg.steps)
-    for step in bar:
+    def draw(step: int) -> list[tuple]:
         batch = []
         for _ in range(cfg.batch_size):
             u = rng.random()
@@ -375,29 +416,18 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
                 batch.append(prompted(text_ids, codes))
             else:
                 batch.append((text_ids, noisy_codes(codes, cfg, rng)))
-        loss = batch_loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-        if lines is not None:
-            lines.update(step + 1, loss=loss.item())
-    model.eval()
-    train_seconds = time.time() - t0
+        return batch
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_blank_en(tok, out / BLANK_EN)
-    inner.save_pretrained(out / BLANK_EN)
-    atomic_torch_save(model.state_dict(), out / "llm.pt")
+    first_prompted = int(cfg.prompt_from * cfg.steps)
+    loss = train_steps(model, cfg, draw, progress_every_s)
+    train_seconds = time.time() - t0
     info = {"fingerprint": fp, "weights_sha256": weights_sha256(model.state_dict()), "config": asdict(cfg),
-            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "threads": threads, "final_loss": round(loss.item(), 4)}
+            "n_train": len(texts), "train_seconds": round(train_seconds, 1), "threads": threads, "final_loss": round(loss, 4)}
     if heldout is not None:
         test = read_texts(heldout)
         info["heldout_cer_greedy"] = round(heldout_cer(model, tok, test, greedy=True), 4)
         info["heldout_cer_sampling"] = round(heldout_cer(model, tok, test, greedy=False, seed=cfg.seed), 4)
-    atomic_write_text(info_path, json.dumps(info, indent=2))
+    save_build(out, tok, inner, model, info)
     log(f"built base model in {train_seconds:.0f}s: " + ", ".join(f"{k}={v}" for k, v in info.items()
                                                                    if k.startswith(("heldout", "final")))
         + f"; weights sha256 {info['weights_sha256'][:16]} (compare across machines: build_info.json)")
