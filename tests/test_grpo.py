@@ -142,6 +142,12 @@ def test_bad_config_is_rejected(bad):
         gpu(**bad)
 
 
+def test_a_mini_batch_that_micro_batches_do_not_divide_is_refused_before_verl():
+    with pytest.raises(ValueError, match="8 rows, 8 a rank: not a multiple of micro_batch_size_per_gpu 16"):
+        gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=16)
+    gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=8)  # a divisor: fine
+
+
 def test_cli_builds_command_with_extras(capsys):
     import train_grpo
 

@@ -69,6 +69,16 @@ PRESETS: dict[str, dict] = {
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
                                 "ppo_mini_batch_size": 4, "temperature": 1.0}
 
+# presets/speech_cpu.sh: the kokoro family's tiny LM against the real-speech reward on a 2-core CPU, where
+# scoring a rollout (Kokoro-82M + Whisper-base + Resemblyzer) takes about a second: 8 prompts x n=4
+# samples a step, 16 steps, two policy updates a step (mini-batches of 4 prompts x 4), rollouts at
+# temperature 1.0; phoneme responses run to 104 codes (the longest training sentence: 102 phonemes, its
+# voice token and the stop); a checkpoint every 8 steps gives stage 5 steps 8 and 16 to choose from.
+PRESETS["speech_cpu"] = {**PRESETS["embedded"], "experiment_name": "speech_cpu", "train_batch_size": 8,
+                         "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 16, "n": 4, "lr": 3e-4,
+                         "max_response_length": 112, "total_training_steps": 16, "save_freq": 8,
+                         "temperature": 1.0}
+
 
 #: keys a field sets only as a consequence (worker counts follow nnodes, Ray's logical GPUs the ranks):
 #: an override of one of them is the user's own choice, not a shadowed field
@@ -223,6 +233,13 @@ class GRPOConfig:
         if self.ppo_mini_batch_size > self.train_batch_size:
             raise ValueError(f"ppo_mini_batch_size {self.ppo_mini_batch_size} > train_batch_size "
                              f"{self.train_batch_size}")
+        rows, ranks = self.ppo_mini_batch_size * self.n, self.n_gpus_per_node * self.nnodes
+        if rows % ranks == 0 and (rows // ranks) % self.micro_batch_size_per_gpu:
+            # verl's fixed-size micro-batching asserts this deep inside the first update, minutes in
+            raise ValueError(f"a mini-batch is {self.ppo_mini_batch_size} prompts x n={self.n} = {rows} rows, "
+                             f"{rows // ranks} a rank: not a multiple of micro_batch_size_per_gpu "
+                             f"{self.micro_batch_size_per_gpu}, which verl splits it into (set "
+                             "--micro-batch-size-per-gpu to a divisor)")
         own_loss = own_policy_loss(self.algorithm)
         if self.bypass_old_log_prob and own_loss:
             # verl's bypass mode replaces the policy loss with its own (ppo_clip on rollout log-probs)
