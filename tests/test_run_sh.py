@@ -26,7 +26,8 @@ SHELL_SCRIPTS = ["run.sh", "scripts/install.sh", "scripts/cuda_toolkit.sh", "scr
                  "scripts/gpu_check.sh", "scripts/phases.sh", "scripts/family.sh", "scripts/compare_algorithms.sh",
                  "scripts/compare_preference.sh",
                  "scripts/rehearsal.sh",
-                 "presets/embedded.sh", "presets/gpu8.sh", "presets/gpu8_cosyvoice3.sh", "presets/multinode_sim.sh"]
+                 "presets/embedded.sh", "presets/gpu8.sh", "presets/gpu8_cosyvoice3.sh", "presets/multinode_sim.sh",
+                 "presets/speech_cpu.sh"]
 
 
 def run_sh(*args, env=None, timeout=300):

@@ -85,7 +85,7 @@ def test_the_environment_wins_over_every_preset_value(preset):
     assert got["GRPO_ARGS"][got["GRPO_ARGS"].index("--loggers") + 1] == "console,tensorboard"
 
 
-@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh", "gpu8_cosyvoice3.sh"])
+@pytest.mark.parametrize("preset", ["embedded.sh", "gpu8.sh", "gpu8_cosyvoice3.sh", "speech_cpu.sh"])
 def test_derived_settings_follow_exp_dir(preset, tmp_path):
     exp = str(tmp_path / "my exp")
     got = _config({"EXP_DIR": exp}, preset=ROOT / "presets" / preset)
@@ -309,6 +309,19 @@ def test_the_cosyvoice3_gpu_preset_is_gpu8_with_cosyvoice3s_folder_backend_check
     assert {k: cv3[k] for k in ("MINE_ARGS", "PREF_ARGS", "PREF_LAUNCH", "DEV_SIZE")} == \
         {k: cv2[k] for k in ("MINE_ARGS", "PREF_ARGS", "PREF_LAUNCH", "DEV_SIZE")}  # gpu8's, not a copy
     r = _config({"MODEL_FAMILY": "cosyvoice2"}, preset=ROOT / "presets" / "gpu8_cosyvoice3.sh", ok=False)
+    assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
+
+
+def test_the_speech_preset_is_the_kokoro_family_s_data_backend_reward_and_rule():
+    got = _config(preset=ROOT / "presets" / "speech_cpu.sh")
+    assert (got["MODEL_FAMILY"], got["REWARD_BACKEND"], got["REWARD"], got["EVAL_NPROC"]) == (
+        "kokoro", "kokoro", "cer_nll", "1")
+    assert got["TRAIN_FILE"] == "data/kokoro/train.jsonl"  # (PROMPT_POOL: the tests' environment empties it)
+    ev = got["EVAL_ARGS"]
+    assert ev[ev.index("--backend") + 1] == "kokoro" and ev[ev.index("--sampling-rule") + 1] == "kokoro-2026"
+    assert ev[ev.index("--tau-r") + 1] == "1.0" and "--whisper-fit-window" in ev and "--whisper-fit-window" in got["REWARD_ARGS"]
+    assert got["BASE_MODEL_ARGS"][got["BASE_MODEL_ARGS"].index("--syllable-noise") + 1] == "0.2"
+    r = _config({"MODEL_FAMILY": "cosyvoice2"}, preset=ROOT / "presets" / "speech_cpu.sh", ok=False)
     assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
 
 
