@@ -41,6 +41,7 @@ from ttsrl.embedded.pretrain import (
     PretrainConfig,
     build_threads,
     cached_build,
+    new_build,
     prefix_ids,
     read_texts,
     save_build,
@@ -48,11 +49,9 @@ from ttsrl.embedded.pretrain import (
     train_steps,
     weights_sha256,
 )
-from ttsrl.embedded.tiny_model import qwen2_config
-from ttsrl.embedded.tiny_tokenizer import train_tokenizer
 from ttsrl.families.kokoro.phonemes import MandarinG2P, PhonemeVocab, load_vocab
 from ttsrl.model import vocab as V
-from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig, lm_class
+from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig
 
 
 def is_hanzi(ch: str) -> bool:
@@ -181,16 +180,7 @@ def build_phoneme_lm(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     if info is not None:
         return info
 
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    threads = build_threads(cfg)
-    torch.set_num_threads(threads)
-    log(f"building the kokoro-family base model: {cfg.steps} steps on {threads} torch thread(s)")
-    rng = random.Random(cfg.seed)
-    tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
-    n_text = V.add_cosyvoice_specials(tok, fam)
-    inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
-    model = lm_class(fam)(inner)
+    t0, threads, rng, tok, inner, model = new_build(texts, cfg, "the kokoro-family base model", log)
     prefix = prefix_ids(tok, fam)
     chars = sorted(set(ch for t in texts for ch in t if is_hanzi(ch)))
     teacher = Teacher(chars, cfg, rng)

@@ -351,6 +351,23 @@ def save_build(out: Path, tok, inner, model: Qwen2LM, info: dict) -> None:
     atomic_write_text(out / INFO_FILE, json.dumps(info, indent=2))
 
 
+def new_build(texts: list[str], cfg: PretrainConfig, what: str, log=print) -> tuple:
+    """A build's start, the same for every teacher: the seeds, the thread count, the per-character
+    tokenizer with the family's run-time specials and the untrained LM of the family's layout.
+    Returns (start time, threads, the data's random.Random, tokenizer, inner Qwen2 config, model)."""
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    threads = build_threads(cfg)
+    torch.set_num_threads(threads)
+    log(f"building {what}: {cfg.steps} steps on {threads} torch thread(s)")
+    rng = random.Random(cfg.seed)
+    tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
+    fam = V.family(cfg.family)
+    n_text = V.add_cosyvoice_specials(tok, fam)
+    inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
+    return t0, threads, rng, tok, inner, lm_class(fam)(inner)
+
+
 def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfig = PretrainConfig(),
                      heldout: str | Path | None = None, log=print, progress_every_s: float = 30.0) -> dict:
     """Train (or reuse) the base model at ``out_dir`` (llm.pt + CosyVoice-BlankEN/). On a
@@ -363,17 +380,8 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     if info is not None:
         return info
 
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    threads = build_threads(cfg)
-    torch.set_num_threads(threads)
-    log(f"building the base model: {cfg.steps} steps on {threads} torch thread(s)")
-    rng = random.Random(cfg.seed)
-    tok = train_tokenizer(texts, cfg.model.tokenizer_vocab, per_character=True)
-    fam = V.family(cfg.family)
-    n_text = V.add_cosyvoice_specials(tok, fam)
-    inner = qwen2_config(cfg.model, n_text + cfg.model.extra_inner_rows)
-    model = lm_class(fam)(inner)
+    t0, threads, rng, tok, inner, model = new_build(texts, cfg, "the base model", log)
+    fam = model.family
     prefix = prefix_ids(tok, fam)
 
     def example(t: str) -> tuple[list[int], list[int]]:
