@@ -41,6 +41,7 @@ from ttsrl.embedded.pretrain import (
     PretrainConfig,
     build_threads,
     cached_build,
+    is_hanzi,
     new_build,
     prefix_ids,
     read_texts,
@@ -52,10 +53,6 @@ from ttsrl.embedded.pretrain import (
 from ttsrl.families.kokoro.phonemes import MandarinG2P, PhonemeVocab, load_vocab
 from ttsrl.model import vocab as V
 from ttsrl.model.cosyvoice_lm import Qwen2LM, SamplingConfig
-
-
-def is_hanzi(ch: str) -> bool:
-    return "\u4e00" <= ch <= "\u9fff"
 
 
 class Teacher:
@@ -128,16 +125,16 @@ def heldout_per(model: Qwen2LM, tokenizer, teacher: Teacher, texts: list[str], s
     """Phoneme error rate (pooled edit distance over the teacher's clean phoneme codes, voice tokens
     dropped) of one sampled zero-shot reading of each text, each prompted by a corpus-free phrase in
     a voice taken in turn, by the family's rule; and the share whose first voice token is the prompt's
-    voice (``voice_kept``). Sampled by the family's rule with ``tau_r`` :data:`PHONEME_TAU_R`. No audio: a fast check of the build, not the Whisper CER stage 4 reports."""
+    voice (``voice_kept``). Sampled by the family's rule with ``tau_r`` :data:`PHONEME_TAU_R`. No audio:
+    a fast check of the build, not the Whisper CER stage 4 reports."""
     sampling = SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule, tau_r=PHONEME_TAU_R)
     g = torch.Generator().manual_seed(seed)
     v = teacher.vocab
+    ptext = tokenizer.encode(model.family.system_prefix + PROMPT_PHRASE, add_special_tokens=False)
     errs = total = kept = 0
     for i, text in enumerate(texts):
         voice = v.voices[i % len(v.voices)]
-        prompt_text = PROMPT_PHRASE
-        ptext = tokenizer.encode(model.family.system_prefix + prompt_text, add_special_tokens=False)
-        pspeech = [v.voice_code(voice), *teacher.codes(prompt_text)]
+        pspeech = [v.voice_code(voice), *teacher.codes(PROMPT_PHRASE)]
         ids = tokenizer.encode(text, add_special_tokens=False)
         with torch.no_grad():
             codes = list(model.inference(ids, ptext, pspeech, sampling=sampling, generator=g))

@@ -131,6 +131,11 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
+def is_hanzi(ch: str) -> bool:
+    """A character of the CJK Unified Ideographs block: the characters a build teaches to read."""
+    return "\u4e00" <= ch <= "\u9fff"
+
+
 def sentence_spans(text: str, min_len: int) -> list[str]:
     """Every contiguous span of at least ``min_len`` characters that starts and ends on
     a character with a reading (not punctuation or space)."""
@@ -392,7 +397,7 @@ def build_base_model(corpus: str | Path, out_dir: str | Path, cfg: PretrainConfi
     # monotonic text -> speech alignment) instead of memorising whole sentences.
     span_texts = [s for t in texts for s in sentence_spans(t, cfg.min_span)]
     spans = [example(s) for s in span_texts]
-    chars = sorted(set(ch for t in texts for ch in t if "\u4e00" <= ch <= "\u9fff"))
+    chars = sorted(set(ch for t in texts for ch in t if is_hanzi(ch)))
     if cfg.pinyin_init:
         pronunciation_init_(model, tok, chars, cfg.seed)
     lo, hi = cfg.prompt_chars
