@@ -143,9 +143,18 @@ def test_bad_config_is_rejected(bad):
 
 
 def test_a_mini_batch_that_micro_batches_do_not_divide_is_refused_before_verl():
-    with pytest.raises(ValueError, match="8 rows, 8 a rank: not a multiple of micro_batch_size_per_gpu 16"):
-        gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=16)
-    gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=8)  # a divisor: fine
+    with pytest.raises(ValueError, match="12 rows, 12 a rank: not a multiple of micro_batch_size_per_gpu 8"):
+        gpu(train_batch_size=8, ppo_mini_batch_size=3, n=4, micro_batch_size_per_gpu=8)
+    assert gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=4).to_overrides()  # a divisor
+
+
+def test_a_micro_batch_larger_than_a_ranks_mini_batch_is_the_whole_mini_batch():
+    """A micro-batch only bounds memory: 16 over a rank's 8 rows is one pass of 8 (verl itself would assert)."""
+    cfg = gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=16)
+    assert cfg.micro_batch_size_per_gpu == 8
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8" in cfg.to_overrides()
+    two_ranks = gpu(train_batch_size=8, ppo_mini_batch_size=2, n=4, micro_batch_size_per_gpu=16, n_gpus_per_node=2)
+    assert two_ranks.micro_batch_size_per_gpu == 4
 
 
 def test_cli_builds_command_with_extras(capsys):

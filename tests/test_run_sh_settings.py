@@ -354,7 +354,8 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     # zero-shot GRPO: four updates a step, rollouts at temperature 1.0; a named SAMPLING still wins
     assert (got["GRPO.preset"], got["GRPO.ppo_mini_batch_size"], got["GRPO.temperature"], got["GRPO.lr"]) == \
         ("embedded_zeroshot", "4", "1.0", "0.0003")
-    assert config(SAMPLING="reference")["GRPO.temperature"] == "0.8"
+    reference = config(SAMPLING="reference")  # n=4: a mini-batch of 16 rows is one micro-batch
+    assert (reference["GRPO.temperature"], reference["GRPO.micro_batch_size_per_gpu"]) == ("0.8", "16")
     # zero-shot DPO mining: 8 candidates, margin 0.01 (the reward is ~0.02 at the start's CER); text-only 4, 0.05
     mine = got["MINE_ARGS"]
     assert (mine[mine.index("--k") + 1], mine[mine.index("--min-margin") + 1]) == ("8", "0.01")

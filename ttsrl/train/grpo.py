@@ -236,6 +236,10 @@ class GRPOConfig:
             raise ValueError(f"ppo_mini_batch_size {self.ppo_mini_batch_size} > train_batch_size "
                              f"{self.train_batch_size}")
         rows, ranks = self.ppo_mini_batch_size * self.n, self.n_gpus_per_node * self.nnodes
+        if rows % ranks == 0 and self.micro_batch_size_per_gpu > rows // ranks:
+            # a micro-batch is a memory bound: one larger than a rank's mini-batch means "all of it in one
+            # pass" (the embedded presets' 32 under SAMPLING=reference's n=4: 16 rows a rank)
+            self.micro_batch_size_per_gpu = rows // ranks
         if rows % ranks == 0 and (rows // ranks) % self.micro_batch_size_per_gpu:
             # verl's fixed-size micro-batching asserts this deep inside the first update, minutes in
             raise ValueError(f"a mini-batch is {self.ppo_mini_batch_size} prompts x n={self.n} = {rows} rows, "
