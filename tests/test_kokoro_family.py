@@ -51,6 +51,17 @@ def test_committed_data_is_what_the_script_makes_of_the_corpus(tmp_path):
     pool = [json.loads(line) for line in (DATA / "prompt_pool/prompt_speech_tokens.jsonl").read_text().splitlines()]
     v = load_vocab()
     assert [v.split(p["prompt_speech_tokens"])[0] for p in pool] == [p["id"] for p in pool] == list(VOICES)
+    # every prompt phrase is read in characters the base model was taught (an unseen one made it speak
+    # the prompt again); a phrase with one is refused by the script
+    taught = set("".join(json.loads(line)["text"] for line in (DATA / "train.jsonl").read_text().splitlines()))
+    assert all(set(p["prompt_text"]) <= taught for p in pool)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import kokoro_data
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert kokoro_data.unread_characters({"jf_alpha": "谢谢你", "jm_kumo": "请坐"}, ["请坐下。", "你好"]) == \
+        {"jf_alpha": ["谢", "谢"]}
 
 
 def binomial_bounds(p: float, n: int, sigmas: float = 5.0) -> tuple[float, float]:
