@@ -117,7 +117,8 @@ def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, li
 
     urls = split_urls(cfg.reward_urls or environ.get("TTSRL_REWARD_URL") or DEFAULT_URL)
     expect = {k: str(v) for k, v in (("reward", cfg.reward), ("backend", cfg.reward_backend),
-                                     ("sim_weight", cfg.expected_sim_weight)) if v is not None}
+                                     ("sim_weight", cfg.expected_sim_weight), ("mos_weight", cfg.mos_weight))
+              if v is not None}
     served, problems = {}, []
     for url in urls:
         try:
@@ -128,9 +129,9 @@ def reward_record(cfg: GRPOConfig, environ: Mapping[str, str]) -> tuple[dict, li
         wrong = identity_mismatches(meta, expect)
         if wrong:
             problems.append(f"the reward server at {url} serves {', '.join(wrong)} (--reward, --reward-backend, "
-                            "--sim-weight / --reward-weights)")
+                            "--sim-weight / --reward-weights, --mos-weight)")
     return {"reward": cfg.reward, "backend": cfg.reward_backend, "sim_weight": cfg.expected_sim_weight,
-            "reward_weights": cfg.reward_weights, "gdpo_reward_keys": gdpo_keys(cfg),
+            "mos_weight": cfg.mos_weight, "reward_weights": cfg.reward_weights, "gdpo_reward_keys": gdpo_keys(cfg),
             "urls": list(urls), "served": served}, problems
 
 

@@ -114,9 +114,11 @@ def test_flags_kept_their_names_and_meanings(tmp_path):
     """The flags scripts, presets and docs use still parse to what they meant."""
     cfg = token2wav_asr_server.parse_args(["--backend", "sim", "--reward", "exp_toneless", "--no-length-guard",
                                            "--want-sim", "--sim-weight", "0.1", "--devices", "cpu,cpu", "--port", "0",
-                                           "--max-batch", "4", "--cpu-threads", "2", "--log-level", "WARNING"])
+                                           "--max-batch", "4", "--cpu-threads", "2", "--log-level", "WARNING",
+                                           "--mos-weight", "0.2"])
     assert (cfg.reward, cfg.length_guard, cfg.want_sim, cfg.sim_weight, cfg.devices, cfg.max_batch) == \
         ("exp_toneless", False, True, 0.1, ("cpu", "cpu"), 4)
+    assert (cfg.mos_weight, token2wav_asr_server.parse_args([]).mos_weight) == (0.2, 0.0)
     assert (cfg.backend.backend, cfg.backend.cpu_threads, token2wav_asr_server.parse_args([]).length_guard) == \
         ("sim", 2, True)
     argv = ["--start-model", "m", "--out-dir", "o", "--test-set", "a=x.jsonl", "--test-set", "b=y,z.jsonl",

@@ -29,7 +29,8 @@ from ttsrl.reward.server import BackgroundServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。", "这本书非常有意思。", "他在二零二三年去了北京。"]
-KEYS = {"score", "error_rate", "transcript", "reward_failed", "sim", "sim_measured", "cer", "length", "unfinished"}
+KEYS = {"score", "error_rate", "transcript", "reward_failed", "sim", "sim_measured", "cer", "length", "unfinished",
+        "mos", "mos_measured"}
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
     got = server_identity(["py", "token2wav_asr_server.py", "--backend", "cosyvoice2", "--cosyvoice-model-dir",
                            "m", "--reward", "toneless", "--want-sim"])
     assert got == {"reward": "toneless", "backend": "cosyvoice2", "model_dir": os.path.abspath("m"),
-                   "sim_weight": "0.0", "length_guard": "True", "family": "cosyvoice2",
+                   "sim_weight": "0.0", "mos_weight": "0.0", "length_guard": "True", "family": "cosyvoice2",
                    "prompt_pool": pool_sha1([])}  # no --prompt-dir: no prompt id
     # the pool's digest as the server would publish it: sim's from the jsonl's ids, a family's from its wavs
     pool = ROOT / "data" / "corpus" / "prompt_pool"
@@ -137,6 +137,7 @@ def test_server_identity_is_read_with_the_servers_own_parser(tmp_path):
                             "--prompt-dir", str(tmp_path)])["prompt_pool"] == pool_sha1(["spk_a", "spk_b"])
     assert server_identity(["p", "token2wav_asr_server.py", "--family", "cosyvoice3"])["family"] == "cosyvoice3"
     assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"
+    assert server_identity(["p", "token2wav_asr_server.py", "--mos-weight", "0.2"])["mos_weight"] == "0.2"
     assert server_identity(["p", "/x/token2wav_asr_server.py", "--backend", "sim"])["model_dir"] == ""
 
 
@@ -147,14 +148,14 @@ def tanh_server(sim_server_url):
 
 
 def test_a_server_serving_another_model_folder_or_reward_is_refused_unless_asked(tanh_server, tmp_path, capsys):
-    """A server answering at the run's URL is checked on reward, backend, model folder and SIM weight."""
+    """A server answering at the run's URL is checked on reward, backend, model folder, SIM and MOS weights."""
     pid_file, log = tmp_path / "server.pid", tmp_path / "server.log"
     ident = {"reward": "tanh", "backend": "sim", "model_dir": "", "sim_weight": "0.0", "length_guard": "True"}
     never = ["false"]  # a command that would fail if it were started: an answering server is never started over
     assert server.local_up(tanh_server, pid_file, log, 10, ident, False, never) == 0
     assert "not started by run.sh: used, and left running" in capsys.readouterr().out
     for key, value in (("model_dir", "/models/CosyVoice2-0.5B"), ("reward", "exp_toneless"), ("sim_weight", "0.1"),
-                       ("length_guard", "False")):
+                       ("mos_weight", "0.2"), ("length_guard", "False")):
         assert server.local_up(tanh_server, pid_file, log, 10, {**ident, key: value}, False, never) == 1
         err = capsys.readouterr().err
         assert f"serves {key} " in err and "REWARD_ANY_SERVER=1" in err, err

@@ -1,4 +1,4 @@
-"""The reward's terms of their own: cer, sim and the length/finish term.
+"""The reward's terms of their own: cer, sim, the length/finish term and the MOS weight.
 
 Real pieces throughout: the ``sim`` backend's reward server on a loopback port (JSON, Triton's
 binary extension through NVIDIA's own ``tritonclient.http``), verl's own ``compute_data_metrics``
@@ -23,21 +23,34 @@ from ttsrl.console import StepConsole
 from ttsrl.embedded import codec
 from ttsrl.reward.backends import BackendConfig
 from ttsrl.reward.client import TERM_KEYS, RewardClientConfig, compute_score, is_finished
+from ttsrl.reward.health import identity_mismatches
 from ttsrl.reward.protocol import (
     DEFAULT_MODEL_NAME,
+    MOS_OUTPUT,
     ResponseError,
     build_payload,
     build_response,
     infer_path,
     parse_response,
+    range_weights,
+    reward_range,
 )
-from ttsrl.reward.rewards import LENGTH_BAND, WEIGHTS, expected_tokens, length_factor, length_term, sim_weight_of
-from ttsrl.reward.scoring import Scored, finish
+from ttsrl.reward.rewards import (
+    LENGTH_BAND,
+    WEIGHTS,
+    expected_tokens,
+    length_factor,
+    length_term,
+    naturalness_term,
+    sim_weight_of,
+)
+from ttsrl.reward.scoring import Scored, combined_reward, finish
 from ttsrl.reward.server import BackgroundServer, ServerConfig
 from ttsrl.train.grpo import GRPOConfig
 from ttsrl.verl_plugin.reward_metrics import LOGGED_KEYS, _patch_legacy, term_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train_grpo.py
 
 TEXTS = ["今天天气很好，我们去公园散步。", "我想喝一杯热茶。"]
 
@@ -113,6 +126,80 @@ def test_an_answer_of_another_sim_weight_is_refused():
     for bad in (1.5, -0.1):
         with pytest.raises(ResponseError, match="CER_REWARDS"):
             parse_response(build_response("m", 0.5, "t", 0.1, wanted=["REWARDS", "CER_REWARDS"], cer_term=bad))
+
+
+def test_the_mos_term_and_its_weight():
+    """q = (OVRL - 1) / 4 clipped to [0, 1]; the reward adds m x q; no OVRL (nothing heard) or m 0:
+    nothing added, the reward as it was bit for bit."""
+    assert [naturalness_term(x) for x in (1.0, 2.0, 3.0, 5.0)] == [0.0, 0.25, 0.5, 1.0]
+    assert naturalness_term(0.7) == 0.0 and naturalness_term(5.2) == 1.0  # DNSMOS may stray past its scale
+    assert combined_reward(0.5, 0.2, 0.1, 3.0, 0.2) == pytest.approx(0.5 + 0.1 * 0.2 + 0.2 * 0.5)
+    assert combined_reward(0.5, None, 0.1, 4.6, 0.3) == pytest.approx(0.5 + 0.3 * 0.9)
+    for r, sim in ((0.73, 0.41), (0.2, -0.3), (1.0, None)):
+        assert combined_reward(r, sim, 0.1, None, 0.5) == combined_reward(r, sim, 0.1)  # not measured
+        assert combined_reward(r, sim, 0.1, 4.0, 0.0) == combined_reward(r, sim, 0.1)  # weight 0
+    # unfinished: no MOS term either
+    assert finish(Scored("t", 0.9, 0.1, cer_term=0.8, length_term=1.0), False).reward == 0.0
+
+
+def test_the_range_of_a_mos_weight():
+    """The MOS term is in [0, 1]: its weight raises the top of the range only; weight 0 advertises
+    what a server advertised before; both weights can be read back from a range."""
+    assert reward_range() == reward_range(0.0, 0.0) == (0.0, 1.0)
+    assert reward_range(0.1) == (-0.1, 1.1) and reward_range(0.0, 0.3) == (0.0, 1.3)
+    assert reward_range(0.1, 0.2) == pytest.approx((-0.1, 1.3))
+    for sim, mos in ((0.0, 0.0), (0.1, 0.0), (0.0, 0.3), (0.1, 0.2)):
+        assert range_weights(list(reward_range(sim, mos))) == pytest.approx((sim, mos), abs=1e-12)
+    # a reward of 1.25 (CER 1 + 0.25 x q) is within a MOS-0.3 server's range, not a plain one's
+    assert parse_response(build_response("m", 1.25, "t", 0.0, mos_weight=0.3), mos_weight=0.3).reward == 1.25
+    with pytest.raises(ResponseError, match="outside the range"):
+        parse_response(build_response("m", 1.25, "t", 0.0))
+
+
+def test_an_answer_of_another_mos_weight_is_refused():
+    both = build_response("m", 1.1, "t", 0.1, sim=0.2, sim_weight=0.1, mos=4.2, mos_weight=0.2)
+    assert parse_response(both, sim_weight=0.1, mos_weight=0.2).reward == 1.1
+    assert parse_response(both, sim_weight=0.1).reward == 1.1  # MOS weight not asked for: any
+    assert parse_response(both, mos_weight=0.2).reward == 1.1  # SIM weight not asked for: any
+    with pytest.raises(ResponseError, match="another MOS weight than the 0.3 .*MOS weight 0.2"):
+        parse_response(both, sim_weight=0.1, mos_weight=0.3)
+    with pytest.raises(ResponseError, match="another SIM weight than the 0 "):
+        parse_response(both, sim_weight=0.0, mos_weight=0.2)
+    with pytest.raises(ResponseError, match="another MOS weight than the 0.2"):
+        parse_response(build_response("m", 0.5, "t", 0.1), mos_weight=0.2)  # a server without the term
+    with pytest.raises(ResponseError, match="another MOS weight than the 0 "):
+        parse_response(both, mos_weight=0.0)
+    # OVRL travels only when asked for by name (an old client's answer is unchanged), NaN where not measured
+    assert MOS_OUTPUT not in [o["name"] for o in both["outputs"]] and math.isnan(parse_response(both).mos)
+    asked = build_response("m", 1.1, "t", 0.1, mos=4.2, mos_weight=0.2, wanted=["REWARDS", MOS_OUTPUT])
+    assert parse_response(asked).mos == 4.2
+    unmeasured = build_response("m", 0.5, "t", 0.1, wanted=["REWARDS", MOS_OUTPUT])
+    assert math.isnan(unmeasured["outputs"][1]["data"][0]) and math.isnan(parse_response(unmeasured).mos)
+
+
+def test_a_bad_mos_weight_is_refused_naming_the_option():
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="mos_weight must be a finite number >= 0"):
+            ServerConfig(backend=BackendConfig(backend="sim"), mos_weight=bad).validate()
+        with pytest.raises(ValueError, match="mos_weight must be a finite number >= 0"):
+            GRPOConfig(model_path="m", train_files="t", val_files="v", mos_weight=bad)
+        with pytest.raises(ValueError, match="expect_mos_weight must be a finite number >= 0"):
+            RewardClientConfig.from_env("http://127.0.0.1:1", mos_weight=bad)
+    # the run asks for its MOS weight through verl's reward_kwargs; not set: any server's
+    g = GRPOConfig(model_path="m", train_files="t", val_files="v", mos_weight=0.2)
+    assert "+reward.custom_reward_function.reward_kwargs.expect_mos_weight=0.2" in g.to_overrides({})
+    plain = GRPOConfig(model_path="m", train_files="t", val_files="v")
+    assert not any("expect_mos_weight" in o for o in plain.to_overrides({}))
+    with pytest.raises(ValueError, match="GRPOConfig.mos_weight owns: give it as --mos-weight"):
+        GRPOConfig(model_path="m", train_files="t", val_files="v",
+                   extra=("+reward.custom_reward_function.reward_kwargs.expect_mos_weight=0.5",))
+
+
+def test_a_sim_backend_refuses_a_mos_weight_at_start():
+    """The simulated codec's audio has no waveform for DNSMOS to hear: the server does not start."""
+    with pytest.raises(ValueError, match="--mos-weight 0.1 needs audio with a waveform, and backend sim makes none"):
+        with BackgroundServer(ServerConfig(backend=BackendConfig(backend="sim"), port=0, mos_weight=0.1)):
+            pass
 
 
 # ---------------------------------------------------------------------------
@@ -196,7 +283,7 @@ def test_compute_score_keys_and_the_budget(server):
     text = TEXTS[0]
     codes = codec.encode(text)
     solution = "".join(f"<|s_{c}|>" for c in codes)
-    cfg = dict(urls=server.url, expect_reward="tanh", expect_sim_weight=0.0)
+    cfg = dict(urls=server.url, expect_reward="tanh", expect_sim_weight=0.0, expect_mos_weight=0.0)
 
     async def score(budget, sol=solution):
         return await compute_score("d", sol, text, {}, max_response_length=budget, **cfg)
@@ -212,11 +299,30 @@ def test_compute_score_keys_and_the_budget(server):
     assert cut["score"] == 0.0 and cut["length"] == 0.0 and cut["cer"] == ended["cer"] > 0.5
     assert ended["score"] == pytest.approx(ended["cer"] * ended["length"], abs=1e-6) and ended == unknown
     assert empty["score"] == empty["cer"] == empty["length"] == 0.0
-    # a run that asked for another SIM weight never trains on this server's answers
-    wrong = RewardClientConfig.from_env(server.url, "tanh", 0.1, 64)
-    wrong.max_fail_fraction, wrong.retries = 1.0, 0
-    r = asyncio.run(compute_score("d", solution, text, {}, config=wrong))
-    assert r["reward_failed"] == 1.0 and r["score"] == 0.0
+    assert ended["mos"] == 0.0 and ended["mos_measured"] == 0.0  # the sim backend measures no MOS
+    # a run that asked for another SIM or MOS weight never trains on this server's answers
+    for sim_weight, mos_weight in ((0.1, None), (None, 0.2), (0.0, 0.2)):
+        wrong = RewardClientConfig.from_env(server.url, "tanh", sim_weight, 64, mos_weight)
+        wrong.max_fail_fraction, wrong.retries = 1.0, 0
+        r = asyncio.run(compute_score("d", solution, text, {}, config=wrong))
+        assert r["reward_failed"] == 1.0 and r["score"] == 0.0, (sim_weight, mos_weight)
+
+
+def test_a_run_asking_for_another_mos_weight_is_told_before_verl_starts(server):
+    """train_grpo.py's check of the servers' identity: the MOS weight is one of its fields, and a
+    server that predates it (no mos_weight in its metadata) serves weight 0."""
+    import train_grpo
+
+    meta = requests.get(f"{server.url}/v2/models/{DEFAULT_MODEL_NAME}", timeout=30).json()
+    assert meta["mos_weight"] == 0.0 and meta["measures_mos"] is False and meta["reward_range"] == [0.0, 1.0]
+    base = dict(model_path="m", train_files="t", val_files="v", reward_urls=server.url)
+    record, problems = train_grpo.reward_record(GRPOConfig(**base, mos_weight=0.2), {})
+    assert record["mos_weight"] == 0.2 and len(problems) == 1
+    assert "serves mos_weight 0.0 (this run asks for '0.2')" in problems[0] and "--mos-weight" in problems[0]
+    assert train_grpo.reward_record(GRPOConfig(**base, mos_weight=0.0), {})[1] == []
+    assert train_grpo.reward_record(GRPOConfig(**base), {})[1] == []  # not asked: any
+    old = {k: v for k, v in meta.items() if k != "mos_weight"}
+    assert identity_mismatches(old, {"mos_weight": "0"}) == [] and identity_mismatches(old, {"mos_weight": "0.2"})
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Speaker similarity kept by the reward: the reward server's SIMS output
-and the combined reward (error-rate term + W x SIM), on a real server on loopback.
+and the combined reward (error-rate term + W x SIM), on a real server on loopback; and the
+naturalness term beside it (+ M x (DNSMOS OVRL - 1) / 4, the MOS_OVRLS output).
 
 The CosyVoice2 folder is the random-weight one of tests/cosyvoice2_tiny.py (campplus is an
 ONNX stand-in with the real signature), with two prompt speakers: these tests check that SIM
@@ -28,7 +29,8 @@ from ttsrl.reward.backends import BackendConfig, SpeechPipeline  # noqa: E402
 from ttsrl.reward.backends.cosyvoice import CosyVoiceConfig, CosyVoiceToken2Wav  # noqa: E402
 from ttsrl.reward.backends.sim import SimASR  # noqa: E402
 from ttsrl.reward.client import RewardClientConfig, compute_score  # noqa: E402
-from ttsrl.reward.protocol import build_payload, infer_path  # noqa: E402
+from ttsrl.reward.protocol import MOS_OUTPUT, build_payload, infer_path  # noqa: E402
+from ttsrl.reward.rewards import naturalness_term  # noqa: E402
 from ttsrl.reward.server import BackgroundServer, ServerConfig  # noqa: E402
 from ttsrl.reward.triton_binary import HEADER, attach_inputs, split_body  # noqa: E402
 
@@ -51,8 +53,8 @@ def serve(t2w, **cfg) -> BackgroundServer:
     return BackgroundServer(ServerConfig(port=0, max_batch=4, **cfg), pipelines=[SpeechPipeline(t2w, SimASR())])
 
 
-def outputs(url: str, c: list[int], text: str, binary: bool = False) -> dict:
-    body = build_payload(c, text)
+def outputs(url: str, c: list[int], text: str, binary: bool = False, names: tuple[str, ...] | None = None) -> dict:
+    body = build_payload(c, text, outputs=names)
     if binary:
         body["parameters"] = {"binary_data_output": True}
     r = requests.post(url + infer_path(), json=body, timeout=300)
@@ -165,3 +167,37 @@ def test_a_backend_without_a_speaker_model_refuses_sim_at_start(tmp_path):
     for bad in ("-1", "nan", "inf"):
         p = subprocess.run(cli + ["--sim-weight", bad], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert p.returncode == 2 and "sim_weight must be a finite number >= 0" in p.stderr, p.stderr
+
+
+@pytest.mark.slow  # the real DNSMOS: ~0.6 s an utterance on 2 cores, several of them (warm-ups included)
+def test_mos_weight_adds_the_naturalness_term_of_the_real_dnsmos(t2w):
+    """--mos-weight M: REWARDS = the error-rate reward + M x (OVRL - 1) / 4 (clipped), OVRL the real
+    DNSMOS P.835 of the audio the reward heard, returned as MOS_OVRLS when asked for by name (an
+    old request's answer lacks it); nothing voiced: NaN and reward 0; the metadata and every answer
+    advertise the range [0, 1 + M]; a client expecting another MOS weight refuses the answers."""
+    text, c = TEXTS[1], codes(40, 7)
+    names = ("REWARDS", "ERROR_RATES", MOS_OUTPUT)
+    with serve(t2w) as plain:
+        cer_only = outputs(plain.url, c, text, names=names)
+    assert math.isnan(cer_only[MOS_OUTPUT])  # not measured
+    with serve(t2w, mos_weight=0.5) as srv:
+        got = outputs(srv.url, c, text, names=names)
+        assert MOS_OUTPUT not in outputs(srv.url, c, text)  # the reference request: unchanged outputs
+        empty = outputs(srv.url, [], text, names=names)
+        meta = requests.get(f"{srv.url}/v2/models/token2wav_asr", timeout=30).json()
+        scored = asyncio.run(compute_score("t", SpeechVocab.codes_to_text(c), text, urls=srv.url,
+                                           expect_mos_weight=0.5))
+        wrong = RewardClientConfig.from_env(srv.url, mos_weight=0.2)
+        wrong.max_fail_fraction, wrong.retries = 1.0, 0
+        refused = asyncio.run(compute_score("t", SpeechVocab.codes_to_text(c), text, config=wrong))
+    ovrl = got[MOS_OUTPUT]
+    assert 0.5 < ovrl < 5.5 and got["ERROR_RATES"] == cer_only["ERROR_RATES"]
+    assert got["REWARDS"] == pytest.approx(cer_only["REWARDS"] + 0.5 * naturalness_term(ovrl), abs=1e-12)
+    assert got["REWARDS"] > cer_only["REWARDS"]  # the tiny model's noise still scores above OVRL 1 (about 1.08)
+    pipe = SpeechPipeline(t2w, SimASR(), want_mos=True)  # the same audio scored here: the same OVRL
+    assert pipe.transcribe_tokens([c], [text])[0].mos.ovrl == pytest.approx(ovrl, abs=1e-4)
+    assert empty["REWARDS"] == 0.0 and math.isnan(empty[MOS_OUTPUT])
+    assert meta["mos_weight"] == 0.5 and meta["measures_mos"] is True and meta["reward_range"] == [0.0, 1.5]
+    assert scored["mos"] == pytest.approx(ovrl) and scored["mos_measured"] == 1.0
+    assert scored["score"] == pytest.approx(got["REWARDS"]) and scored["reward_failed"] == 0.0
+    assert refused["reward_failed"] == 1.0 and refused["score"] == 0.0

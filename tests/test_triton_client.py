@@ -112,7 +112,7 @@ def test_tritonclient_reads_model_config_statistics_and_repository_index():
             ("PROMPT_ID", "TYPE_STRING", ["1"]), ("FINISHED", "TYPE_INT32", ["1"])]
         assert [t["optional"] for t in cfg["input"]] == [False, False, False, True, True]  # PROMPT_ID, FINISHED
         assert [t["name"] for t in cfg["output"]] == ["REWARDS", "TRANSCRIPTS", "ERROR_RATES", "SIMS", "CER_REWARDS",
-                                                      "LENGTH_REWARDS"]
+                                                      "LENGTH_REWARDS", "MOS_OVRLS"]
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "30000"
         assert cfg["parameters"]["reward"] == {"string_value": "exp_toneless"}
         assert cfg["parameters"]["backend"]["string_value"].startswith("sim")

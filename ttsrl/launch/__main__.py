@@ -85,9 +85,9 @@ def _cluster(a):
 
 def server_identity(command: list[str]) -> dict[str, str]:
     """What a server started with ``command`` (``PY token2wav_asr_server.py ARGS``) would publish
-    as its identity, read with the server's own parser: reward, backend, model folder, SIM weight,
-    length guard (each changes the reward a run trains on), the family whose codes it accepts, and
-    the digest of the prompt ids it knows (a server of another pool answers the run's rows 422)."""
+    as its identity, read with the server's own parser: reward, backend, model folder, SIM and MOS
+    weights, length guard (each changes the reward a run trains on), the family whose codes it
+    accepts, and the digest of the prompt ids it knows (a server of another pool answers the run's rows 422)."""
     if str(settings.ROOT) not in sys.path:
         sys.path.insert(0, str(settings.ROOT))
     import token2wav_asr_server
@@ -96,8 +96,8 @@ def server_identity(command: list[str]) -> dict[str, str]:
     script = next(i for i, word in enumerate(command) if word.endswith("token2wav_asr_server.py"))
     cfg = token2wav_asr_server.parse_args(command[script + 1:])
     return {"reward": cfg.reward, "backend": cfg.backend.backend, "model_dir": cfg.backend.model_dir,
-            "sim_weight": str(cfg.sim_weight), "length_guard": str(cfg.length_guard), "family": cfg.family,
-            "prompt_pool": pool_sha1(cfg.backend.served_prompt_ids())}
+            "sim_weight": str(cfg.sim_weight), "mos_weight": str(cfg.mos_weight), "length_guard": str(cfg.length_guard),
+            "family": cfg.family, "prompt_pool": pool_sha1(cfg.backend.served_prompt_ids())}
 
 
 def cmd_server(a) -> int:

@@ -16,7 +16,8 @@ a run whose step lost more than the same share of its rewards, is the trainer's
 Every sample's dict has the same keys, all finite (verl builds its columns from the first sample's):
 ``score``, the reward's terms ``cer``, ``sim``, ``length`` (``TERM_KEYS``: gdpo's components),
 ``unfinished``, ``error_rate``, ``transcript``, ``reward_failed`` and ``sim_measured`` (1.0 or 0.0:
-tells a measured SIM from the 0.0 of none). A zero-shot row's ``extra_info["prompt_id"]`` is sent as
+tells a measured SIM from the 0.0 of none), ``mos`` (DNSMOS OVRL, 1..5, of a server with a MOS weight)
+and ``mos_measured`` (likewise). A zero-shot row's ``extra_info["prompt_id"]`` is sent as
 PROMPT_ID, so the response is voiced, and its SIM measured, with the prompt the policy continued.
 """
 
@@ -73,6 +74,7 @@ class RewardClientConfig:
     model: str = DEFAULT_MODEL_NAME
     reward: str | None = None  # the reward variant asked for: an answer scored by another is refused
     sim_weight: float | None = None  # the SIM weight asked for: an answer combined with another is refused
+    mos_weight: float | None = None  # the MOS weight asked for: likewise
     max_response_length: int | None = None  # the rollout's response budget: a response this long never ended
     max_fail_fraction: float = knobs.default(ENV_MAX_FAIL)
     fail_window: int = knobs.default(ENV_FAIL_WINDOW)  # the fraction is judged over this process's last this-many requests
@@ -84,13 +86,14 @@ class RewardClientConfig:
 
     @classmethod
     def from_env(cls, urls: str | None = None, reward: str | None = None, sim_weight: float | None = None,
-                 max_response_length: int | None = None) -> "RewardClientConfig":
+                 max_response_length: int | None = None, mos_weight: float | None = None) -> "RewardClientConfig":
         """The configuration from the reward knobs of ``ttsrl.knobs`` (read here only); ``urls``,
-        ``reward``, ``sim_weight`` and ``max_response_length`` (verl's ``reward_kwargs``, which a
-        run sets) win over the environment."""
+        ``reward``, ``sim_weight``, ``max_response_length`` and ``mos_weight`` (verl's ``reward_kwargs``,
+        which a run sets) win over the environment."""
         g = knobs.get
         cfg = cls(url=urls or g(ENV_URL) or DEFAULT_URL, model=g(ENV_MODEL) or DEFAULT_MODEL_NAME, reward=reward,
                   sim_weight=None if sim_weight is None else float(sim_weight),
+                  mos_weight=None if mos_weight is None else float(mos_weight),
                   max_response_length=None if max_response_length is None else int(max_response_length),
                   max_fail_fraction=g(ENV_MAX_FAIL), fail_window=g(ENV_FAIL_WINDOW), retries=g(ENV_RETRIES),
                   backoff_s=g(ENV_BACKOFF), timeout_s=g(ENV_TIMEOUT), max_connections=g(ENV_MAX_CONN))
@@ -104,8 +107,9 @@ class RewardClientConfig:
             raise ValueError(f"{ENV_FAIL_WINDOW} must be >= 1, got {cfg.fail_window}")
         if cfg.max_response_length is not None and cfg.max_response_length < 1:
             raise ValueError(f"max_response_length must be >= 1, got {cfg.max_response_length}")
-        if cfg.sim_weight is not None and not (math.isfinite(cfg.sim_weight) and cfg.sim_weight >= 0):
-            raise ValueError(f"expect_sim_weight must be a finite number >= 0, got {cfg.sim_weight}")
+        for name, weight in (("expect_sim_weight", cfg.sim_weight), ("expect_mos_weight", cfg.mos_weight)):
+            if weight is not None and not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {weight}")
         if cfg.retries < 0 or cfg.backoff_s < 0 or cfg.timeout_s <= 0 or cfg.max_connections < 1:
             raise ValueError("reward client: retries/backoff must be >= 0, timeout > 0, max connections >= 1")
         return cfg
@@ -167,7 +171,8 @@ async def request_reward(codes: list[int], text: str, cfg: RewardClientConfig, p
     that does not carry it back (voiced by another speaker) is refused. ``finished``: FINISHED."""
     return await cfg.pool.post(infer_path(cfg.model), build_payload(codes, text, prompt_id, finished, CLIENT_OUTPUTS),
                                cfg.policy, accept=functools.partial(parse_response, model=cfg.model, reward=cfg.reward,
-                                                                    prompt_id=prompt_id, sim_weight=cfg.sim_weight))
+                                                                    prompt_id=prompt_id, sim_weight=cfg.sim_weight,
+                                                                    mos_weight=cfg.mos_weight))
 
 
 def is_finished(n_codes: int, max_response_length: int | None) -> bool | None:
@@ -212,11 +217,12 @@ TERM_KEYS = ("cer", "sim", "length")
 
 
 def _result(score: float, error_rate: float, transcript: str, failed: bool, sim: float = math.nan,
-            cer: float = 0.0, length: float = 0.0, finished: bool | None = None) -> dict:
-    measured = math.isfinite(sim)
+            cer: float = 0.0, length: float = 0.0, finished: bool | None = None, mos: float = math.nan) -> dict:
+    measured, mos_measured = math.isfinite(sim), math.isfinite(mos)
     return {"score": float(score), "error_rate": float(error_rate), "transcript": transcript,
             "reward_failed": 1.0 if failed else 0.0, "sim": float(sim) if measured else 0.0,
             "sim_measured": 1.0 if measured else 0.0,
+            "mos": float(mos) if mos_measured else 0.0, "mos_measured": 1.0 if mos_measured else 0.0,
             "cer": float(cer) if math.isfinite(cer) else 0.0, "length": float(length) if math.isfinite(length) else 0.0,
             "unfinished": 1.0 if finished is False else 0.0}
 
@@ -225,18 +231,20 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
                         extra_info: dict | None = None, *, config: RewardClientConfig | None = None,
                         urls: str | None = None, expect_reward: str | None = None,
                         expect_sim_weight: float | None = None, max_response_length: int | None = None,
-                        **kwargs) -> dict:
+                        expect_mos_weight: float | None = None, **kwargs) -> dict:
     """Reward of one generated response (a string of ``<|s_N|>`` tokens) for ``ground_truth``.
     ``urls`` and ``expect_reward`` come from verl's ``reward.custom_reward_function.reward_kwargs``
     (``GRPOConfig.reward_urls``/``reward``): the servers to ask, and the reward variant every
     answer must name (an answer scored by another takes its server out of rotation).
     ``expect_sim_weight``: the SIM weight of the combined reward every answer must have been scored
-    with (``GRPOConfig.sim_weight``); ``max_response_length``: the rollout's response budget, which
+    with (``GRPOConfig.sim_weight``), ``expect_mos_weight`` likewise its MOS weight
+    (``GRPOConfig.mos_weight``); ``max_response_length``: the rollout's response budget, which
     tells an unfinished response (:func:`is_finished`; sent as FINISHED).
     ``extra_info["prompt_id"]`` (a zero-shot row's speaker prompt): the server voices the response
     with that prompt and measures its SIM against it; rows without one are scored as before."""
     global _warned_empty
-    cfg = config or RewardClientConfig.from_env(urls, expect_reward, expect_sim_weight, max_response_length)
+    cfg = config or RewardClientConfig.from_env(urls, expect_reward, expect_sim_weight, max_response_length,
+                                                expect_mos_weight)
     prompt_id = row_prompt_id(extra_info)
     try:
         codes = parse_speech_text(solution_str or "")
@@ -272,7 +280,7 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: str,
         return _result(0.0, 1.0, "", True, finished=finished)
     window.record(False)
     return _result(reply.reward, reply.error_rate, reply.transcript, False, reply.sim, reply.cer_term,
-                   reply.length_term, finished)
+                   reply.length_term, finished, reply.mos)
 
 
 async def score_all(rows: Iterable[tuple[list[int], str]], config: RewardClientConfig | None = None) -> list[dict]:

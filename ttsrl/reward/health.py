@@ -86,7 +86,8 @@ READY_LINE = "ready on http://"  # what token2wav_asr_server.py prints once it s
 
 #: what a run asks of a server it adopts -> the model metadata field that says it
 IDENTITY_FIELDS = {"reward": "reward", "backend": "backend_name", "model_dir": "model_dir", "sim_weight": "sim_weight",
-                   "length_guard": "length_guard", "pid": "pid", "prompt_pool": "prompt_pool_sha1", "family": "family"}
+                   "mos_weight": "mos_weight", "length_guard": "length_guard", "pid": "pid",
+                   "prompt_pool": "prompt_pool_sha1", "family": "family"}
 
 
 def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
@@ -101,7 +102,7 @@ def metadata(url: str, model: str = DEFAULT_MODEL_NAME) -> dict:
 def identity_problem(url: str, expect: dict[str, str], model: str = DEFAULT_MODEL_NAME) -> str | None:
     """None when the server at ``url`` serves what ``expect`` names (keys of IDENTITY_FIELDS: the
     reward variant, backend name, CosyVoice model folder (absolute; "" for backends without one),
-    SIM weight, length guard, its process id, the sha1 of its prompt pool's sorted ids:
+    SIM weight, MOS weight, length guard, its process id, the sha1 of its prompt pool's sorted ids:
     ``ttsrl.reward.backends.base.prompt_pool_sha1``, so a zero-shot run can require a server whose
     PROMPT_IDs are its rows'), else a sentence naming what it serves and what was asked."""
     try:
@@ -122,7 +123,9 @@ def identity_mismatches(meta: dict, expect: dict[str, str]) -> list[str]:
 
 
 def _same(key: str, served, asked: str) -> bool:
-    if key == "sim_weight":  # a number however it was spelled (0, 0.0, "0.1")
+    if key == "mos_weight" and served is None:  # a server older than the MOS term scores without it
+        served = 0.0
+    if key in ("sim_weight", "mos_weight"):  # a number however it was spelled (0, 0.0, "0.1")
         try:
             return float(served) == float(asked)
         except (TypeError, ValueError):

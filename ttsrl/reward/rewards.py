@@ -7,6 +7,7 @@
                                        (a Reward each: its function and what it needs)
     length_term                     -> the length/finish term (0 for a rollout that never ended)
     WEIGHTS / sim_weight_of         -> the named weightings of the combined reward
+    naturalness_term                -> DNSMOS OVRL on the reward's 0..1 scale (the MOS term)
 
 The reward terms, per rollout, each reported on its own (the server's
 CER_REWARDS, SIMS, LENGTH_REWARDS outputs; ``compute_score``'s keys ``cer``, ``sim``, ``length``):
@@ -16,14 +17,17 @@ CER_REWARDS, SIMS, LENGTH_REWARDS outputs; ``compute_score``'s keys ``cer``, ``s
     length  l = 0 for a rollout that hit the response limit without end of speech (unfinished);
                 0 for an empty one; else the length guard's factor min(1, ratio/0.5, 2/ratio)^2
                 (1 inside the band [0.5, 2] of generated / expected codes)
+    mos     q = naturalness_term(DNSMOS OVRL) = (OVRL - 1) / 4 clipped to [0, 1] (measured by the
+                server only with a MOS weight; it reports OVRL itself as MOS_OVRLS, ``compute_score``'s ``mos``)
 
-and the combined reward the run trains on (``score``, the server's REWARDS), with SIM weight w:
+and the combined reward the run trains on (``score``, the server's REWARDS), with SIM weight w and
+MOS weight m (a term not measured, s or q, adds nothing):
 
-    score = l * r + w * s     for a finished rollout (today's reward: the guarded error-rate reward + w SIM)
-    score = 0                 for an unfinished one (Magpie-TTS: zero reward for an unfinished output)
+    score = l * r + w * s + m * q   for a finished rollout (today's reward: the guarded error-rate reward + w SIM)
+    score = 0                       for an unfinished one (Magpie-TTS: zero reward for an unfinished output)
 
-With the length guard off (``--no-length-guard``: the reference recipe exactly) the score is r + w s
-whatever the length or finish (the length term is still reported). Named weightings (``WEIGHTS``):
+With the length guard off (``--no-length-guard``: the reference recipe exactly) the score is
+r + w s + m q whatever the length or finish (the length term is still reported). Named weightings (``WEIGHTS``):
 ``cer`` (w = 0, the default: the CosyVoice2 reference recipe's CER-only reward) and ``glm_tts``
 (w = 0.1: GLM-TTS's CER weight 1, SIM weight 0.1). ``--algorithm gdpo`` trains on the three terms
 instead (each normalised in its group, then summed), not on the score.
@@ -125,14 +129,20 @@ WEIGHTS: dict[str, Weighting] = {
 }
 
 
+def check_weight(name: str, weight: float | None) -> None:
+    """ValueError naming the option ``name`` unless ``weight`` is None (not given) or a finite number
+    >= 0 (a negative weight would reward the opposite of its term, NaN would poison every reward)."""
+    if weight is not None and not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {weight}")
+
+
 def sim_weight_of(weights: str | None, sim_weight: float | None) -> float | None:
     """The SIM weight a named weighting and/or an explicit weight ask for (None: neither given).
     Both given and different: ValueError naming both; an unknown name: ValueError naming the choices."""
     if weights is not None and weights not in WEIGHTS:
         raise ValueError(f"unknown reward weights {weights!r}; choose one of {sorted(WEIGHTS)}")
     named = WEIGHTS[weights].sim_weight if weights is not None else None
-    if sim_weight is not None and not (math.isfinite(sim_weight) and sim_weight >= 0):
-        raise ValueError(f"sim_weight must be a finite number >= 0, got {sim_weight}")
+    check_weight("sim_weight", sim_weight)
     if named is not None and sim_weight is not None and sim_weight != named:
         raise ValueError(f"reward weights {weights!r} mean SIM weight {named:g}, but SIM weight {sim_weight:g} "
                          "is also given: give one of them")
@@ -141,6 +151,17 @@ def sim_weight_of(weights: str | None, sim_weight: float | None) -> float | None
 
 def weights_help() -> str:
     return "; ".join(f"{name}: SIM weight {w.sim_weight:g}, {w.source}" for name, w in WEIGHTS.items())
+
+
+def naturalness_term(ovrl: float) -> float:
+    """The MOS term q of a DNSMOS P.835 OVRL score: (OVRL - 1) / 4, clipped to [0, 1].
+
+    DNSMOS predicts a 1..5 opinion score while the CER term lives in [0, 1] and SIM is at most 1:
+    on the raw scale a MOS weight would mean about four times what the same SIM weight means, and
+    DNSMOS's floor of 1 would add a constant to every reward. Mapped onto 0..1, a weight m moves a
+    reward by at most m, as SIM's weight does. The clip: DNSMOS's output polynomial can stray a
+    little past 1 or 5, and the reward must stay inside the range the server advertises."""
+    return min(1.0, max(0.0, (ovrl - 1.0) / 4.0))
 
 
 # ---------------------------------------------------------------------------

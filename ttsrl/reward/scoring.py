@@ -29,6 +29,7 @@ from ttsrl.reward.rewards import (
     expected_tokens,
     length_ratio,
     length_term,
+    naturalness_term,
 )
 from ttsrl.text import error_counts
 
@@ -50,20 +51,25 @@ class Scored:
     finished: bool | None = None  # ended with end of speech (None: not known)
 
 
-def combined_reward(cer_reward: float, sim: float | None, sim_weight: float) -> float:
+def combined_reward(cer_reward: float, sim: float | None, sim_weight: float,
+                    ovrl: float | None = None, mos_weight: float = 0.0) -> float:
     """The reward with speaker similarity, GLM-TTS style: the error-rate term plus
-    ``sim_weight`` x SIM (GLM-TTS weighs SIM 0.1). ``sim_weight`` 0 is the error-rate
-    reward itself; an utterance whose SIM could not be measured (under 25 ms of audio)
-    gets no SIM term."""
-    if sim_weight == 0.0 or sim is None:
-        return cer_reward
-    return cer_reward + sim_weight * sim
+    ``sim_weight`` x SIM (GLM-TTS weighs SIM 0.1), plus ``mos_weight`` x the naturalness term of
+    DNSMOS OVRL ``ovrl`` (:func:`~ttsrl.reward.rewards.naturalness_term`). Weights 0 give the
+    error-rate reward itself; an utterance whose SIM or OVRL could not be measured (too little
+    audio, or none) gets no term of it."""
+    value = cer_reward
+    if sim_weight != 0.0 and sim is not None:
+        value += sim_weight * sim
+    if mos_weight != 0.0 and ovrl is not None:
+        value += mos_weight * naturalness_term(ovrl)
+    return value
 
 
 def finish(scored: Scored, finished: bool | None, length_guard: bool = True) -> Scored:
     """``scored`` for a rollout whose end is known: ``finished`` False (it hit the response limit
     without end of speech) makes its length term ``UNFINISHED_LENGTH_TERM`` (0) and, with the
-    length guard on, its reward 0 (no SIM term either: an unending rollout earns nothing). True or
+    length guard on, its reward 0 (no SIM or MOS term either: an unending rollout earns nothing). True or
     None (not known): unchanged. The one place the finish rule is applied (the reward server,
     for the FINISHED input)."""
     if finished is None:
@@ -75,13 +81,14 @@ def finish(scored: Scored, finished: bool | None, length_guard: bool = True) -> 
 
 
 def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts: Sequence[str], *,
-                reward: str = "tanh", length_guard: bool = True, sim_weight: float = 0.0,
+                reward: str = "tanh", length_guard: bool = True, sim_weight: float = 0.0, mos_weight: float = 0.0,
                 prompt_wavs: Sequence[str | None] | None = None,
                 prompt_ids: Sequence[str | None] | None = None) -> list[Scored]:
     """Transcribe a batch of code sequences and score each against its text: the reward (the
-    guarded error-rate reward plus ``sim_weight`` x SIM) and its terms (``cer_term``, ``sim``,
-    ``length_term``; their definitions: ``ttsrl.reward.rewards``), for a rollout not known to be
-    unfinished (:func:`finish` applies that). ``sim_weight``: see :func:`combined_reward` (needs the pipeline's ``want_sim``).
+    guarded error-rate reward plus ``sim_weight`` x SIM plus ``mos_weight`` x the naturalness term) and
+    its terms (``cer_term``, ``sim``, ``mos``, ``length_term``; their definitions: ``ttsrl.reward.rewards``),
+    for a rollout not known to be unfinished (:func:`finish` applies that). The weights: see
+    :func:`combined_reward` (they need the pipeline's ``want_sim``, its ``naturalness``).
     ``prompt_wavs``: per sequence, the speaker wav token2wav voices (zero-shot test sets);
     ``prompt_ids``: per sequence, the prompt pool's speaker (the reward server's PROMPT_ID)."""
     wavs = list(prompt_wavs) if prompt_wavs is not None and any(prompt_wavs) else None
@@ -94,7 +101,8 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
             continue
         r = compute_reward(reward, text, tr.text, asr_logprob=tr.asr_logprob,
                            n_tokens=len(c) if length_guard else None, token_rate=pipeline.token_rate)
-        value = combined_reward(float(r.reward), tr.sim, sim_weight)
+        value = combined_reward(float(r.reward), tr.sim, sim_weight, None if tr.mos is None else tr.mos.ovrl,
+                                mos_weight)
         if not math.isfinite(value):
             raise ValueError(f"reward {reward} gave {value} for {text!r}")
         length = (r.length_factor if length_guard  # the guard's factor, already computed

@@ -9,7 +9,8 @@ list gets reward 0 by definition; a full queue answers 503 with ``Retry-After``.
 Speakers: a request without PROMPT_ID is voiced by the prompt the pipeline picks from its text
 (``SpeechPipeline.prompt_for``); one with PROMPT_ID by that prompt of the pool (the stems of
 ``--prompt-dir``'s wavs; cosyvoice2/cosyvoice3), and its SIM (``--want-sim``/``--sim-weight``) is
-measured against that prompt wav. An id the pool lacks is refused before it is queued (422, naming
+measured against that prompt wav; ``--mos-weight`` adds the naturalness term of its DNSMOS OVRL
+(MOS_OVRLS). An id the pool lacks is refused before it is queued (422, naming
 it and how many ids the server knows); backends without a pool (sim, whisper) know none. When the
 prompt folder also holds ``prompt_speech_tokens.jsonl`` (``scripts/prompt_tokens.py``'s, the speech
 tokens stage 0 puts in zero-shot rows), every id in it must be a wav of the folder: the server
@@ -56,7 +57,15 @@ from ttsrl.reward.protocol import (
     model_metadata,
     reward_range,
 )
-from ttsrl.reward.rewards import REWARDS, WEIGHTS, reward_choices_help, reward_variant, sim_weight_of, weights_help
+from ttsrl.reward.rewards import (
+    REWARDS,
+    WEIGHTS,
+    check_weight,
+    reward_choices_help,
+    reward_variant,
+    sim_weight_of,
+    weights_help,
+)
 from ttsrl.reward.scoring import Scored, finish, score_codes
 from ttsrl.reward.triton_admin import model_config, repository_index
 from ttsrl.reward.triton_binary import EXTENSION, HEADER, encode_response
@@ -85,6 +94,10 @@ class ServerConfig:
                                     "needs a backend with a speaker model; 0: the error-rate reward alone)")
     weights: str | None = option(None, choices=WEIGHTS, help="a named weighting of the combined reward, which sets "
                                                             "the SIM weight: " + weights_help())
+    mos_weight: float = option(0.0, metavar="W",
+                               help="add W x (DNSMOS OVRL - 1)/4, clipped to [0, 1], to the reward (naturalness; "
+                                    "measures DNSMOS P.835 of every utterance and returns OVRL as MOS_OVRLS when asked; "
+                                    "needs a backend that makes a waveform: not sim; 0: no naturalness term)")
     max_batch: int = option(32, help="most requests in one backend batch")
     max_delay_ms: float = option(10.0, help="longest wait after the oldest queued request before a batch runs")
     max_queue: int = option(4096, help="requests that may wait; beyond it the server answers 503 + Retry-After")
@@ -115,8 +128,8 @@ class ServerConfig:
             raise ValueError("max_delay_ms and max_connections must be >= 0")
         if self.idle_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("idle_timeout_s and body_timeout_s must be > 0")
-        if not (math.isfinite(self.sim_weight) and self.sim_weight >= 0):
-            raise ValueError(f"sim_weight must be a finite number >= 0, got {self.sim_weight}")
+        check_weight("sim_weight", self.sim_weight)
+        check_weight("mos_weight", self.mos_weight)
         if self.weights is not None:  # the named weighting sets the weight; a different explicit one is refused
             self.sim_weight = sim_weight_of(self.weights, self.sim_weight or None)
         self.backend.validate()
@@ -124,6 +137,10 @@ class ServerConfig:
     @property
     def measures_sim(self) -> bool:
         return self.want_sim or self.sim_weight > 0
+
+    @property
+    def measures_mos(self) -> bool:
+        return self.mos_weight > 0
 
 
 # ---------------------------------------------------------------------------
@@ -242,6 +259,8 @@ class RewardServer:
                              "an ASR that scores text (e.g. whisper) and want_score on")
         if self.cfg.measures_sim:
             self._measure_sim()
+        if self.cfg.measures_mos:
+            self._measure_mos()
         self._check_prompt_pool()
         # warm up every replica (lazy imports, dictionaries, kernels) before saying ready
         await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(
@@ -250,8 +269,9 @@ class RewardServer:
                                on_split=self.metrics.batches_split.inc)
         self.batcher.start()
         self.ready = True
-        log.info("reward server ready: %s, reward %s%s", ", ".join(p.name for p in self.pipelines), self.cfg.reward,
-                 f", SIM weight {self.cfg.sim_weight:g}" if self.cfg.measures_sim else "")
+        log.info("reward server ready: %s, reward %s%s%s", ", ".join(p.name for p in self.pipelines), self.cfg.reward,
+                 f", SIM weight {self.cfg.sim_weight:g}" if self.cfg.measures_sim else "",
+                 f", MOS weight {self.cfg.mos_weight:g}" if self.cfg.measures_mos else "")
 
     def _measure_sim(self) -> None:
         """Turn on speaker similarity in every replica; refuse a backend without a speaker model."""
@@ -262,6 +282,19 @@ class RewardServer:
                              "(cosyvoice2 and cosyvoice3 have one: campplus.onnx; kokoro: Resemblyzer); start without it")
         for p in self.pipelines:
             p.want_sim = True
+
+    def _measure_mos(self) -> None:
+        """Give every replica a DNSMOS (as the pipeline's ``want_mos`` does); refuse a backend whose
+        audio has no waveform, which DNSMOS cannot hear (its MOS term would be 0 on every rollout)."""
+        lacking = sorted({p.token2wav.name for p in self.pipelines if not p.token2wav.has_waveform})
+        if lacking:
+            raise ValueError(f"--mos-weight {self.cfg.mos_weight:g} needs audio with a waveform, and backend "
+                             f"{', '.join(lacking)} makes none (every other backend does); start without it")
+        from ttsrl.reward.backends.naturalness import DNSMOS
+
+        for p in self.pipelines:
+            if p.naturalness is None:
+                p.naturalness = DNSMOS(self.cfg.backend.cpu_threads)
 
     @property
     def prompt_ids(self) -> list[str]:
@@ -317,7 +350,7 @@ class RewardServer:
               prompt_ids: list[str | None] | None = None) -> list[Scored]:
         """Score one batch (runs in a worker thread); ``prompt_ids[i]``: item i's PROMPT_ID or None."""
         return score_codes(pipeline, codes, texts, reward=self.cfg.reward, length_guard=self.cfg.length_guard,
-                           sim_weight=self.cfg.sim_weight, prompt_ids=prompt_ids)
+                           sim_weight=self.cfg.sim_weight, mos_weight=self.cfg.mos_weight, prompt_ids=prompt_ids)
 
     def _score_counted(self, pipeline: SpeechPipeline, codes: list[list[int]], texts: list[str],
                        prompt_ids: list[str | None] | None = None) -> list[Scored]:
@@ -405,8 +438,9 @@ class RewardServer:
                     backend_name=b.backend, asr=b.asr, model_dir=b.model_dir, pid=os.getpid(),
                     max_batch_size=self.cfg.max_batch, max_tokens=self.cfg.max_tokens,
                     measures_sim=self.cfg.measures_sim, sim_weight=self.cfg.sim_weight,
+                    measures_mos=self.cfg.measures_mos, mos_weight=self.cfg.mos_weight,
                     length_guard=self.cfg.length_guard, family=self.cfg.family,
-                    reward_range=list(reward_range(self.cfg.sim_weight)),
+                    reward_range=list(reward_range(self.cfg.sim_weight, self.cfg.mos_weight)),
                     prompt_ids=len(self.prompt_ids), prompt_pool_sha1=prompt_pool_sha1(self.prompt_ids))
         return _json(meta)
 
@@ -417,6 +451,7 @@ class RewardServer:
             max_queue=self.cfg.max_queue, devices=[p.device for p in self.pipelines],
             parameters={"reward": self.cfg.reward, "backend": ", ".join(p.name for p in self.pipelines),
                         "sim_weight": f"{self.cfg.sim_weight:g}", "measures_sim": str(self.cfg.measures_sim).lower(),
+                        "mos_weight": f"{self.cfg.mos_weight:g}",
                         "max_tokens": str(self.cfg.max_tokens), "model_dir": self.cfg.backend.model_dir,
                         "prompt_ids": str(len(self.prompt_ids)), "prompt_pool_sha1": prompt_pool_sha1(self.prompt_ids)}))
 
@@ -481,7 +516,8 @@ class RewardServer:
         t_out = time.perf_counter_ns()
         resp = build_response(self.cfg.model_name, result.reward, result.transcript, result.error_rate,
                               req.rid, req.wanted, self._sim_output(result.sim), self.cfg.sim_weight,
-                              self.cfg.reward, req.prompt_id, result.cer_term, result.length_term)
+                              self.cfg.reward, req.prompt_id, result.cer_term, result.length_term,
+                              None if result.mos is None else result.mos.ovrl, self.cfg.mos_weight)
         data, json_length = encode_response(resp, req.binary_outputs)
         triton.durations["compute_output"].add(time.perf_counter_ns() - t_out)
         if json_length is None:  # nothing asked for in binary: plain JSON

@@ -10,7 +10,7 @@ repository index, in the schemas Triton's protocol documents, so tools written f
 The configuration follows protobuf's JSON mapping as Triton prints it (64-bit integers such as
 ``dims`` are strings). Requests carry one item each ([1, N] tensors: batch 1 with
 ``max_batch_size`` > 0), and the server batches them dynamically, as a Triton model with
-``dynamic_batching`` does. ttsrl's own settings (reward variant, backend, SIM weight) travel as
+``dynamic_batching`` does. ttsrl's own settings (reward variant, backend, SIM and MOS weights) travel as
 the configuration's ``parameters``.
 
 Statistics count what Triton counts: ``inference_count`` items scored, ``execution_count``

@@ -26,7 +26,7 @@ from typing import Mapping, Optional
 
 from ttsrl.cli import option, option_fields
 from ttsrl.reward.backends import BACKENDS
-from ttsrl.reward.rewards import REWARDS, WEIGHTS, sim_weight_of, weights_help
+from ttsrl.reward.rewards import REWARDS, WEIGHTS, check_weight, sim_weight_of, weights_help
 from ttsrl.train import cluster
 from ttsrl.train.algorithms import ALGORITHMS, DAPO_OVERLONG_SHARE, SAMPLINGS, own_policy_loss
 
@@ -152,6 +152,10 @@ class GRPOConfig:
                                               "--sim-weight): every server must serve it, checked before verl starts, "
                                               "and the reward function refuses an answer combined with another; none: the "
                                               "weight of --reward-weights, else what the servers serve")
+    mos_weight: Optional[float] = option(None,
+                                         help="the MOS (naturalness) weight of the combined reward this run trains on "
+                                              "(the servers' --mos-weight): checked like --sim-weight; none: what the "
+                                              "servers serve")
     reward_backend: Optional[str] = option(None, choices=BACKENDS,
                                            help="the speech backend the reward servers must serve; none: any")
     reward_urls: Optional[str] = option(None, help="the reward servers, comma-separated (one road: verl's reward_kwargs "
@@ -261,6 +265,7 @@ class GRPOConfig:
                              "directory: use an absolute path on a filesystem every node mounts")
 
         sim_weight_of(self.reward_weights, self.sim_weight)  # ValueError: unknown name, bad or conflicting weight
+        check_weight("mos_weight", self.mos_weight)
         shadowed = self.shadowed_overrides()
         if shadowed:
             raise ValueError("; ".join(shadowed))
@@ -365,6 +370,7 @@ class GRPOConfig:
             *(f"+reward.custom_reward_function.reward_kwargs.{key}={v(value)}"
               for key, value in (("urls", self.reward_urls), ("expect_reward", self.reward),
                                  ("expect_sim_weight", self.expected_sim_weight),
+                                 ("expect_mos_weight", self.mos_weight),
                                  # the budget tells the reward function an unfinished response (client.is_finished)
                                  ("max_response_length", self.max_response_length)) if value is not None),
             f"reward.reward_manager.name={self.reward_manager}",

@@ -12,7 +12,8 @@ This module adds, for every key of ``LOGGED_KEYS`` that the step's rollouts carr
 ``reward/<key>/mean`` (the mean over the step's rollouts, padding excluded) to the step's
 metrics, so they reach every logger verl drives (console line, TensorBoard, wandb):
 ``reward/cer/mean``, ``reward/sim/mean``, ``reward/length/mean``, ``reward/unfinished/mean`` (the
-share of rollouts that hit the response limit), ``reward/sim_measured/mean`` and
+share of rollouts that hit the response limit), ``reward/sim_measured/mean``, ``reward/mos/mean`` and
+``reward/mos_measured/mean`` (DNSMOS OVRL, from a server with a MOS weight) and
 ``reward/reward_failed/mean``. The patches are applied when verl's trainer modules are
 imported (an import hook: importing them here would cost every verl process seconds).
 
@@ -51,7 +52,7 @@ from ttsrl.atomic import atomic_write_text
 log = logging.getLogger("ttsrl.verl_plugin")
 
 #: the reward function's numeric keys logged per step (ttsrl.reward.client's compute_score)
-LOGGED_KEYS = ("cer", "sim", "length", "unfinished", "sim_measured", "reward_failed")
+LOGGED_KEYS = ("cer", "sim", "length", "unfinished", "sim_measured", "mos", "mos_measured", "reward_failed")
 METRIC = "reward/{key}/mean"
 _MARK = "_ttsrl_reward_metrics"
 _warned: set[str] = set()

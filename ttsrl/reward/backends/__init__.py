@@ -53,7 +53,7 @@ class BackendConfig:
                               help="ask the ASR for the log-likelihood of the reference text")
     want_sim: bool = option(False, cli=False,  # stage 4; the server: --want-sim/--sim-weight
                             help="measure speaker similarity to the prompt")
-    want_mos: bool = option(False, cli=False,  # stage 4 turns it on (ttsrl.eval.evaluate.scoring_backend)
+    want_mos: bool = option(False, cli=False,  # stage 4 (evaluate.scoring_backend); the server: --mos-weight
                             help="measure naturalness (DNSMOS P.835) of each utterance with a waveform")
     whisper_fit_window: bool = option(False, help="Whisper encodes only the seconds the batch's longest audio "
                                       "needs (+1), not its 30 s training window: about 5x less Whisper time on "

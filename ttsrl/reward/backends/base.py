@@ -100,6 +100,8 @@ class Token2Wav(ABC):
     token_rate: float
     #: whether ``speaker_similarity`` measures anything (a speaker model: CosyVoice2's campplus)
     has_speaker_model: bool = False
+    #: whether its audio is a waveform (what naturalness, DNSMOS, hears; the simulated codec's is codes)
+    has_waveform: bool = True
 
     @property
     def prompts(self) -> Sequence[SpeakerPrompt]:

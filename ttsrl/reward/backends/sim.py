@@ -36,6 +36,7 @@ class SimToken2Wav(Token2Wav):
     the backend has no speakers to compare with (no SIM, no prompt ids): text-only rows."""
 
     name = "sim"
+    has_waveform = False  # its audio is the codes themselves
 
     def __init__(self, prompt_dir: str | None = None):
         from ttsrl.embedded import codec, speakers
