@@ -444,6 +444,7 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
     gens = [Generated(codes=codec.encode(u.text), stopped=True) for u in utts[:1]] + [Generated()]
     rows = score(pipeline, utts, gens, wav_dir=tmp_path / "wavs")
     assert rows[0]["cer_errors"] == 0 and rows[1]["failure"]
+    assert rows[0]["reading_error"] is None  # a codec's tokens have no one right reading to check
     wavs = sorted(p.name for p in (tmp_path / "wavs").iterdir())
     assert wavs == ["a_1.wav"]  # a failure has no audio; ids are made file-safe
     with wave.open(str(tmp_path / "wavs" / "a_1.wav")) as w:

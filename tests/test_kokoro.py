@@ -112,6 +112,45 @@ def test_whisper_reads_right_phonemes_better_than_scrambled_ones(pipeline, g2p):
     assert all(o.sim is not None and o.mos is not None for o in out)
 
 
+def test_stage_4_reports_the_lms_reading_error_against_the_g2p(pipeline, g2p, tmp_path):
+    """The codes' phoneme edit errors against misaki's reading of the text (voice tokens dropped): 0
+    for the right reading, the edit distance for a wrong syllable, all of it for nothing said; stage 4
+    carries it per utterance, with its interval and paired change, into the report and the plot."""
+    from ttsrl.data.testsets import Utterance
+    from ttsrl.eval.evaluate import score
+    from ttsrl.eval.report import (
+        RESULTS_FILE,
+        SUMMARY_FILE,
+        plot_terms,
+        summarize,
+        write_json,
+        write_jsonl,
+        write_sweep,
+    )
+    from ttsrl.model.generate import Generated
+
+    vocab, t2w = load_vocab(), pipeline.token2wav
+    right = vocab.encode(g2p("外面正在下大雨。"), voice="jf_alpha")
+    assert t2w.reading_errors(right, "外面正在下大雨。") == (0, len(right) - 1)
+    wrong = vocab.encode(g2p("外面正在下小雨。"), voice="jf_alpha")  # 大 -> 小: one syllable read wrong
+    errors, n = t2w.reading_errors(wrong, "外面正在下大雨。")
+    assert 0 < errors <= 4 and n == len(right) - 1
+    assert t2w.reading_errors([], "外面正在下大雨。") == (n, n)
+    assert t2w.reading_errors(right, "WiFi 坏了") is None  # the G2P does not read Latin letters
+    utts = [Utterance(f"u{i}", t, prompt_id="jm_kumo") for i, t in enumerate(TEXTS[:2])]
+    for step, texts in ((0, ("外面正在下小雨。", "我们下午三点开会。")), (5, TEXTS[:2])):  # step 5 reads both right
+        rows = score(pipeline, utts, [Generated(codes=vocab.encode(g2p(t)), stopped=True) for t in texts])
+        assert (rows[0]["reading_error"] > 0) == (step == 0) and rows[1]["reading_error"] == 0
+        where = tmp_path / f"step_{step}" / "test"
+        write_jsonl(where / RESULTS_FILE, rows)
+        write_json(where / SUMMARY_FILE, {**summarize(rows, resamples=200), "step": step, "test_set": "test",
+                                          "settings": {"backend": "kokoro"}})
+    swept = write_sweep(tmp_path, {0: tmp_path, 5: tmp_path}, ["test"], resamples=200)
+    assert swept[1]["reading_error_mean"] == 0 and swept[1]["reading_error_vs_start"]["diff"] < 0
+    assert "reading error (0-1)" in (tmp_path / "report.md").read_text()
+    assert "reading_error_mean" in plot_terms(swept, tmp_path / "t.png")
+
+
 @pytest.mark.slow  # 5 voices x (3 reference utterances + 1 test utterance) through Kokoro and Resemblyzer: ~20 s
 def test_resemblyzer_ranks_the_rows_voice_first_and_sees_a_voice_token(pipeline, g2p):
     t2w, vocab = pipeline.token2wav, load_vocab()

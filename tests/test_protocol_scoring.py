@@ -115,7 +115,8 @@ def test_the_result_row_of_a_success_and_of_each_failure_comes_from_scoring():
         assert row == {"length_ratio": None, "transcript": "", "cer_errors": n, "ref_len": n,
                        "pinyin_errors": error_counts(text, "", "pinyin")[1],
                        "pinyin_ref_len": error_counts(text, "", "pinyin")[1], "reward": 0.0, "failure": True,
-                       "sim": None, "mos_ovrl": None, "mos_sig": None, "mos_bak": None, "error": why}
+                       "sim": None, "mos_ovrl": None, "mos_sig": None, "mos_bak": None, "reading_errors": None,
+                       "reading_ref_len": None, "reading_error": None, "error": why}
     rows = score(pipeline, [Utterance("a", text), Utterance("b", text)],
                  [Generated(codes=list(codes)), Generated(codes=[], error="CUDA out of memory")])
     for row, expect in zip(rows, [ok, result_row(pipeline, text, 0, None, "CUDA out of memory")]):

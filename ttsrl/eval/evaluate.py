@@ -59,7 +59,8 @@ from ttsrl.reward.backends import BackendConfig
 from ttsrl.reward.rewards import REWARDS, reward_choices_help, reward_variant
 from ttsrl.stats import DEFAULT_RESAMPLES
 
-SCHEMA_VERSION = 5  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim; 5: DNSMOS
+SCHEMA_VERSION = 6  # 2: per-utterance Seed-TTS rates, intervals, seeds; 3: length ratio; 4: speaker sim; 5: DNSMOS;
+#                    6: the LM's reading error (kokoro)
 
 # ---------------------------------------------------------------------------
 # requests and scoring
@@ -91,7 +92,7 @@ def score(pipeline, utts: Sequence[Utterance], gens: Sequence[Generated], *, rew
     rows = []
     for i, (u, g) in enumerate(zip(utts, gens)):
         row = {"id": u.id, "text": u.text, "n_codes": len(g.codes), "stopped": g.stopped,
-               **result_row(pipeline, u.text, len(g.codes), scored.get(i), g.error)}
+               **result_row(pipeline, u.text, len(g.codes), scored.get(i), g.error, codes=g.codes)}
         u_score = score_utterance(u.text, row["transcript"], lang)
         row.update(utt_errors=u_score.errors, utt_ref_len=u_score.ref_len, utt_rate=u_score.rate,
                    utt_unit=u_score.unit)

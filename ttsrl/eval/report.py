@@ -95,6 +95,7 @@ def summarize(rows: Sequence[dict], *, resamples: int = DEFAULT_RESAMPLES) -> di
     out.update(sim_summary(rows, resamples=resamples))
     for k in MOS_FIGURES:
         out.update(term_summary(rows, f"mos_{k}", resamples=resamples))
+    out.update(term_summary(rows, "reading_error", resamples=resamples))
     seeds = sorted({r.get("seed", 0) for r in rows})
     out["seeds"] = seeds
     if len(seeds) > 1:
@@ -154,7 +155,8 @@ def read_jsonl(path: Path) -> list[dict]:
 SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", "above_50", "ci", "lang",
               "utt_unit", "seeds", "seed_spread", "pinyin_error", "reward", "length_ratio_mean", "length_ratio_ci", "n", "failures",
               "sim_mean", "sim_n", "sim_ci",
-              *(f"mos_{k}_{x}" for k in MOS_FIGURES for x in ("mean", "n", "ci")))
+              *(f"mos_{k}_{x}" for k in MOS_FIGURES for x in ("mean", "n", "ci")),
+              "reading_error_mean", "reading_error_n", "reading_error_ci")
 
 
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
@@ -165,7 +167,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     from ttsrl.train.steps import choose_step
 
     roles = roles or {}
-    rows, tables, settings, sims, moss = [], {}, {}, {}, {}
+    rows, tables, settings, sims, moss, reads = [], {}, {}, {}, {}, {}
     for step in sorted(models):
         for name in names:
             where = pair_dir(out_dir, step, name)
@@ -179,6 +181,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
                 tables[(step, name)] = UttTable.from_rows(results)
             sims[(step, name)] = sim_by_utt(results)
             moss[(step, name)] = by_utt(results, "mos_ovrl")
+            reads[(step, name)] = by_utt(results, "reading_error")
             settings[(step, name)] = s.get("settings")
             base = tables.get((0, name))
             if step != 0 and base is not None and (step, name) in tables:
@@ -189,6 +192,8 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
                                                       resamples=resamples)
                     row["mos_ovrl_vs_start"] = paired_mean(moss[(step, name)], moss.get((0, name), {}),
                                                            resamples=resamples)
+                    row["reading_error_vs_start"] = paired_mean(reads[(step, name)], reads.get((0, name), {}),
+                                                                resamples=resamples)
                 else:  # a difference of decoding settings is no difference of models
                     row["vs_start_note"] = "not compared: the start model was scored with other settings"
             rows.append(row)
@@ -269,6 +274,12 @@ MOS_NOTE = ("DNSMOS OVRL: mean over utterances of DNSMOS P.835's predicted overa
             "know what was said. SIG and BAK are in summary.json.")
 
 
+READING_NOTE = ("Reading error: mean over utterances of the edit distance between the generated phoneme codes (voice "
+                "tokens dropped) and misaki's phonemes of the text, over the latter's length (the reading the LM was "
+                "taught; no voice, no ASR), Δ vs start: paired bootstrap. It shows what the LM wrote; the CER adds "
+                "what the voice and Whisper make of it.")
+
+
 def _delta(r: dict, m: str) -> tuple[str, str]:
     v = (r.get("vs_start") or {}).get(m)
     if not v:
@@ -286,11 +297,14 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
     rule = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     with_sim = any(r.get("sim_mean") is not None for r in rows)
     with_mos = any(r.get("mos_ovrl_mean") is not None for r in rows)
+    with_reading = any(r.get("reading_error_mean") is not None for r in rows)
     sim_label, sim_note = sim_model(rows)
     if with_sim:
         head, rule = head + f" SIM ({sim_label}) [95% CI] |", rule + "---:|"
     if with_mos:
         head, rule = head + " DNSMOS OVRL [95% CI] |", rule + "---:|"
+    if with_reading:
+        head, rule = head + " reading error (0-1) [95% CI] |", rule + "---:|"
     head += "\n" + rule
     lines = [head]
     chosen = choice["step"] if choice and choice.get("step") is not None else None
@@ -303,7 +317,8 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
                      f"| {r['reward']:.3f} | {_ratio(r.get('length_ratio_mean'))} | {r['n']} | {r['failures']} "
                      f"| {r.get('rule', '?')} "
                      f"| {r.get('min_ratio', '?')}/{r.get('max_ratio', '?')} |"
-                     + (f" {_sim(r)} |" if with_sim else "") + (f" {_term(r, 'mos_ovrl', 2)} |" if with_mos else ""))
+                     + (f" {_sim(r)} |" if with_sim else "") + (f" {_term(r, 'mos_ovrl', 2)} |" if with_mos else "")
+                     + (f" {_term(r, 'reading_error')} |" if with_reading else ""))
     notes = [f"Headline: `{h}`, {NAMES[h]}; also `{other}`, {NAMES[other]}. Error rates are CER on "
              "Chinese sets, WER on English ones (syllables under the simulated ASR). Brackets: bootstrap "
              "95% interval over utterances; Δ: this step minus the start model on the same utterances "
@@ -318,6 +333,8 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
         notes.append(NO_SIM_NOTE)
     if with_mos:
         notes.append(MOS_NOTE)
+    if with_reading:
+        notes.append(READING_NOTE)
     if choice:
         notes.append(choice["reason"] + (" `*` marks it." if chosen is not None else ""))
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
@@ -328,6 +345,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
 #: measure (SIM without a speaker model) has no panel.
 PLOT_TERMS = (("sim_mean", "sim_ci", "SIM (speaker similarity to the prompt)", 1.0),
               ("mos_ovrl_mean", "mos_ovrl_ci", "DNSMOS OVRL (predicted MOS)", 1.0),
+              ("reading_error_mean", "reading_error_ci", "reading error (% of the G2P's phonemes)", 100.0),
               ("length_ratio_mean", "length_ratio_ci", "length ratio (codes / expected)", 1.0))
 
 

@@ -113,29 +113,35 @@ def score_codes(pipeline: SpeechPipeline, codes: Sequence[Sequence[int]], texts:
 
 
 def result_row(pipeline: SpeechPipeline, text: str, n_codes: int, scored: Scored | None,
-               error: str | None = None) -> dict:
+               error: str | None = None, codes: Sequence[int] | None = None) -> dict:
     """The scoring columns of one utterance's result row (stage 4's ``results.jsonl``).
 
     Scored (``scored`` without a failure): the transcript, character and pinyin error
     counts against ``text``, the reward, speaker similarity ``sim`` (None where the
     backend has none), naturalness ``mos_ovrl``/``mos_sig``/``mos_bak`` (DNSMOS P.835; None where not
-    measured) and ``length_ratio`` (codes generated / codes expected for the
-    text at the backend's token rate: the length guard's ratio).
+    measured), ``length_ratio`` (codes generated / codes expected for the
+    text at the backend's token rate: the length guard's ratio) and, given ``codes`` and a
+    backend whose family has one right reading of a text (kokoro: misaki's phonemes),
+    ``reading_errors``/``reading_ref_len``/``reading_error`` (the codes' edit errors against it;
+    None elsewhere).
 
     A failure (``scored`` None: no output, or ``error`` from generation; or a scored
     failure): 100% error, that is errors = reference length in the unit the backend's
     transcripts are compared in (``pipeline.failure_unit``), reward 0, transcript "",
     ``sim`` and ``length_ratio`` None (no speech is a failure, not a ratio of 0), and
     ``error`` saying why."""
+    read = pipeline.token2wav.reading_errors(codes, text) if codes is not None else None
+    reading = {"reading_errors": None if read is None else read[0], "reading_ref_len": None if read is None else read[1],
+               "reading_error": None if read is None or not read[1] else read[0] / read[1]}
     if scored is not None and scored.failure is None and error is None:
         ce, cn = error_counts(text, scored.transcript, "char")
         pe, pn = error_counts(text, scored.transcript, "pinyin")
         return {"length_ratio": length_ratio(n_codes, text, pipeline.token_rate), "transcript": scored.transcript,
                 "cer_errors": ce, "ref_len": cn, "pinyin_errors": pe, "pinyin_ref_len": pn,
                 "reward": scored.reward, "failure": False, "error": None, "sim": scored.sim,
-                **{f"mos_{k}": None if scored.mos is None else getattr(scored.mos, k) for k in MOS_FIGURES}}
+                **{f"mos_{k}": None if scored.mos is None else getattr(scored.mos, k) for k in MOS_FIGURES}, **reading}
     _, cn = error_counts(text, "", pipeline.failure_unit)
     _, pn = error_counts(text, "", "pinyin")
     return {"length_ratio": None, "transcript": "", "cer_errors": cn, "ref_len": cn, "pinyin_errors": pn,
             "pinyin_ref_len": pn, "reward": 0.0, "failure": True, "sim": None, **{f"mos_{k}": None for k in MOS_FIGURES},
-            "error": error or (scored.failure if scored is not None else None) or NO_CODES}
+            **reading, "error": error or (scored.failure if scored is not None else None) or NO_CODES}

@@ -126,6 +126,13 @@ class Token2Wav(ABC):
                    prompts: Sequence[SpeakerPrompt | None]) -> list[Audio]:
         """One :class:`Audio` per code sequence; ``prompts[i]`` None = default."""
 
+    def reading_errors(self, codes: Sequence[int], text: str) -> tuple[int, int] | None:
+        """(edit errors, reference length) of ``codes`` against the codes the family's own front end
+        gives ``text`` (the reading its LM was taught), or None for a backend without one (every
+        backend but kokoro: a codec's tokens have no one right sequence). Stage 4 reports it beside
+        the ASR's error: what the LM wrote, before a voice and an ASR add their own errors."""
+        return None
+
     def speaker_similarity(self, audios: Sequence[Audio],
                            prompts: Sequence[SpeakerPrompt]) -> list[float | None] | None:
         """Per audio, the similarity of its speaker to ``prompts[i]``'s (cosine of the

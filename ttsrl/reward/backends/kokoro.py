@@ -32,11 +32,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+import jiwer
 import numpy as np
 
 from ttsrl import knobs
 from ttsrl.atomic import atomic_path, atomic_write_text
-from ttsrl.families.kokoro.phonemes import DATA_DIST, INSTALL_HINT, VOICES_FILE, load_vocab
+from ttsrl.families.kokoro.phonemes import DATA_DIST, INSTALL_HINT, VOICES_FILE, MandarinG2P, load_vocab
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
 from ttsrl.wheel_parts import installed_file, join_verified
 
@@ -114,6 +115,7 @@ class KokoroToken2Wav(Token2Wav):
         self._lone = None  # a session on every thread, for an utterance that comes alone
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="kokoro")
         self._encoder = None  # Resemblyzer, loaded when SIM is first asked for
+        self._g2p = None  # misaki, loaded when a reading is first checked (stage 4)
         self._references: dict[str, np.ndarray] = {}
         self._ref_lock = threading.Lock()
 
@@ -159,6 +161,20 @@ class KokoroToken2Wav(Token2Wav):
             wavs = list(self._pool.map(lambda job: self._speak(*job), jobs))
         return [Audio(w, SAMPLE_RATE, codes=tuple(int(c) for c in codes), token_rate=TOKEN_RATE)
                 for w, codes in zip(wavs, batch)]
+
+    def reading_errors(self, codes, text):
+        """Phoneme edit errors of ``codes`` (voice tokens dropped) against misaki's phonemes of
+        ``text``, and the length of the latter; None for a text the G2P cannot read (Latin letters)."""
+        if not MandarinG2P.reads(text):
+            return None
+        if self._g2p is None:
+            self._g2p = MandarinG2P()
+        ref = [str(i) for i in self.vocab.split(self.vocab.encode(self._g2p(text)))[1]]
+        said = [str(i) for i in self.vocab.split(codes)[1]]
+        if not ref or not said:
+            return len(ref) or len(said), len(ref)
+        o = jiwer.process_words(" ".join(ref), " ".join(said))
+        return o.substitutions + o.deletions + o.insertions, len(ref)
 
     # ---- speaker model ---------------------------------------------------------------------
     def _embed(self, wav: np.ndarray) -> np.ndarray | None:
