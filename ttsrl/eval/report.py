@@ -345,7 +345,7 @@ def format_table(rows: Sequence[dict], choice: dict | None = None) -> str:
 #: measure (SIM without a speaker model) has no panel.
 PLOT_TERMS = (("sim_mean", "sim_ci", "SIM (speaker similarity to the prompt)", 1.0),
               ("mos_ovrl_mean", "mos_ovrl_ci", "DNSMOS OVRL (predicted MOS)", 1.0),
-              ("reading_error_mean", "reading_error_ci", "reading error (% of the G2P's phonemes)", 100.0),
+              ("reading_error_mean", "reading_error_ci", "reading error (% phonemes)", 100.0),
               ("length_ratio_mean", "length_ratio_ci", "length ratio (codes / expected)", 1.0))
 
 
