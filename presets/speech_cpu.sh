@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034
 # (sourced by run.sh, which reads these variables and derives the rest from EXP_DIR: `bash run.sh --help`)
-# Real speech on a 2-core laptop: PRESET=presets/speech_cpu.sh bash run.sh (about 36 min, docs/speech.md).
+# Real speech on a 2-core laptop: PRESET=presets/speech_cpu.sh bash run.sh (about 32 min, docs/speech.md).
 # A tiny LM of the kokoro family (ttsrl/families/kokoro/) is pretrained (stage -1) to read the corpus as
 # Kokoro's phonemes, misaki's Mandarin G2P its teacher, then GRPO-trained against the `kokoro` reward:
 # Kokoro-82M speaks each rollout in its row's voice (or the voice its first voice token names),
