@@ -159,6 +159,10 @@ SWEEP_KEYS = ("step", "model", "test_set", "cer", "cer_pooled", "cer_utt_mean", 
               "reading_error_mean", "reading_error_n", "reading_error_ci")
 
 
+#: per-utterance terms whose change from the start model each row reports (``<key>_vs_start``)
+PAIRED_TERMS = ("sim", "mos_ovrl", "reading_error")
+
+
 def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *, roles: dict[str, str] | None = None,
                 headline: str = "cer_utt_mean", resamples: int = DEFAULT_RESAMPLES) -> list[dict]:
     """report.md, summary.json and terms.png from the per-model summaries on disk.
@@ -167,7 +171,7 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
     from ttsrl.train.steps import choose_step
 
     roles = roles or {}
-    rows, tables, settings, sims, moss, reads = [], {}, {}, {}, {}, {}
+    rows, tables, settings, terms = [], {}, {}, {}
     for step in sorted(models):
         for name in names:
             where = pair_dir(out_dir, step, name)
@@ -179,21 +183,17 @@ def write_sweep(out_dir: Path, models: dict[int, Path], names: Sequence[str], *,
             results = read_jsonl(where / RESULTS_FILE) if (where / RESULTS_FILE).is_file() else []
             if results and all("utt_rate" in x for x in results):  # older schemas lack per-utterance rates
                 tables[(step, name)] = UttTable.from_rows(results)
-            sims[(step, name)] = sim_by_utt(results)
-            moss[(step, name)] = by_utt(results, "mos_ovrl")
-            reads[(step, name)] = by_utt(results, "reading_error")
+            terms[(step, name)] = {k: by_utt(results, k) for k in PAIRED_TERMS}
             settings[(step, name)] = s.get("settings")
             base = tables.get((0, name))
             if step != 0 and base is not None and (step, name) in tables:
                 if settings[(step, name)] == settings.get((0, name)):
                     row["vs_start"] = {m: paired(tables[(step, name)], base, m, resamples=resamples)
                                        for m in METRICS}
-                    row["sim_vs_start"] = paired_mean(sims[(step, name)], sims.get((0, name), {}),
-                                                      resamples=resamples)
-                    row["mos_ovrl_vs_start"] = paired_mean(moss[(step, name)], moss.get((0, name), {}),
+                    start = terms.get((0, name), {})
+                    for k in PAIRED_TERMS:
+                        row[f"{k}_vs_start"] = paired_mean(terms[(step, name)][k], start.get(k, {}),
                                                            resamples=resamples)
-                    row["reading_error_vs_start"] = paired_mean(reads[(step, name)], reads.get((0, name), {}),
-                                                                resamples=resamples)
                 else:  # a difference of decoding settings is no difference of models
                     row["vs_start_note"] = "not compared: the start model was scored with other settings"
             rows.append(row)
