@@ -72,7 +72,8 @@ PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embed
 # presets/speech_cpu.sh: the kokoro family's tiny LM against the real-speech reward on a 2-core CPU, where
 # scoring a rollout (Kokoro-82M + Whisper-base + Resemblyzer) takes about a second: 8 prompts x n=4
 # samples a step, 24 steps, two policy updates a step (mini-batches of 4 prompts x 4), rollouts at
-# temperature 1.0 and the embedded preset's top-p 0.95 (measured on 120 test sentences, one draw each:
+# temperature 1.0 and the embedded preset's top-p 0.95 (measured on 120 test sentences, one draw each, with
+# the earlier voice prompts, two of which the base model read badly:
 # 16 steps at 0.95 lowered CER by 7.9 points [-16.9, +0.2], 24 steps at stage 4's own 0.8 by 3.4
 # [-12.4, +4.3]; lr 1e-3 with four updates a step lost length and finish within 5 steps); phoneme
 # responses run to 104 codes (the longest training sentence: 102 phonemes, its voice token and the stop);
