@@ -85,7 +85,7 @@ reward_servers() {  # this machine's server started (or adopted, or used) and ev
   if (( STARTED_SERVER )); then ours=(--ours); fi
   local rc=0
   launch server up "${ours[@]}" -- "$PY" token2wav_asr_server.py --backend "$REWARD_BACKEND" \
-    --reward "$REWARD" --weights "$REWARD_WEIGHTS" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}" \
+    --reward "$REWARD" "${WEIGHT_ARGS[@]}" --port "$REWARD_PORT" --family "$MODEL_FAMILY" "${REWARD_ARGS[@]}" \
     || rc=$?
   # the pid file names the server this run stops, also when the check of the other servers failed
   [[ ! -f $SERVER_PID_FILE ]] || STARTED_SERVER=1

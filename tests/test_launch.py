@@ -337,3 +337,22 @@ def test_abbreviations_do_not_pass_the_one_road():
     with pytest.raises(SystemExit):
         server_identity(["p", "token2wav_asr_server.py", "--no-length"])
     assert server_identity(["p", "token2wav_asr_server.py", "--no-length-guard"])["length_guard"] == "False"
+
+
+def test_reward_weights_is_a_named_weighting_or_the_sim_weight_itself():
+    """REWARD_WEIGHTS=glm_tts reaches the server as --weights and train_grpo.py as --reward-weights; a
+    number is the SIM weight itself (a sweep over weights needs no name for each), --sim-weight to both,
+    and the server started with it publishes that weight as its identity; a negative or NaN weight is
+    refused before anything starts."""
+    named = resolve({"REWARD_WEIGHTS": "glm_tts"})
+    assert named.lists["WEIGHT_ARGS"] == ["--weights", "glm_tts"]
+    grpo = named.lists["GRPO_ARGS"]
+    assert grpo[grpo.index("--reward-weights") + 1] == "glm_tts" and "--sim-weight" not in grpo
+    own = resolve({"REWARD_WEIGHTS": "0.25"})
+    assert own.lists["WEIGHT_ARGS"] == ["--sim-weight", "0.25"]
+    grpo = own.lists["GRPO_ARGS"]
+    assert grpo[grpo.index("--sim-weight") + 1] == "0.25" and "--reward-weights" not in grpo
+    assert server_identity(["p", "token2wav_asr_server.py", *own.lists["WEIGHT_ARGS"]])["sim_weight"] == "0.25"
+    for bad in ("-0.1", "nan", "inf"):
+        with pytest.raises(settings.SettingsError, match=f"REWARD_WEIGHTS={bad}: expected a named weighting"):
+            resolve({"REWARD_WEIGHTS": bad})

@@ -78,6 +78,8 @@ Settings: the preset sets what differs between runs, each value as a default, `:
   extend {', '.join(EXTRAS.values())} (GRPO_EXTRA="--lr 5e-7": any train_grpo.py field).
   Derived from EXP_DIR when unset: HF_MODEL_DIR DATA_DIR CKPT_DIR MERGED_DIR EVAL_DIR EXPORT_PATH
   TENSORBOARD_DIR. Named variants: MODEL_FAMILY, REWARD, REWARD_WEIGHTS, ALGORITHM, SAMPLING.
+  REWARD_WEIGHTS is a named weighting (cer, glm_tts) or the SIM weight itself (REWARD_WEIGHTS=0.2: CER 1 +
+  SIM 0.2), passed to the reward server and to train_grpo.py alike.
   Several nodes (GRPO): NODE_IPS, NODE_RANK, GPUS_PER_NODE, JOIN_TIMEOUT_S, RAY_PORT, RAY_ADDRESS;
   a rehearsal on one machine: presets/multinode_sim.sh.
 
@@ -317,8 +319,23 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     if numbers:
         raise SettingsError([f"run.sh: {p}" for p in numbers])
     resolve_paths(r)
+    r.lists["WEIGHT_ARGS"] = weight_args(v["REWARD_WEIGHTS"])
     r.lists["GRPO_ARGS"] = grpo_args(r) + extras["GRPO_EXTRA"]
     return r
+
+
+def weight_args(weights: str) -> list[str]:
+    """The reward server's words for REWARD_WEIGHTS: ``--weights NAME`` for a named weighting (the server
+    checks the name), ``--sim-weight W`` for a number (a SIM weight of one's own, as a sweep over weights
+    needs); train_grpo.py takes ``--reward-weights`` in place of ``--weights``."""
+    try:
+        w = float(weights)
+    except ValueError:
+        return ["--weights", weights]
+    if not (w >= 0 and w != float("inf")):  # NaN fails w >= 0
+        raise SettingsError([f"REWARD_WEIGHTS={weights}: expected a named weighting (the reward server's "
+                             "--weights choices) or a SIM weight, a finite number >= 0"])
+    return ["--sim-weight", weights]
 
 
 def resolve_family(r: Resolved, name: str) -> None:
@@ -504,7 +521,8 @@ def grpo_args(r: Resolved) -> list[str]:
     out += ["--model-path", v["HF_MODEL_DIR"], "--train-files", f"{v['DATA_DIR']}/train.parquet",
             "--val-files", f"{v['DATA_DIR']}/test.parquet", "--checkpoint-dir", v["CKPT_DIR"],
             "--max-prompt-length", v["MAX_PROMPT_LENGTH"],
-            "--reward", v["REWARD"], "--reward-weights", v["REWARD_WEIGHTS"],
+            "--reward", v["REWARD"],
+            *[{"--weights": "--reward-weights"}.get(w, w) for w in r.lists["WEIGHT_ARGS"]],
             "--reward-backend", v["REWARD_BACKEND"], "--reward-urls", v["REWARD_URLS"]]
     if r.multi_node:
         out += ["--nnodes", v["NNODES"], "--n-gpus-per-node", v["GPUS_PER_NODE"]]
