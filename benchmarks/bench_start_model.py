@@ -16,6 +16,7 @@ the seed and the thread count (torch's kernels split sums by thread), so compare
 seeds on one machine, never one build each. About 7 min a build on one thread of a 2-core machine.
 
     .venv/bin/python benchmarks/bench_start_model.py --seeds 1234 99 --set tone_noise=0.1 --out /tmp/probe
+    .venv/bin/python benchmarks/bench_start_model.py --set model.num_hidden_layers=6 --out /tmp/probe6
 """
 
 import argparse
@@ -35,18 +36,24 @@ PRESET = {"prompt_prob": 0.7, "prompt_from": 0.25}  # presets/embedded.sh's BASE
 MODES = {"rule": {}, "no-redraw": {"tau_r": 10.0}, "top-1": {"top_k": 1, "tau_r": 10.0}}
 
 
+def _scalars(obj) -> list[str]:
+    return sorted(f.name for f in dataclasses.fields(obj) if isinstance(getattr(obj, f.name), (bool, int, float, str)))
+
+
 def recipe(sets: list[str], seed: int, threads: int) -> PretrainConfig:
+    """The preset's recipe with ``FIELD=VALUE`` overrides: a PretrainConfig field, or ``model.FIELD`` for the
+    tiny model's shape (``model.num_hidden_layers=6``)."""
     defaults = PretrainConfig()
-    scalars = sorted(f.name for f in dataclasses.fields(PretrainConfig)
-                     if isinstance(getattr(defaults, f.name), (bool, int, float, str)))
-    values = {**PRESET, "seed": seed, "threads": threads}
+    names = _scalars(defaults) + [f"model.{n}" for n in _scalars(defaults.model)]
+    values, shape = {**PRESET, "seed": seed, "threads": threads}, {}
     for item in sets:
         name, _, text = item.partition("=")
-        if name not in scalars or not text:
-            raise SystemExit(f"--set {item}: expected FIELD=VALUE with FIELD one of {', '.join(scalars)}")
-        default = getattr(defaults, name)
-        values[name] = text.lower() in ("1", "true") if isinstance(default, bool) else type(default)(text)
-    return PretrainConfig(**values)
+        if name not in names or not text:
+            raise SystemExit(f"--set {item}: expected FIELD=VALUE with FIELD one of {', '.join(names)}")
+        owner, key, into = (defaults.model, name[6:], shape) if name.startswith("model.") else (defaults, name, values)
+        default = getattr(owner, key)
+        into[key] = text.lower() in ("1", "true") if isinstance(default, bool) else type(default)(text)
+    return PretrainConfig(**values, model=dataclasses.replace(defaults.model, **shape))
 
 
 def zero_shot_cer(model_dir: Path, rows: list[dict], pool: dict, mode: dict) -> float:
@@ -62,7 +69,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1234], help="one build per seed (1234: the preset's)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a PretrainConfig field over the preset's recipe (repeatable)")
+                    help="a PretrainConfig field over the preset's recipe, or model.FIELD for the tiny model's "
+                         "shape (repeatable)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each build")
     ap.add_argument("--out", type=Path, required=True, help="folder for the builds (one per seed; reused if built)")
     args = ap.parse_args()
