@@ -23,6 +23,7 @@ The contract (``bash run.sh --help`` prints :data:`HELP`):
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -324,15 +325,15 @@ def resolve(env: Mapping[str, str], arrays: Mapping[str, list[str]], argv: list[
     return r
 
 
-def weight_args(weights: str) -> list[str]:
-    """The reward server's words for REWARD_WEIGHTS: ``--weights NAME`` for a named weighting (the server
-    checks the name), ``--sim-weight W`` for a number (a SIM weight of one's own, as a sweep over weights
-    needs); train_grpo.py takes ``--reward-weights`` in place of ``--weights``."""
+def weight_args(weights: str, named: str = "--weights") -> list[str]:
+    """The words for REWARD_WEIGHTS: ``named`` NAME for a named weighting (the reward server's ``--weights``,
+    train_grpo.py's ``--reward-weights``; each checks the name), ``--sim-weight W`` for a number (a SIM
+    weight of one's own, as a sweep over weights needs; both take that flag)."""
     try:
         w = float(weights)
     except ValueError:
-        return ["--weights", weights]
-    if not (w >= 0 and w != float("inf")):  # NaN fails w >= 0
+        return [named, weights]
+    if not (math.isfinite(w) and w >= 0):
         raise SettingsError([f"REWARD_WEIGHTS={weights}: expected a named weighting (the reward server's "
                              "--weights choices) or a SIM weight, a finite number >= 0"])
     return ["--sim-weight", weights]
@@ -522,7 +523,7 @@ def grpo_args(r: Resolved) -> list[str]:
             "--val-files", f"{v['DATA_DIR']}/test.parquet", "--checkpoint-dir", v["CKPT_DIR"],
             "--max-prompt-length", v["MAX_PROMPT_LENGTH"],
             "--reward", v["REWARD"],
-            *[{"--weights": "--reward-weights"}.get(w, w) for w in r.lists["WEIGHT_ARGS"]],
+            *weight_args(v["REWARD_WEIGHTS"], named="--reward-weights"),
             "--reward-backend", v["REWARD_BACKEND"], "--reward-urls", v["REWARD_URLS"]]
     if r.multi_node:
         out += ["--nnodes", v["NNODES"], "--n-gpus-per-node", v["GPUS_PER_NODE"]]
