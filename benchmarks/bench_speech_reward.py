@@ -1,6 +1,8 @@
 """Real-speech reward throughput on CPU: rollouts scored a second by the kokoro backend (Kokoro-82M ->
-Whisper-base, + Resemblyzer SIM, + DNSMOS), a batch at a time against one at a time, and what
-Whisper's fitted window (``--whisper-fit-window``) changes in speed and in the error rate.
+Whisper-base, + Resemblyzer SIM, + DNSMOS), a batch at a time against one at a time, what Whisper's
+fitted window (``--whisper-fit-window``) changes in speed and in the error rate, and what Kokoro's
+convolutions as integer matrix products (``int8_convs``, used where exact) save against the int8
+export's own ConvInteger graph.
 
     .venv/bin/python benchmarks/bench_speech_reward.py [--n 32] [--threads 2] [--batch 16]
 
@@ -26,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from ttsrl.families.kokoro.phonemes import MandarinG2P, load_vocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
+from ttsrl.reward.backends.int8_convs import exact_u8s8_gemm  # noqa: E402
+from ttsrl.reward.backends.kokoro import KokoroConfig, KokoroToken2Wav  # noqa: E402
 from ttsrl.stats import bootstrap_mean  # noqa: E402
 from ttsrl.text import cer  # noqa: E402
 
@@ -68,24 +72,31 @@ def main() -> None:
         return tone_probe(texts, codes, voices, a)
     print(f"{len(texts)} rollouts, {np.mean([len(c) for c in codes]):.1f} phoneme codes each, "
           f"{a.threads} threads, batches of {a.batch}")
-    settings = [  # (label, fit window, SIM, MOS, batch)
-        ("CER, full window, one at a time", False, False, False, 1),
-        ("CER, full window, batched", False, False, False, a.batch),
-        ("CER, fitted window, one at a time", True, False, False, 1),
-        ("CER, fitted window, batched", True, False, False, a.batch),
-        ("CER + SIM, fitted window, batched", True, True, False, a.batch),
-        ("CER + SIM + DNSMOS, fitted window, batched", True, True, True, a.batch),
+    matmuls = exact_u8s8_gemm()
+    print(f"Kokoro's convolutions: {'as integer matrix products' if matmuls else 'the export ConvInteger graph'} "
+          f"by default on this CPU ({'VNNI' if matmuls else 'no VNNI: the u8 x s8 product is not exact'})")
+    settings = [  # (label, fit window, SIM, MOS, batch, the export's ConvInteger graph)
+        ("CER, full window, one at a time", False, False, False, 1, False),
+        ("CER, full window, batched", False, False, False, a.batch, False),
+        ("CER, fitted window, one at a time", True, False, False, 1, False),
+        ("CER, fitted window, batched", True, False, False, a.batch, False),
+        ("CER + SIM, fitted window, batched", True, True, False, a.batch, False),
+        ("CER + SIM + DNSMOS, fitted window, batched", True, True, True, a.batch, False),
     ]
+    if matmuls:
+        settings.insert(4, ("  the same, ConvInteger graph", True, False, False, a.batch, True))
     rates_by = {}
-    for label, fit, sim, mos, batch in settings:
+    for label, fit, sim, mos, batch, convinteger in settings:
         pipe = build_pipeline(BackendConfig(backend="kokoro", want_sim=sim, want_mos=mos, whisper_fit_window=fit,
                                             cpu_threads=a.threads))
+        if convinteger:
+            pipe.token2wav = KokoroToken2Wav(KokoroConfig(cpu_threads=a.threads, conv_matmuls=False))
         if sim:  # the voices' reference embeddings are made once a machine: not a rollout's cost
             for v in set(voices):
                 pipe.token2wav.reference(v)
         run(pipe, texts[:2], codes[:2], voices[:2], 2)  # warm-up
         total, stages, rates, out = run(pipe, texts, codes, voices, batch)
-        rates_by[(fit, batch)] = rates
+        rates_by.setdefault((fit, batch), rates)
         m, lo, hi = mean_ci(rates)
         shares = ", ".join(f"{k} {v / total:.0%}" for k, v in stages.items())
         extra = ""
@@ -93,6 +104,8 @@ def main() -> None:
             extra += f"; SIM {np.mean([o.sim for o in out if o.sim is not None]):.3f}"
         if mos:
             extra += f"; DNSMOS OVRL {np.mean([o.mos.ovrl for o in out if o.mos is not None]):.2f}"
+        if convinteger:
+            extra += f"; the same transcripts as the matmul graph: {rates == rates_by[(fit, batch)]}"
         print(f"{label:44s} {total / len(texts):.3f} s/rollout = {len(texts) / total:.2f} rollouts/s "
               f"({shares}); CER {100 * m:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}]{extra}")
     full, fitted = np.array(rates_by[(False, a.batch)]), np.array(rates_by[(True, a.batch)])

@@ -36,7 +36,7 @@ BASE_MODEL_ARGS=(--steps 3000 --prompt-prob 0.7 --prompt-from 0.25 --syllable-no
 # which lets the voice drift to the one Whisper reads best)
 : "${REWARD:=cer_nll}"
 : "${REWARD_BACKEND:=kokoro}"
-# Whisper encodes only the seconds a batch needs, not its 30 s window: 1.6x the rollouts a second, CER
+# Whisper encodes only the seconds a batch needs, not its 30 s window: 1.7x the rollouts a second, CER
 # +1.3 points [-2.4, +5.6] against the full window (benchmarks/bench_speech_reward.py; docs/speech.md)
 REWARD_ARGS=(--want-sim --whisper-fit-window)
 : "${REWARD_WEIGHTS:=glm_tts}"

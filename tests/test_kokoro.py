@@ -16,10 +16,14 @@ from ttsrl.atomic import sha256_file  # noqa: E402
 from ttsrl.families.kokoro.phonemes import MandarinG2P, load_vocab  # noqa: E402
 from ttsrl.reward.backends import BackendConfig, build_pipeline  # noqa: E402
 from ttsrl.reward.backends.base import Audio  # noqa: E402
+from ttsrl.reward.backends.int8_convs import exact_u8s8_gemm  # noqa: E402
 from ttsrl.reward.backends.kokoro import (  # noqa: E402
     MODEL_PARTS,
     MODEL_SHA256,
     REFERENCE_PHONEMES,
+    KokoroConfig,
+    KokoroToken2Wav,
+    prepare_matmul_model,
     prepare_model,
 )
 from ttsrl.text import cer  # noqa: E402
@@ -92,6 +96,23 @@ def test_model_is_joined_once_and_a_corrupt_part_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match=f"expected {MODEL_SHA256}"):
         join_verified([Path(p) for p in parts], out, MODEL_SHA256, "Kokoro-82M model.onnx")
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.slow  # two utterances through both graphs: ~10 s
+def test_kokoro_speaks_the_same_waveform_with_its_convolutions_as_matmuls():
+    """The rewritten graph (int8_convs) is used where ORT's u8 x s8 product is exact, and there it
+    gives the int8 export's waveform to the bit; elsewhere the export's own graph runs."""
+    default = KokoroToken2Wav(KokoroConfig(cpu_threads=1))
+    assert default.model_path == (prepare_matmul_model() if exact_u8s8_gemm() else prepare_model())
+    if not exact_u8s8_gemm():
+        pytest.skip("this CPU has no VNNI: its u8 x s8 product saturates, so the rewrite is not used here")
+    own = KokoroToken2Wav(KokoroConfig(cpu_threads=1, conv_matmuls=False))
+    assert own.model_path == prepare_model()
+    vocab = load_vocab()
+    for phonemes, voice in zip(REFERENCE_PHONEMES[:2], ("jf_alpha", "jm_kumo")):
+        ids = vocab.split(vocab.encode(phonemes))[1]
+        a, b = default._speak(ids, voice), own._speak(ids, voice)
+        assert len(a) > 24000 and np.array_equal(a, b)
 
 
 @pytest.mark.slow  # Kokoro and Whisper on 8 utterances: ~15 s

@@ -38,6 +38,7 @@ import numpy as np
 from ttsrl import knobs
 from ttsrl.atomic import atomic_path, atomic_write_text
 from ttsrl.families.kokoro.phonemes import DATA_DIST, INSTALL_HINT, VOICES_FILE, MandarinG2P, load_vocab
+from ttsrl.reward.backends import int8_convs
 from ttsrl.reward.backends.base import Audio, SpeakerPrompt, Token2Wav
 from ttsrl.wheel_parts import installed_file, join_verified
 
@@ -81,6 +82,24 @@ def prepare_model() -> Path:
     return out
 
 
+def prepare_matmul_model() -> Path:
+    """The model with its convolutions as integer matrix products (``int8_convs``: the same
+    waveform to the bit where :func:`int8_convs.exact_u8s8_gemm`), made once from
+    :func:`prepare_model`'s; its READY marker holds the source's hash and the rewrite's version."""
+    out = cache_dir() / f"model-matmuls-v{int8_convs.VERSION}.onnx"
+    ready = out.with_suffix(".ready")
+    if ready.is_file() and ready.read_text().strip() == MODEL_SHA256 and out.is_file():
+        return out
+    import onnx
+
+    model = onnx.load(str(prepare_model()))
+    int8_convs.convs_as_matmuls(model)
+    with atomic_path(out) as tmp:
+        onnx.save(model, str(tmp))
+    atomic_write_text(ready, MODEL_SHA256 + "\n")
+    return out
+
+
 @lru_cache(maxsize=1)
 def load_voices() -> dict[str, np.ndarray]:
     """Each packaged voice's style table, float32 [510, 256] (row n-1 styles an n-phoneme input)."""
@@ -92,14 +111,17 @@ def load_voices() -> dict[str, np.ndarray]:
 class KokoroConfig:
     cpu_threads: int = 0  # 0: all cores (at most 8); each utterance runs on one
     speed: float = 1.0
+    # the convolutions as integer matrix products (Kokoro in 0.6x the time, the same waveform): None = where
+    # that is exact (int8_convs.exact_u8s8_gemm), False = the int8 export's own graph
+    conv_matmuls: bool | None = None
 
 
 class KokoroToken2Wav(Token2Wav):
     """Phoneme codes -> Kokoro-82M speech; SIM = cosine of Resemblyzer embeddings against the row's voice.
 
     A batch's utterances run side by side, one thread each: Kokoro takes one utterance a call, and
-    two single-threaded calls on two cores beat one two-threaded call (0.87 against 0.93 s an
-    utterance, 2 cores); an utterance that comes alone runs on every thread."""
+    two single-threaded calls on two cores beat one two-threaded call (benchmarks/bench_speech_reward.py:
+    batched against one at a time); an utterance that comes alone runs on every thread."""
 
     name = "kokoro"
     token_rate = TOKEN_RATE
@@ -111,6 +133,8 @@ class KokoroToken2Wav(Token2Wav):
         styles = load_voices()
         self._prompts = {v: SpeakerPrompt(v, styles[v]) for v in self.vocab.voices}
         self._workers = cfg.cpu_threads or min(8, os.cpu_count() or 1)
+        matmuls = int8_convs.exact_u8s8_gemm() if cfg.conv_matmuls is None else cfg.conv_matmuls
+        self.model_path = prepare_matmul_model() if matmuls else prepare_model()
         self._session = self._new_session(1)
         self._lone = None  # a session on every thread, for an utterance that comes alone
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="kokoro")
@@ -125,7 +149,7 @@ class KokoroToken2Wav(Token2Wav):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        return ort.InferenceSession(str(prepare_model()), sess_options=opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(self.model_path), sess_options=opts, providers=["CPUExecutionProvider"])
 
     @property
     def prompts(self):
