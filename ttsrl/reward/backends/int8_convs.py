@@ -17,7 +17,7 @@ ORT's u8 x s8 kernel is exact on x86-64 CPUs with VNNI (AVX-VNNI or AVX512-VNNI,
 sums in 32 bits); on those without it, it sums pairs of products in 16 bits and saturates for
 weights outside [-64, 63] (onnxruntime commit 040c2f4, "x86/64 U8S8 Gemm Precision Fix"), so
 there the original graph must run. Strided or grouped convolutions are left as they are (Kokoro's
-two strided ones have 1 and 22 channels).
+three strided ones, of 1 and 22 input channels, are 3 of its 87).
 """
 
 from __future__ import annotations
