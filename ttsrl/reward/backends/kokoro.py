@@ -85,7 +85,7 @@ def prepare_model() -> Path:
 def prepare_matmul_model() -> Path:
     """The model with its convolutions as integer matrix products (``int8_convs``: the same
     waveform to the bit where :func:`int8_convs.exact_u8s8_gemm`), made once from
-    :func:`prepare_model`'s; its READY marker holds the source's hash and the rewrite's version."""
+    :func:`prepare_model`'s; its name carries the rewrite's version, its READY marker the source's hash."""
     out = cache_dir() / f"model-matmuls-v{int8_convs.VERSION}.onnx"
     ready = out.with_suffix(".ready")
     if ready.is_file() and ready.read_text().strip() == MODEL_SHA256 and out.is_file():
@@ -112,7 +112,7 @@ class KokoroConfig:
     cpu_threads: int = 0  # 0: all cores (at most 8); each utterance runs on one
     speed: float = 1.0
     # the convolutions as integer matrix products (Kokoro in 0.6x the time, the same waveform): None = where
-    # that is exact (int8_convs.exact_u8s8_gemm), False = the int8 export's own graph
+    # that is exact (int8_convs.exact_u8s8_gemm), True = always, False = the int8 export's own graph
     conv_matmuls: bool | None = None
 
 
