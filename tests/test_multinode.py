@@ -237,13 +237,18 @@ def rehearsal(tmp_path_factory):
     killer.start()
     poll_errors: list[str] = []
     read_after_training = False
+    next_read = 0.0
     try:
         deadline = time.monotonic() + 1800
         while head.poll() is None and time.monotonic() < deadline:
             # the table once more after training (its actors, dead by then, are all in it), before the
             # head stops its Ray
             trained = (exp / "nodes" / "trained").is_file()
-            if not read_after_training:
+            # each read is a Python process that imports Ray (~1 s of a core): every 10 s while
+            # training (if the head stopped Ray before the read after it), at once when it ends
+            due = trained or time.monotonic() >= next_read
+            if not read_after_training and due:
+                next_read = time.monotonic() + 10
                 found = _actors(f"{IPS[0]}:{ray_port}", auth, poll_errors)
                 for cls, nodes in found.items():
                     placed.setdefault(cls, set()).update(nodes)
