@@ -5,8 +5,10 @@ invertible code: a sentence becomes its toned pinyin (``ttsrl.text.pinyin``, the
 same normalisation the reward uses) and every unit becomes a short pattern of
 speech codes in 0..CODE_SPACE-1:
 
-    Chinese syllable   [initial code, final+tone code]     "hao3" -> [I(h), F(ao, 3)]
-                        (syllables without an initial use the "zero initial" code)
+    Chinese syllable   [onset code, final+tone code]       "hao3" -> [O(h, ao), F(ao, 3)]
+                        (the onset code names the initial and the final it leads into, as a
+                        speech frame's onset carries the vowel that follows; a syllable without
+                        an initial has the "zero initial"'s onset)
     English word       one code per letter a-z, then WORD_END   "ok" -> [L(o), L(k), WORD_END]
     punctuation        PAUSE between the punctuation-delimited phrases of the text
 
@@ -14,7 +16,12 @@ A tiny LM must learn reading (characters -> syllables, polyphones, tone sandhi,
 numbers read out) and the code book; the reward is then honest: ``decode`` turns
 ANY token stream into a toned-pinyin transcript the reward scores against the text.
 
-The code book uses 249 of the 6561 codes, spread over the range by a fixed
+Why an onset names its final: a tiny LM finds its place in the text by the code it last wrote.
+With an onset per initial, two nearby characters sharing one (音乐 yin1 yue4) sent it back to the
+first (yin1 yin1), a tenth of its most likely codes wrong (docs/embedded.md, "Where the reading
+stops"); an onset per (initial, final) pair is shared only by characters that sound alike.
+
+The code book uses 1161 of the 6561 codes, spread over the range by a fixed
 permutation (logical index k -> (k * _STRIDE + _OFFSET) mod CODE_SPACE), so it
 is the same in every process and Python version (no ``hash()``, no RNG).
 
@@ -58,10 +65,11 @@ N_SILENCE = 4
 
 _STRIDE, _OFFSET = 1021, 1409  # 1021 is prime and not 3: k -> code is a permutation
 
-# logical layout: silences, initials, finals x tones, letters
+# logical layout: silences, onsets (initials x finals, the impossible pairs too: the layout needs no
+# list of syllables), finals x tones, letters
 _SIL0 = 0
-_INI0 = _SIL0 + N_SILENCE
-_FIN0 = _INI0 + len(INITIALS)
+_ONS0 = _SIL0 + N_SILENCE
+_FIN0 = _ONS0 + len(INITIALS) * len(FINALS)
 _LET0 = _FIN0 + len(FINALS) * len(TONES)
 NUM_CODES = _LET0 + len(LETTERS)
 
@@ -84,7 +92,7 @@ class Book:
 
     speaker: str
     silence: tuple[int, ...]
-    initials: dict
+    onsets: dict
     finals: dict
     letters: dict
     codes: frozenset
@@ -93,7 +101,8 @@ class Book:
 def _book(s: int) -> Book:
     return Book(speaker=SPEAKERS[s],
                 silence=tuple(_code(_SIL0 + i, s) for i in range(N_SILENCE)),
-                initials={ini: _code(_INI0 + i, s) for i, ini in enumerate(INITIALS)},
+                onsets={(ini, fin): _code(_ONS0 + i * len(FINALS) + j, s)
+                        for i, ini in enumerate(INITIALS) for j, fin in enumerate(FINALS)},
                 finals={(fin, tone): _code(_FIN0 + i * len(TONES) + j, s)
                         for i, fin in enumerate(FINALS) for j, tone in enumerate(TONES)},
                 letters={ch: _code(_LET0 + i, s) for i, ch in enumerate(LETTERS)},
@@ -108,7 +117,7 @@ assert len(ALL_CODES) == len(SPEAKERS) * NUM_CODES
 _DEFAULT = BOOKS[DEFAULT_SPEAKER]
 SILENCE_CODES: tuple[int, ...] = _DEFAULT.silence
 PAUSE, WORD_END = SILENCE_CODES[0], SILENCE_CODES[1]  # the other two are never emitted
-INITIAL_CODES = _DEFAULT.initials
+ONSET_CODES = _DEFAULT.onsets
 FINAL_CODES = _DEFAULT.finals
 LETTER_CODES = _DEFAULT.letters
 USED_CODES = _DEFAULT.codes
@@ -121,7 +130,7 @@ _LOGICAL: dict[int, int] = {}
 for _s, _name in enumerate(SPEAKERS):
     _b = BOOKS[_name]
     _KIND.update({c: ("silence", None) for c in _b.silence})
-    _KIND.update({c: ("initial", ini) for ini, c in _b.initials.items()})
+    _KIND.update({c: ("onset", ini) for (ini, _fin), c in _b.onsets.items()})
     _KIND.update({c: ("final", ft) for ft, c in _b.finals.items()})
     _KIND.update({c: ("letter", ch) for ch, c in _b.letters.items()})
     _SPEAKER_OF.update({_code(k, _s): _name for k in range(NUM_CODES)})
@@ -135,7 +144,7 @@ def speaker_of_code(code: int) -> str | None:
 
 
 def unit_of(code: int) -> int:
-    """The logical unit (silence, initial, final+tone or letter) a code of any book speaks."""
+    """The logical unit (silence, onset, final+tone or letter) a code of any book speaks."""
     return _LOGICAL[code]
 
 
@@ -211,7 +220,7 @@ def _unit_codes(token: str, book: Book) -> list[int]:
     """Codes of one pinyin token; characters outside the code book are skipped."""
     if is_toned_syllable(token):
         ini, fin = split_syllable(token[:-1])
-        return [book.initials[ini], book.finals[(fin, int(token[-1]))]]
+        return [book.onsets[(ini, fin)], book.finals[(fin, int(token[-1]))]]
     letters = [book.letters[ch] for ch in token if ch in book.letters]
     return letters + [book.silence[1]] if letters else []
 
@@ -245,11 +254,12 @@ def encode(text: str, speaker: str = DEFAULT_SPEAKER) -> list[int]:
 def decode(tokens: Iterable[int]) -> str:
     """Space-separated toned-pinyin transcript of ANY token stream; never raises.
 
-    Greedy left to right, over every speaker's book: an initial code waits for a final+tone
-    code and the pair becomes a syllable if it is a real one; letters collect into a word until
-    any other code. Silence ends a pending initial and emits nothing. The tone of a final of a
+    Greedy left to right, over every speaker's book: an onset code waits for a final+tone code,
+    and its initial with that final becomes a syllable if it is a real one (the final the onset
+    led into is not heard); letters collect into a word until any other code. Silence ends a
+    pending onset and emits nothing. The tone of a final of a
     non-default speaker may be misheard (``misread_tone``). Unknown codes,
-    out-of-range or non-integer values (floats, strings, None), lone finals, invalid pairs and an initial
+    out-of-range or non-integer values (floats, strings, None), lone finals, invalid pairs and an onset
     not followed by a final are noise and are skipped.
     """
     valid = syllables()
@@ -271,9 +281,9 @@ def decode(tokens: Iterable[int]) -> str:
             letters = []
         if kind == "silence":
             pending = None
-        elif kind == "initial":
+        elif kind == "onset":
             pending = value  # type: ignore[assignment]
-        elif pending is not None:  # a final after an initial
+        elif pending is not None:  # a final after an onset
             fin, tone = value  # type: ignore[misc]
             syl = pending + fin
             if syl in valid:

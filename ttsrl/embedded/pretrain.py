@@ -145,7 +145,7 @@ def sentence_spans(text: str, min_len: int) -> list[str]:
 
 def noisy_codes(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> list[int]:
     """Corrupt the simulated codes the way a sloppy speaker would: wrong tones, a few
-    wrong initials (in the code's own speaker's book). Silence and letters are left alone."""
+    wrong initials (an onset of another initial, in the code's own speaker's book). Silence and letters are left alone."""
     out = list(codes)
     for i, c in enumerate(out):
         kind, value = codec._KIND.get(c, (None, None))
@@ -153,8 +153,8 @@ def noisy_codes(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> li
             fin, tone = value
             other = rng.choice([t for t in codec.TONES if t != tone])
             out[i] = codec.BOOKS[codec.speaker_of_code(c)].finals[(fin, other)]
-        elif kind == "initial" and rng.random() < cfg.initial_noise:
-            out[i] = rng.choice(list(codec.BOOKS[codec.speaker_of_code(c)].initials.values()))
+        elif kind == "onset" and rng.random() < cfg.initial_noise:
+            out[i] = rng.choice(list(codec.BOOKS[codec.speaker_of_code(c)].onsets.values()))
     return out
 
 
