@@ -69,7 +69,8 @@ class PretrainConfig:
     weight_decay: float = option(0.01, cli=False, help="weight decay")
     tone_noise: float = option(0.15, help="share of training syllables given a wrong tone (the start model then "
                                            "hedges between tones, and sampling from it makes errors RL can remove)")
-    initial_noise: float = option(0.0, help="share of training syllables whose initial is replaced by a random one")
+    initial_noise: float = option(0.0, help="share of training syllables whose onset is replaced by a random "
+                                            "one (a wrong initial)")
     syllable_noise: float = option(0.2, help="kokoro family: share of a target's characters that misaki's G2P "
                                              "teacher reads as the character's one confusable character (a whole "
                                              "wrong syllable, as a TTS LM misreads; the simulated codec's builds "
@@ -84,7 +85,7 @@ class PretrainConfig:
                                           "curriculum: reading in the default voice first, then prompts)")
     prompt_chars: tuple[int, int] = option((2, 3), cli=False, help="shortest and longest prompt, in characters")
     pinyin_init: bool = option(True, help="start the embeddings from the pronunciation dictionary: each speech "
-                                          "code's embedding and head row from a vector of its unit (initial, "
+                                          "code's embedding and head row from a vector of its unit (onset, "
                                           "final+tone) and one of its voice, each character's text embedding "
                                           "from the units of its reading (pypinyin), so the model starts "
                                           "knowing what a character sounds like and learns to read in order "
