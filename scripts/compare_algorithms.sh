@@ -19,7 +19,11 @@ cd "$(dirname "$0")/.."
 : "${STEPS:=20}" "${SAVE_FREQ:=5}" "${BUDGET_S:=}"
 BASE=$COMPARE_DIR/base
 start=$SECONDS
-EXP_DIR=$BASE bash run.sh -2 1   # install, start model, data, reward server (left running)
+stop_server() { [[ ! -f $BASE/reward_server.pid ]] || { kill "$(cat "$BASE/reward_server.pid")" 2>/dev/null || true; rm -f "$BASE/reward_server.pid"; }; }
+trap stop_server EXIT  # a run that fails leaves no server behind on the port
+# install, start model, data, and the reward server of a plain variant's weighting (REWARD_WEIGHTS, else
+# CER alone, whatever the preset's default), left running for every plain variant
+EXP_DIR=$BASE REWARD_WEIGHTS=${REWARD_WEIGHTS:-cer} bash run.sh -2 1
 port0=${REWARD_PORT:-8000}
 weightings=()  # the reward weightings other than the base server's, each with its own server port
 for variant in $ALGORITHMS; do
@@ -43,6 +47,6 @@ for seed in $SEEDS; do
     echo "   done $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$COMPARE_DIR/runs.log"
   done
 done
-if [[ -f $BASE/reward_server.pid ]]; then kill "$(cat "$BASE/reward_server.pid")" 2>/dev/null || true; rm -f "$BASE/reward_server.pid"; fi
+stop_server
 .venv/bin/python -m ttsrl.eval.compare "$COMPARE_DIR" ${BUDGET_S:+--budget-s "$BUDGET_S"}
 echo "compare_algorithms.sh: done in $(( SECONDS - start )) s"
