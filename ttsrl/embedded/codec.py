@@ -18,8 +18,9 @@ ANY token stream into a toned-pinyin transcript the reward scores against the te
 
 Why an onset names its final: a tiny LM finds its place in the text by the code it last wrote.
 With an onset per initial, two nearby characters sharing one (音乐 yin1 yue4) sent it back to the
-first (yin1 yin1), a tenth of its most likely codes wrong (docs/embedded.md, "Where the reading
-stops"); an onset per (initial, final) pair is shared only by characters that sound alike.
+first (yin1 yin1): 13% of its most likely codes were wrong, against 5% with an onset per
+(initial, final) pair, which only characters that sound alike share (docs/embedded.md, "Why a
+syllable's onset names its final").
 
 The code book uses 1161 of the 6561 codes, spread over the range by a fixed
 permutation (logical index k -> (k * _STRIDE + _OFFSET) mod CODE_SPACE), so it
@@ -28,8 +29,7 @@ is the same in every process and Python version (no ``hash()``, no RNG).
 Speakers (zero-shot TTS needs a voice to continue). Each of the ``SPEAKERS`` has its
 own book: speaker s's code for logical unit k is the permutation's code for k + s * NUM_CODES,
 so the four books are disjoint and a code names its speaker (a prompt's codes reveal its voice).
-Speaker 0, ``DEFAULT_SPEAKER``, owns today's book (text-only TTS speaks it; every figure
-from before the speakers keeps its meaning). ``decode`` reads every book, but the simulated
+Speaker 0, ``DEFAULT_SPEAKER``, is the voice of text-only TTS. ``decode`` reads every book, but the simulated
 ASR hears the default speaker best: a syllable whose final+tone code is another speaker's is
 read with a wrong tone with probability ``MISREAD_RATE``, decided by a hash of (speaker,
 position, syllable), so the same stream always reads the same and no model can learn which
