@@ -130,7 +130,7 @@ _LOGICAL: dict[int, int] = {}
 for _s, _name in enumerate(SPEAKERS):
     _b = BOOKS[_name]
     _KIND.update({c: ("silence", None) for c in _b.silence})
-    _KIND.update({c: ("onset", ini) for (ini, _fin), c in _b.onsets.items()})
+    _KIND.update({c: ("onset", pair) for pair, c in _b.onsets.items()})
     _KIND.update({c: ("final", ft) for ft, c in _b.finals.items()})
     _KIND.update({c: ("letter", ch) for ch, c in _b.letters.items()})
     _SPEAKER_OF.update({_code(k, _s): _name for k in range(NUM_CODES)})
@@ -282,7 +282,7 @@ def decode(tokens: Iterable[int]) -> str:
         if kind == "silence":
             pending = None
         elif kind == "onset":
-            pending = value  # type: ignore[assignment]
+            pending = value[0]  # type: ignore[index]  # the initial; the onset's final is not heard
         elif pending is not None:  # a final after an onset
             fin, tone = value  # type: ignore[misc]
             syl = pending + fin

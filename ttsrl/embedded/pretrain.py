@@ -155,7 +155,8 @@ def noisy_codes(codes: list[int], cfg: PretrainConfig, rng: random.Random) -> li
             other = rng.choice([t for t in codec.TONES if t != tone])
             out[i] = codec.BOOKS[codec.speaker_of_code(c)].finals[(fin, other)]
         elif kind == "onset" and rng.random() < cfg.initial_noise:
-            out[i] = rng.choice(list(codec.BOOKS[codec.speaker_of_code(c)].onsets.values()))
+            _, fin = value  # a random initial before the same final, as the option's help says
+            out[i] = codec.BOOKS[codec.speaker_of_code(c)].onsets[(rng.choice(codec.INITIALS), fin)]
     return out
 
 
