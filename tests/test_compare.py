@@ -165,6 +165,9 @@ def test_reward_weightings_are_variants_with_sim_beside_cer(tmp_path):
     plain = tmp_path / "plain"
     _run(plain, "grpo-seed1", [10] * 2, [2], {0: 0.5, 2: 0.4}, {0: 0.5, 2: 0.4})
     assert "SIM" not in compare.format_table(compare.compare(compare.read_runs(plain)))
+    # a SIM weight of one's own names a variant too (REWARD_WEIGHTS=0.2), as run.sh takes it
+    _run(tmp_path, "grpo+0.2-seed1", [10] * 2, [2], {0: 0.8, 2: 0.6}, {0: 0.8, 2: 0.6}, sim={0: 0.9, 2: 0.9})
+    assert "grpo+0.2" in {r.algorithm for r in compare.read_runs(tmp_path)}
     # a weighting that does not exist is named
     _run(tmp_path, "grpo+magic-seed1", [10] * 2, [2], {0: 0.5, 2: 0.4}, {0: 0.5, 2: 0.4})
     with pytest.raises(ValueError, match=r"unknown reward weights 'magic'"):

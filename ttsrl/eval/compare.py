@@ -26,7 +26,8 @@ CER is the stage-4 headline (``cer_utt_mean``, Seed-TTS eval's per-utterance mea
 sweep's own sampling rule, which every run shares.
 
 A run folder may also name the reward weighting it trained on, ``ALGORITHM+WEIGHTS-seedS``
-(``grpo+glm_tts-seed1``: GRPO on CER + 0.1 SIM, ``REWARD_WEIGHTS``); such a variant is compared
+(``grpo+glm_tts-seed1``: GRPO on CER + 0.1 SIM; ``grpo+0.2-seed1``: on CER + 0.2 SIM; ``REWARD_WEIGHTS``
+takes both forms); such a variant is compared
 like an algorithm. Where stage 4 measured speaker similarity (a backend with a speaker model, a
 zero-shot test set), the table adds SIM (``sim_mean``) at equal time and after all steps, with its
 paired difference to the reference over the test utterances (each utterance's SIM averaged over
@@ -51,7 +52,8 @@ from ttsrl.reward.rewards import WEIGHTS
 from ttsrl.stats import UttTable, paired, paired_mean
 from ttsrl.train.steps import choose_step
 
-RUN_RE = re.compile(r"^(?P<variant>(?P<algorithm>[a-z][a-z0-9_]*)(?:\+(?P<weights>[a-z][a-z0-9_]*))?)"
+# WEIGHTS: a named weighting (glm_tts) or the SIM weight itself (0.2), as REWARD_WEIGHTS takes them
+RUN_RE = re.compile(r"^(?P<variant>(?P<algorithm>[a-z][a-z0-9_]*)(?:\+(?P<weights>[a-z][a-z0-9_]*|\d+(?:\.\d+)?))?)"
                     r"-seed(?P<seed>\d+)$")
 HEADLINE = "cer_utt_mean"
 TRAIN_LOG = Path("logs") / "train_grpo.log"
@@ -102,8 +104,9 @@ def read_run(path: Path) -> Run:
     if not m:
         raise ValueError(f"{path}: a run folder is named ALGORITHM-seedS or ALGORITHM+WEIGHTS-seedS "
                          "(scripts/compare_algorithms.sh)")
-    if m["weights"] is not None and m["weights"] not in WEIGHTS:
-        raise ValueError(f"{path}: unknown reward weights {m['weights']!r} (one of {', '.join(WEIGHTS)})")
+    if m["weights"] is not None and m["weights"] not in WEIGHTS and not m["weights"][0].isdigit():
+        raise ValueError(f"{path}: unknown reward weights {m['weights']!r} (one of {', '.join(WEIGHTS)}, "
+                         "or a SIM weight: grpo+0.2)")
     run = Run(m["variant"], int(m["seed"]), path)
     log = path / TRAIN_LOG
     for line in log.read_text(errors="replace").splitlines():
