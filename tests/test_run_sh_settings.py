@@ -346,14 +346,16 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     pool = "data/corpus/prompt_pool"
     assert got["PROMPT_POOL"] == pool and got["EXP_DIR"] == "exp/embedded"
     assert got["BASE_MODEL_ARGS"] == ["--prompt-prob", "0.7", "--prompt-from", "0.25"]
-    # zero-shot trains on CER + 0.1 SIM (the field's recipe); the environment still wins
-    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "glm_tts"
+    # zero-shot trains on CER and SIM together (CER 1 + SIM 0.2, measured on this world); the environment still wins
+    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "0.2"
     assert config(REWARD_WEIGHTS="cer")["REWARD_WEIGHTS"] == "cer"
     assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
     assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
     # zero-shot GRPO: four updates a step, rollouts at temperature 1.0; a named SAMPLING still wins
     assert (got["GRPO.preset"], got["GRPO.ppo_mini_batch_size"], got["GRPO.temperature"], got["GRPO.lr"]) == \
         ("embedded_zeroshot", "4", "1.0", "0.0003")
+    # 20 steps, a checkpoint every 10 (text-only keeps 80 and 40)
+    assert (got["GRPO.total_training_steps"], got["GRPO.save_freq"]) == ("20", "10")
     reference = config(SAMPLING="reference")  # n=4: a mini-batch of 16 rows is one micro-batch
     assert (reference["GRPO.temperature"], reference["GRPO.micro_batch_size_per_gpu"]) == ("0.8", "16")
     # zero-shot DPO mining: 8 candidates, margin 0.01 (the reward is ~0.02 at the start's CER); text-only 4, 0.05
@@ -366,6 +368,7 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     assert text_only["REWARD_WEIGHTS"] == "cer"  # no prompt, no SIM to weigh
     assert (text_only["GRPO.preset"], text_only["GRPO.ppo_mini_batch_size"], text_only["GRPO.temperature"]) == \
         ("embedded", "16", "0.8")
+    assert (text_only["GRPO.total_training_steps"], text_only["GRPO.save_freq"]) == ("80", "40")
     assert "--want-sim" not in text_only["REWARD_ARGS"] and "--prompt-dir" not in text_only["EVAL_ARGS"]
     assert "embedded_test=data/corpus/test.jsonl" in text_only["EVAL_ARGS"]
     # CosyVoice3's layout: zero-shot too, each mode in its own folder

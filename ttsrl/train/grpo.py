@@ -64,10 +64,14 @@ PRESETS: dict[str, dict] = {
 # presets/embedded.sh's zero-shot run (its default): the same, with four policy updates a step
 # (mini-batches of 4 prompts x 8 samples; the rollout's log-probs serve the later ones as old log-probs,
 # PPO's clip bounds them) and rollouts at temperature 1.0, CosyVoice's own; the work per step is the same.
-# Chosen on the earlier start model (2026-12-04): test CER -31.0% and -32.0% at step 80 (AVX2 and AVX-512
-# builds), where one update at 0.8 gave -25.6..-28.9% and -32.1%; from today's start, -33.7% (docs/results.md).
+# (chosen on an earlier start model, 2026-12-04: test CER -31.0% and -32.0% at step 80 where one update at 0.8
+# gave -25.6..-28.9% and -32.1%). 20 steps, a checkpoint every 10: from today's start model (test CER 8.7%),
+# against CER 1 + SIM 0.2, a third of the CER is gone by step 20 with the voice kept (two seeds: -33%, -35%,
+# SIM +0.02, +0.01); in 40-step trials the later steps traded CER back for SIM; and the run stays within
+# 12 minutes on two cores (docs/results.md).
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
-                                "ppo_mini_batch_size": 4, "temperature": 1.0}
+                                "ppo_mini_batch_size": 4, "temperature": 1.0,
+                                "total_training_steps": 20, "save_freq": 10}
 
 # presets/speech_cpu.sh: the kokoro family's tiny LM against the real-speech reward on a 2-core CPU, where
 # scoring a rollout (Kokoro-82M + Whisper-base + Resemblyzer) takes about a second: 8 prompts x n=4
