@@ -77,8 +77,8 @@ SPEAKERS = ("spk0", "spk1", "spk2", "spk3")
 DEFAULT_SPEAKER = SPEAKERS[0]
 #: share of a non-default speaker's syllables the simulated ASR reads with a wrong tone: a perfect utterance
 #: in another voice scores about 1% CER, so drifting to the default voice pays a little under a CER-only
-#: reward, as real ASR favours some voices a little (a real ASR reads real test speech at 1-2% CER; at 3%
-#: CER-only RL gave up a quarter of the SIM for it)
+#: reward, as real ASR favours some voices a little (at 3% a perfect utterance in another voice scored what
+#: a real model's whole error is, 1-3%)
 MISREAD_RATE = 0.01
 assert len(SPEAKERS) * NUM_CODES <= CODE_SPACE  # disjoint books
 
