@@ -247,7 +247,7 @@ def test_a_short_build_of_the_preset_recipe_reads_its_sentences_and_keeps_its_pr
         pool, rows = {}, []
         for i, t in enumerate(texts):
             speaker, span = codec.SPEAKERS[1 + i % 3], texts[(i + 1) % len(texts)][:2]
-            pool[f"p{i}"] = PoolPrompt(f"p{i}", span, tuple(codec.to_speaker(codec.encode(span), speaker)), speaker)
+            pool[f"p{i}"] = PoolPrompt(f"p{i}", span, tuple(codec.encode(span, speaker)), speaker)
             rows.append({"text": t, "prompt_id": f"p{i}"})
         top1 = SamplingConfig(min_token_text_ratio=0.0, rule=model.family.default_rule, top_k=1, tau_r=10.0)
         counts = zero_shot_counts(model, tok, rows, pool, sampling=top1)

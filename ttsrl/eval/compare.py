@@ -52,9 +52,9 @@ from ttsrl.reward.rewards import WEIGHTS
 from ttsrl.stats import UttTable, paired, paired_mean
 from ttsrl.train.steps import choose_step
 
-# WEIGHTS: a named weighting (glm_tts) or the SIM weight itself (0.2), as REWARD_WEIGHTS takes them
-RUN_RE = re.compile(r"^(?P<variant>(?P<algorithm>[a-z][a-z0-9_]*)(?:\+(?P<weights>[a-z][a-z0-9_]*|\d+(?:\.\d+)?))?)"
-                    r"-seed(?P<seed>\d+)$")
+# +WEIGHTS: a named weighting (glm_tts) or the SIM weight itself (0.2), as REWARD_WEIGHTS takes them
+RUN_RE = re.compile(r"^(?P<variant>(?P<algorithm>[a-z][a-z0-9_]*)"
+                    r"(?:\+(?:(?P<weights>[a-z][a-z0-9_]*)|(?P<sim_weight>\d+(?:\.\d+)?)))?)-seed(?P<seed>\d+)$")
 HEADLINE = "cer_utt_mean"
 TRAIN_LOG = Path("logs") / "train_grpo.log"
 EVAL_DIR = Path("eval")
@@ -104,7 +104,7 @@ def read_run(path: Path) -> Run:
     if not m:
         raise ValueError(f"{path}: a run folder is named ALGORITHM-seedS or ALGORITHM+WEIGHTS-seedS "
                          "(scripts/compare_algorithms.sh)")
-    if m["weights"] is not None and m["weights"] not in WEIGHTS and not m["weights"][0].isdigit():
+    if m["weights"] is not None and m["weights"] not in WEIGHTS:
         raise ValueError(f"{path}: unknown reward weights {m['weights']!r} (one of {', '.join(WEIGHTS)}, "
                          "or a SIM weight: grpo+0.2)")
     run = Run(m["variant"], int(m["seed"]), path)
