@@ -214,7 +214,9 @@ def test_the_dictionary_embeddings_make_the_preset_start_model_read_zero_shot_te
     assert hi < 0, (lo, hi)
 
 
-@pytest.mark.slow  # a build that reads: 300 steps of the preset's shape, ~15 s on 2 cores
+# Quick tier although ~15 s on 2 cores (the tier's one exception to ~5 s a test): 300 steps of the
+# preset's shape is the smallest build that reads (200 left 29% text-only errors), and a regression in
+# the pretraining must fail the tier a developer runs before every commit.
 def test_a_short_build_of_the_preset_recipe_reads_its_sentences_and_keeps_its_prompts_voice(tmp_path):
     """The preset's recipe (its model shape, batch, lr, noise, prompts from a quarter of the steps, the
     dictionary embeddings) for 300 steps on six corpus sentences: the model learns them, so its most likely
