@@ -85,3 +85,75 @@ def test_server_top_k_one_is_greedy_and_greedy_is_transformers_greedy(tiny_hf):
             assert len(logprobs) == 12 and all(lp <= 0 for lp in logprobs)
     sampled = run(temperature=1.0, top_p=1.0, top_k=-1)
     assert [ids for ids, _ in sampled] != [ids for ids, _ in greedy]
+
+
+def test_rule_draws_follow_the_rule_distribution_of_each_row_window():
+    """RuleDraw.probs is cosyvoice_lm.rule_distribution (the closed form of pick_token, which the vLLM path
+    also draws from) for each row's last win_size generated codes; ids that are no output (the padding after
+    a finished row's stop) count for nothing in the window."""
+    from ttsrl.families import family
+    from ttsrl.model.cosyvoice_lm import SamplingConfig, rule_distribution
+    from ttsrl.verl_plugin.sampling import RuleDraw
+
+    fam = family("cosyvoice2")
+    offset, pad = 100, 7  # a text vocabulary of 100 ids; pad is a text id
+    draw = RuleDraw(SamplingConfig(rule="cosyvoice2-2026", min_token_text_ratio=0.0), offset, fam.num_outputs,
+                    fam.eos_index)
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, offset + fam.num_outputs, generator=g) * 4
+    generated = torch.tensor([[offset + 5, offset + 9, offset + 5, offset + 1] + [offset + 2] * 9,
+                              [offset + 5] * 13,
+                              [offset + 3, offset + fam.eos_index] + [pad] * 11])
+    # the rows' likely picks must be in their windows for the redraw to matter
+    top = scores[:, offset:].argmax(-1)
+    generated[0, -1], generated[1, -1] = offset + top[0], offset + top[1]
+    got = draw.probs(scores, generated, top_p=0.8, top_k=25)
+    for b in range(3):
+        window = [int(t) - offset for t in generated[b, -10:] if offset <= int(t) < offset + fam.num_outputs]
+        want = rule_distribution(scores[b, offset:].float().log_softmax(-1), window, True, draw.cfg)
+        assert torch.allclose(got[b], want, atol=1e-12), b
+    assert got[0, top[0]] < 1e-3 and got[1, top[1]] < 1e-3  # blocked picks (a redraw may still land there)
+    # and RuleDraw.draw, which samples it without building it, follows it
+    n = 40_000
+    for b in range(3):
+        picks = draw.draw(scores[b:b + 1].expand(n, -1), generated[b:b + 1].expand(n, -1), 0.8, 25,
+                          generator=torch.Generator().manual_seed(b))
+        freq = torch.bincount(picks, minlength=fam.num_outputs).double() / n
+        assert set(picks.unique().tolist()) <= set(torch.nonzero(got[b]).flatten().tolist())
+        # binomial standard error at most sqrt(0.25 / 40000) = 0.0025: 0.012 is about 5 of them
+        assert (freq - got[b]).abs().max() < 0.012, b
+
+
+def test_rollouts_by_the_rule_block_a_repeated_pick(tiny_hf):
+    """Through a real HFRolloutServer on the tiny checkpoint with ``custom.sampling_rule``: at top-k 1
+    CosyVoice's rule is deterministic where the argmax is new (it is the token) and excludes the argmax
+    where it is already in the last 10 generated codes (blocked, redrawn from the rest); the tiny model's
+    greedy output repeats, so both cases occur. The log-probs returned are the policy's."""
+    from omegaconf import OmegaConf
+
+    from ttsrl.verl_plugin.hf_rollout import HFRolloutServer
+
+    rollout = OmegaConf.create({"_target_": "verl.workers.config.RolloutConfig", "name": "hf", "dtype": "float32",
+                                "prompt_length": 16, "response_length": 24, "seed": 5,
+                                "custom": {"sampling_rule": "cosyvoice2-2026"}})
+    server = HFRolloutServer(rollout, OmegaConf.create({"path": str(tiny_hf), "trust_remote_code": True}), 0)
+    offset = server.rule_draw.speech_offset
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    s = Sampling(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.0, max_tokens=24, want_logprobs=True,
+                 ignore_eos=True)
+    blocked = 0
+    with torch.no_grad():
+        for p, (ids, logprobs) in zip(prompts, server._generate_batch(prompts, s)):
+            assert len(ids) == 24
+            x = torch.tensor([p + ids])
+            logits = server.model(input_ids=x).logits[0, len(p) - 1:-1].float()
+            assert torch.allclose(torch.tensor(logprobs), logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0],
+                                  atol=1e-4)
+            for j, t in enumerate(ids):
+                top = offset + int(logits[j, offset:offset + server.rule_draw.num_outputs].argmax())
+                if top in ids[max(0, j - 10):j]:
+                    assert t != top
+                    blocked += 1
+                else:
+                    assert t == top
+    assert blocked > 0

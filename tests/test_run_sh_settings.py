@@ -356,8 +356,13 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
         ("embedded_zeroshot", "4", "1.0", "0.0003")
     # 20 steps, a checkpoint every 10 (text-only keeps 80 and 40)
     assert (got["GRPO.total_training_steps"], got["GRPO.save_freq"]) == ("20", "10")
+    # rollouts drawn by stage 4's rule (the family's current one); a named SAMPLING is its source's plain sampling
+    assert got["GRPO.rollout_rule"] == "cosyvoice2-2026"
+    assert config(MODEL_FAMILY="cosyvoice3")["GRPO.rollout_rule"] == "cosyvoice3-2026"
     reference = config(SAMPLING="reference")  # n=4: a mini-batch of 16 rows is one micro-batch
     assert (reference["GRPO.temperature"], reference["GRPO.micro_batch_size_per_gpu"]) == ("0.8", "16")
+    assert reference["GRPO.rollout_rule"] == "none"
+    assert config(GRPO_EXTRA="--rollout-rule none")["GRPO.rollout_rule"] == "none"
     # zero-shot DPO mining: 8 candidates, margin 0.01 (the reward is ~0.02 at the start's CER); text-only 4, 0.05
     mine = got["MINE_ARGS"]
     assert (mine[mine.index("--k") + 1], mine[mine.index("--min-margin") + 1]) == ("8", "0.01")
@@ -369,6 +374,7 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     assert (text_only["GRPO.preset"], text_only["GRPO.ppo_mini_batch_size"], text_only["GRPO.temperature"]) == \
         ("embedded", "16", "0.8")
     assert (text_only["GRPO.total_training_steps"], text_only["GRPO.save_freq"]) == ("80", "40")
+    assert text_only["GRPO.rollout_rule"] == "none"
     assert "--want-sim" not in text_only["REWARD_ARGS"] and "--prompt-dir" not in text_only["EVAL_ARGS"]
     assert "embedded_test=data/corpus/test.jsonl" in text_only["EVAL_ARGS"]
     # CosyVoice3's layout: zero-shot too, each mode in its own folder

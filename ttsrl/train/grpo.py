@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ttsrl.cli import option, option_fields
+from ttsrl.families import sampling_rules
 from ttsrl.reward.backends import BACKENDS
 from ttsrl.reward.rewards import REWARDS, WEIGHTS, check_weight, sim_weight_of, weights_help
 from ttsrl.train import cluster
@@ -35,6 +36,10 @@ DEFAULT_REWARD_FILE = REPO_ROOT / "reward_tts.py"
 
 DEVICES = ("gpu", "cpu")
 LOGGERS = ("console", "wandb", "tensorboard")
+
+#: --rollout-rule's choices: "none" (plain top-k/top-p) or a family's current rule, the kind the hf rollout draws by
+ROLLOUT_RULES = ("none", *(r for r in sampling_rules() if r.endswith("-2026")))
+
 
 # Named presets: field values over the dataclass defaults (the reference recipe on one GPU).
 # train_grpo.py --preset NAME; flags given on its command line win over the preset.
@@ -197,6 +202,11 @@ class GRPOConfig:
     temperature: float = option(0.8, help="rollout sampling temperature")
     top_p: float = option(0.95, help="rollout nucleus sampling threshold")
     top_k: int = option(25, help="rollout top-k sampling (CosyVoice2 samples with 25; -1: off)")
+    rollout_rule: str = option(
+        "none", choices=ROLLOUT_RULES,
+        help="the hf rollout only: draw rollouts by this CosyVoice sampling rule, the one stage 4 scores with "
+             "(repetition-aware redraws of a code already said in the last 10), with the rollout's top-p and top-k at "
+             "temperature 1.0 and no minimum length; none: plain top-k/top-p")
     sampling: Optional[str] = option(
         None, choices=tuple(SAMPLINGS), help="a named rollout sampling (SAMPLINGS in ttsrl/train/algorithms.py, "
         "each with its source) laid over the preset's values; options given here win over it; none: the preset's")
@@ -255,6 +265,10 @@ class GRPOConfig:
                              f"{rows // ranks} a rank: not a multiple of micro_batch_size_per_gpu "
                              f"{self.micro_batch_size_per_gpu}, which verl splits it into (set "
                              "--micro-batch-size-per-gpu to a divisor)")
+        if self.rollout_rule != "none" and (self.rollout != "hf" or self.temperature != 1.0):
+            raise ValueError(f"rollout_rule {self.rollout_rule} needs the hf rollout at temperature 1.0, got "
+                             f"rollout {self.rollout} at {self.temperature}: pass --rollout-rule none (run.sh: "
+                             "GRPO_EXTRA=\"--rollout-rule none\") to sample plain top-k/top-p")
         own_loss = own_policy_loss(self.algorithm)
         if self.bypass_old_log_prob and own_loss:
             # verl's bypass mode replaces the policy loss with its own (ppo_clip on rollout log-probs)
@@ -367,6 +381,7 @@ class GRPOConfig:
             f"{ar}.rollout.gpu_memory_utilization={v(self.gpu_memory_utilization)}",
             f"{ar}.rollout.log_prob_micro_batch_size_per_gpu={mb}",
             f"{ar}.rollout.n={self.n}",
+            *([f"+{ar}.rollout.custom.sampling_rule={self.rollout_rule}"] if self.rollout_rule != "none" else []),
             f"{ar}.rollout.val_kwargs.do_sample=True",
             f"{ar}.rollout.val_kwargs.n=1",
             *sampling,

@@ -35,11 +35,13 @@ import ray
 import torch
 
 from ttsrl import knobs
-from ttsrl.verl_plugin.sampling import Sampling, eos_ids_of, parse_sampling
+from ttsrl.verl_plugin.sampling import RuleDraw, Sampling, eos_ids_of, parse_sampling
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
+#: the key of ``actor_rollout_ref.rollout.custom`` that names the sampling rule rollouts are drawn by
+SAMPLING_RULE_KEY = "sampling_rule"
 # Concurrent requests arriving within this window are generated as one batch.
 BATCH_WINDOW_S = knobs.get("TTSRL_HF_ROLLOUT_BATCH_WINDOW_S")
 MAX_BATCH = knobs.get("TTSRL_HF_ROLLOUT_MAX_BATCH")
@@ -99,6 +101,9 @@ class HFRolloutServer:
             attn_implementation=attn,
         ).eval()
         self.eos_ids = eos_ids_of(self.model_config)
+        # GRPOConfig.sampling_rule: draw by CosyVoice's rule instead of plain top-k/top-p
+        rule = (self.config.custom or {}).get(SAMPLING_RULE_KEY)
+        self.rule_draw = RuleDraw.of(rule, self.model_config.hf_config) if rule else None
         tok = self.model_config.tokenizer
         pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else self.eos_ids[0]
         self.pad_id = int(pad)
@@ -180,7 +185,7 @@ class HFRolloutServer:
         out = self.model.generate(
             input_ids=ids, attention_mask=mask,
             generation_config=sampling.generation_config(self.eos_ids, self.pad_id),
-            logits_processor=sampling.logits_processors(),
+            logits_processor=sampling.logits_processors(self.rule_draw),
         )
         new = out.sequences[:, width:]
         logprobs = None

@@ -17,7 +17,7 @@ are finite at the drawn token alone. Log-probabilities are still taken from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -57,10 +57,16 @@ class Sampling:
             output_logits=self.want_logprobs,
         )
 
-    def logits_processors(self) -> list:
-        """For ``generate(logits_processor=...)``: none when greedy, else one that draws the token."""
+    def logits_processors(self, rule: RuleDraw | None = None) -> list:
+        """For ``generate(logits_processor=...)``: none when greedy, else one that draws the token:
+        by top-k/top-p, or by ``rule`` (CosyVoice's rule, the server's ``sampling_rule``)."""
         if self.greedy:
             return []
+        if rule is not None:
+            if self.temperature != 1.0:
+                raise ValueError(f"sampling_rule {rule.cfg.rule} draws at temperature 1.0 (CosyVoice's rules have "
+                                 f"none), the rollout asked {self.temperature}")
+            return [rule.processor(self.top_p, self.top_k)]
         from transformers import LogitsProcessor
 
         sampling = self
@@ -99,6 +105,105 @@ def draw_top_k_top_p(scores: torch.Tensor, temperature: float, top_k: int, top_p
     logits, ids = top_k_top_p_candidates(scores, temperature, top_k, top_p)
     pick = torch.multinomial(logits.softmax(-1), 1, generator=generator)
     return ids.gather(-1, pick).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class RuleDraw:
+    """Rollouts drawn by one of CosyVoice's sampling rules (``ttsrl.model.cosyvoice_lm``), the rule stage 4
+    scores with, instead of plain top-k/top-p: repetition-aware sampling redraws a nucleus pick already made
+    in the last ``win_size`` codes from the rest of the distribution, which a policy trained without it
+    never meets. Each step draws from the rule's distribution in closed form (``rule_distributions``, as
+    ``ttsrl.model.vllm_sampling`` does inside vLLM) over the family's outputs, with the request's top-p
+    and top-k; the window is the codes the request has generated (its prompt's speech codes are not in
+    it, as they are not in CosyVoice's ``decoded_tokens``). No minimum length: stopping is allowed from
+    the first code (the embedded presets' ratio is 0). The log-probs returned stay the policy's, as the
+    actor computes them."""
+
+    cfg: Any  # ttsrl.model.cosyvoice_lm.SamplingConfig: its rule, win_size and tau_r are used
+    speech_offset: int  # the HF id of output index 0
+    num_outputs: int
+    eos_index: int
+
+    @classmethod
+    def of(cls, rule: str, hf_config) -> RuleDraw:
+        """The rule ``rule`` for a converted checkpoint (``config.json``'s ``speech_output_range`` and
+        ``speech_family``, which the converter writes)."""
+        from ttsrl.model import vocab as V
+        from ttsrl.model.cosyvoice_lm import SamplingConfig, check_rule_family, family_of_rule
+
+        output_range = getattr(hf_config, "speech_output_range", None)
+        name = getattr(hf_config, "speech_family", None)
+        if output_range is None or name is None:
+            raise ValueError(f"sampling_rule {rule} needs a converted CosyVoice checkpoint: its config.json has "
+                             "no speech_output_range/speech_family")
+        fam = V.family(name)
+        check_rule_family(rule, fam)
+        if family_of_rule(rule)[1] != "2026":
+            raise ValueError(f"rollouts are drawn by a family's current rule (kind 2026), not {rule}")
+        if int(output_range[1]) - int(output_range[0]) != fam.num_outputs:
+            raise ValueError(f"speech_output_range {list(output_range)} is not {fam.num_outputs} outputs ({name})")
+        return cls(SamplingConfig(rule=rule, min_token_text_ratio=0.0), int(output_range[0]), fam.num_outputs,
+                   fam.eos_index)
+
+    def repeated(self, window: torch.Tensor) -> torch.Tensor:
+        """(B, N) bool: the output indices met at least ``win_size * tau_r`` times in each row's window of
+        output indices (anything else, such as the padding after a finished row's stop, counts for none)."""
+        n = self.num_outputs
+        valid = (window >= 0) & (window < n)
+        counts = torch.zeros((window.shape[0], n + 1), dtype=torch.float64)
+        counts.scatter_add_(1, torch.where(valid, window, n), valid.double())
+        return counts[:, :n] >= self.cfg.win_size * self.cfg.tau_r
+
+    def probs(self, scores: torch.Tensor, generated: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+        """(B, N) the rule's distribution of the next output index after each row's ``generated`` HF ids
+        (the closed form, for tests and inspection; :meth:`draw` samples it without building it)."""
+        from ttsrl.model.cosyvoice_lm import rule_distributions
+
+        cfg = replace(self.cfg, top_p=top_p, top_k=top_k if top_k > 0 else self.num_outputs)
+        logp = scores[:, self.speech_offset:self.speech_offset + self.num_outputs].float().log_softmax(-1)
+        allow = torch.ones(scores.shape[0], dtype=torch.bool)
+        return rule_distributions(logp, self.repeated(generated[:, -cfg.win_size:] - self.speech_offset), allow, cfg)
+
+    def draw(self, scores: torch.Tensor, generated: torch.Tensor, top_p: float, top_k: int,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """One output index per row, drawn as ``pick_token`` draws (rule of kind "2026", stops allowed):
+        a nucleus pick among the top-k (CosyVoice's nucleus: mass counted over the whole distribution),
+        and where that pick is in the row's window, a redraw from the full distribution without it.
+        Vectorised over the batch and working on the top-k entries but for the redraw rows: the closed
+        form (:meth:`probs`) costs a sort of every row's 6,564 outputs a step, which doubled a step's
+        time. A redraw row with no mass left (its one possible pick blocked) ends with eos, as in vLLM."""
+        k = top_k if 0 < top_k < self.num_outputs else self.num_outputs
+        p = scores[:, self.speech_offset:self.speech_offset + self.num_outputs].float().softmax(-1)
+        top, ids = torch.topk(p, k, dim=-1)
+        keep = (top.cumsum(-1) - top) < top_p
+        keep[:, 0] = True
+        pick = ids.gather(-1, torch.multinomial(torch.where(keep, top, 0.0), 1, generator=generator)).squeeze(-1)
+        window = generated[:, -self.cfg.win_size:] - self.speech_offset
+        rows = torch.nonzero(self.repeated(window).gather(-1, pick[:, None]).squeeze(-1)).flatten()
+        if len(rows):
+            rest = p[rows].scatter(-1, pick[rows, None], 0.0)
+            empty = ~(rest.sum(-1) > 0)
+            rest[empty, self.eos_index] = 1.0
+            pick[rows] = torch.multinomial(rest, 1, generator=generator).squeeze(-1)
+        return pick
+
+    def processor(self, top_p: float, top_k: int):
+        """A ``LogitsProcessor`` that draws each token by the rule (one per ``generate`` call: it takes the
+        input's width at the first step as the prompt's)."""
+        from transformers import LogitsProcessor
+
+        draw = self
+
+        class DrawByRule(LogitsProcessor):
+            prompt_width: int | None = None
+
+            def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+                if self.prompt_width is None:
+                    self.prompt_width = input_ids.shape[1]
+                token = draw.speech_offset + draw.draw(scores, input_ids[:, self.prompt_width:], top_p, top_k)
+                return torch.full_like(scores, float("-inf")).scatter_(-1, token.unsqueeze(-1), 0.0)
+
+        return DrawByRule()
 
 
 def parse_sampling(params: dict[str, Any], default_max_tokens: int, room: int) -> Sampling:
