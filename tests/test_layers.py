@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "ttsrl"
 SHARED = {"atomic", "cli", "console", "cpus", "jsonl", "knobs", "lifeline", "text", "limits", "stats", "wheel_parts"}
-LAYER = {"verl_plugin": 0, "families": 1, "model": 1, "embedded": 2, "data": 2, "fetch": 3, "reward": 3, "train": 4, "eval": 5, "launch": 6}
+LAYER = {"families": 1, "model": 1, "verl_plugin": 2, "embedded": 2, "data": 2, "fetch": 3, "reward": 3, "train": 4, "eval": 5, "launch": 6}
 
 
 def module_name(path: Path) -> str:
