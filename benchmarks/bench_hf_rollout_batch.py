@@ -5,7 +5,7 @@ model's size (Qwen2, hidden 128, 4 layers, 7,808-row vocabulary), with the rollo
 settings (temperature 0.8, top-k 25, top-p 0.95) and per-token logits kept (what the hf rollout
 asks for); each token drawn by transformers' sampler, by ttsrl's (``ttsrl.verl_plugin.sampling``:
 the same distribution over the top-k only), or by CosyVoice's rule (``rule``: ``RuleDraw``, what
-``--sampling-rule`` draws by, at temperature 1.0 over the last 6,564 rows as the family's outputs).
+``--rollout-rule`` draws by, at temperature 1.0 over the last 6,564 rows as the family's outputs).
 Prints seconds per variant, repeated.
 
     python benchmarks/bench_hf_rollout_batch.py --tokens 64 --batches 128 --repeats 2

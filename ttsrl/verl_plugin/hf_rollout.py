@@ -101,7 +101,7 @@ class HFRolloutServer:
             attn_implementation=attn,
         ).eval()
         self.eos_ids = eos_ids_of(self.model_config)
-        # GRPOConfig.sampling_rule: draw by CosyVoice's rule instead of plain top-k/top-p
+        # GRPOConfig.rollout_rule: draw by CosyVoice's rule instead of plain top-k/top-p
         rule = (self.config.custom or {}).get(SAMPLING_RULE_KEY)
         self.rule_draw = RuleDraw.of(rule, self.model_config.hf_config) if rule else None
         tok = self.model_config.tokenizer

@@ -17,7 +17,7 @@ are finite at the drawn token alone. Log-probabilities are still taken from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,13 +59,13 @@ class Sampling:
 
     def logits_processors(self, rule: RuleDraw | None = None) -> list:
         """For ``generate(logits_processor=...)``: none when greedy, else one that draws the token:
-        by top-k/top-p, or by ``rule`` (CosyVoice's rule, the server's ``sampling_rule``)."""
+        by top-k/top-p, or by ``rule`` (CosyVoice's rule: ``GRPOConfig.rollout_rule``)."""
         if self.greedy:
             return []
         if rule is not None:
             if self.temperature != 1.0:
-                raise ValueError(f"sampling_rule {rule.cfg.rule} draws at temperature 1.0 (CosyVoice's rules have "
-                                 f"none), the rollout asked {self.temperature}")
+                raise ValueError(f"the rollout rule {rule.cfg.rule} draws at temperature 1.0 (CosyVoice's rules "
+                                 f"have none), the rollout asked {self.temperature}")
             return [rule.processor(self.top_p, self.top_k)]
         from transformers import LogitsProcessor
 
@@ -112,10 +112,10 @@ class RuleDraw:
     """Rollouts drawn by one of CosyVoice's sampling rules (``ttsrl.model.cosyvoice_lm``), the rule stage 4
     scores with, instead of plain top-k/top-p: repetition-aware sampling redraws a nucleus pick already made
     in the last ``win_size`` codes from the rest of the distribution, which a policy trained without it
-    never meets. Each step draws from the rule's distribution in closed form (``rule_distributions``, as
-    ``ttsrl.model.vllm_sampling`` does inside vLLM) over the family's outputs, with the request's top-p
-    and top-k; the window is the codes the request has generated (its prompt's speech codes are not in
-    it, as they are not in CosyVoice's ``decoded_tokens``). No minimum length: stopping is allowed from
+    never meets. Each step draws as ``ttsrl.model.cosyvoice_lm.pick_token`` does, over the family's
+    outputs, with the request's top-p and top-k (:meth:`draw`); the window is the codes the request has
+    generated (its prompt's speech codes are not in it, as they are not in CosyVoice's
+    ``decoded_tokens``). No minimum length: stopping is allowed from
     the first code (the embedded presets' ratio is 0). The log-probs returned stay the policy's, as the
     actor computes them."""
 
@@ -134,7 +134,7 @@ class RuleDraw:
         output_range = getattr(hf_config, "speech_output_range", None)
         name = getattr(hf_config, "speech_family", None)
         if output_range is None or name is None:
-            raise ValueError(f"sampling_rule {rule} needs a converted CosyVoice checkpoint: its config.json has "
+            raise ValueError(f"the rollout rule {rule} needs a converted CosyVoice checkpoint: its config.json has "
                              "no speech_output_range/speech_family")
         fam = V.family(name)
         check_rule_family(rule, fam)
@@ -154,24 +154,15 @@ class RuleDraw:
         counts.scatter_add_(1, torch.where(valid, window, n), valid.double())
         return counts[:, :n] >= self.cfg.win_size * self.cfg.tau_r
 
-    def probs(self, scores: torch.Tensor, generated: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-        """(B, N) the rule's distribution of the next output index after each row's ``generated`` HF ids
-        (the closed form, for tests and inspection; :meth:`draw` samples it without building it)."""
-        from ttsrl.model.cosyvoice_lm import rule_distributions
-
-        cfg = replace(self.cfg, top_p=top_p, top_k=top_k if top_k > 0 else self.num_outputs)
-        logp = scores[:, self.speech_offset:self.speech_offset + self.num_outputs].float().log_softmax(-1)
-        allow = torch.ones(scores.shape[0], dtype=torch.bool)
-        return rule_distributions(logp, self.repeated(generated[:, -cfg.win_size:] - self.speech_offset), allow, cfg)
-
     def draw(self, scores: torch.Tensor, generated: torch.Tensor, top_p: float, top_k: int,
              generator: torch.Generator | None = None) -> torch.Tensor:
         """One output index per row, drawn as ``pick_token`` draws (rule of kind "2026", stops allowed):
         a nucleus pick among the top-k (CosyVoice's nucleus: mass counted over the whole distribution),
         and where that pick is in the row's window, a redraw from the full distribution without it.
-        Vectorised over the batch and working on the top-k entries but for the redraw rows: the closed
-        form (:meth:`probs`) costs a sort of every row's 6,564 outputs a step, which doubled a step's
-        time. A redraw row with no mass left (its one possible pick blocked) ends with eos, as in vLLM."""
+        Vectorised over the batch and working on the top-k entries but for the redraw rows: building the
+        rule's distribution (``rule_distributions``, which the vLLM path must) sorts every row's 6,564
+        outputs a step, which doubled a step's time. A redraw row with no mass left (its one possible
+        pick blocked) ends with eos, as in vLLM."""
         k = top_k if 0 < top_k < self.num_outputs else self.num_outputs
         p = scores[:, self.speech_offset:self.speech_offset + self.num_outputs].float().softmax(-1)
         top, ids = torch.topk(p, k, dim=-1)
