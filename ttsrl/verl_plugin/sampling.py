@@ -145,15 +145,6 @@ class RuleDraw:
         return cls(SamplingConfig(rule=rule, min_token_text_ratio=0.0), int(output_range[0]), fam.num_outputs,
                    fam.eos_index)
 
-    def repeated(self, window: torch.Tensor) -> torch.Tensor:
-        """(B, N) bool: the output indices met at least ``win_size * tau_r`` times in each row's window of
-        output indices (anything else, such as the padding after a finished row's stop, counts for none)."""
-        n = self.num_outputs
-        valid = (window >= 0) & (window < n)
-        counts = torch.zeros((window.shape[0], n + 1), dtype=torch.float64)
-        counts.scatter_add_(1, torch.where(valid, window, n), valid.double())
-        return counts[:, :n] >= self.cfg.win_size * self.cfg.tau_r
-
     def draw(self, scores: torch.Tensor, generated: torch.Tensor, top_p: float, top_k: int,
              generator: torch.Generator | None = None) -> torch.Tensor:
         """One output index per row, drawn as ``pick_token`` draws (rule of kind "2026", stops allowed):
@@ -169,8 +160,13 @@ class RuleDraw:
         keep = (top.cumsum(-1) - top) < top_p
         keep[:, 0] = True
         pick = ids.gather(-1, torch.multinomial(torch.where(keep, top, 0.0), 1, generator=generator)).squeeze(-1)
-        window = generated[:, -self.cfg.win_size:] - self.speech_offset
-        rows = torch.nonzero(self.repeated(window).gather(-1, pick[:, None]).squeeze(-1)).flatten()
+        from ttsrl.model.cosyvoice_lm import repeated_mask
+
+        # each row's window as output indices (ids that are none, such as the padding after a finished row's
+        # stop, count for nothing)
+        windows = [[t - self.speech_offset for t in row if 0 <= t - self.speech_offset < self.num_outputs]
+                   for row in generated[:, -self.cfg.win_size:].tolist()]
+        rows = torch.nonzero(repeated_mask(windows, self.cfg).gather(-1, pick[:, None]).squeeze(-1)).flatten()
         if len(rows):
             rest = p[rows].scatter(-1, pick[rows, None], 0.0)
             empty = ~(rest.sum(-1) > 0)
