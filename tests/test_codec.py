@@ -72,6 +72,36 @@ def test_an_onset_names_its_final_and_the_final_code_is_heard():
     assert codec.decode([codec.ONSET_CODES[("b", "a")], codec.FINAL_CODES[("iong", 1)]]) == ""
 
 
+def test_a_final_said_again_within_the_window_takes_its_second_code():
+    # 妈妈 ma1 ma1: the second 妈 repeats the first's onset and final+tone; the final takes its second
+    # code, which the ASR hears as the same sound in the same voice
+    first, second = codec.FINAL_CODES[("a", 1)], codec.BOOKS["spk0"].second_finals[("a", 1)]
+    onset = codec.ONSET_CODES[("m", "a")]
+    assert codec.encode("妈妈") == [onset, first, onset, second] and codec.decode([onset, second]) == "ma1"
+    assert codec.first_code_unit(codec.unit_of(second)) == codec.unit_of(first) != codec.unit_of(second)
+    for s in codec.SPEAKERS:  # every voice has its own second codes, in its own book
+        book = codec.BOOKS[s]
+        assert set(book.second_finals.values()) <= book.codes
+        assert not set(book.second_finals.values()) & set(book.finals.values())
+    spk2 = codec.encode("妈妈", "spk2")
+    assert spk2 == codec.to_speaker(codec.encode("妈妈"), "spk2") and codec.speaker_share(spk2, "spk2") == 1.0
+    # a third within the window: both codes were said, the first comes back (the sampling rule
+    # then blocks it); outside the window the first code again
+    i4, i4_second = codec.FINAL_CODES[("i", 4)], codec.BOOKS["spk0"].second_finals[("i", 4)]
+    assert codec.encode("是是是")[1::2] == [i4, i4_second, i4]
+    far = codec.encode("妈" + "你好我们" * 2 + "妈")  # ma1 ... ma1 more than ten codes apart
+    assert far[1] == far[-1] == first
+    # over the corpus, a final+tone code repeats within the window only where both codes were said
+    for row in load("train.jsonl") + load("test.jsonl"):
+        codes = codec.encode(row["text"])
+        for i, c in enumerate(codes):
+            window = codes[max(0, i - codec.REPEAT_WINDOW):i]
+            if codec._KIND[c][0] == "final" and c in window:
+                book = codec.BOOKS["spk0"]
+                value = codec._KIND[c][1]
+                assert {book.finals[value], book.second_finals[value]} <= set(window), row
+
+
 def test_pause_not_inserted_inside_numbers():
     codes = codec.encode("圆周率约等于3.14。")
     assert codec.PAUSE not in codes

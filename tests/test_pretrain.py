@@ -214,18 +214,19 @@ def test_the_dictionary_embeddings_make_the_preset_start_model_read_zero_shot_te
     assert hi < 0, (lo, hi)
 
 
-# Quick tier although ~15 s on 2 cores (the tier's one exception to ~5 s a test): 300 steps of the
-# preset's shape is the smallest build that reads (200 left 29% text-only errors), and a regression in
-# the pretraining must fail the tier a developer runs before every commit.
+# Quick tier although ~20 s on 2 cores (the tier's one exception to ~5 s a test): 600 steps of the
+# preset's shape is the smallest build that reads the second codes of repeated finals (300 looped), and a
+# regression in the pretraining must fail the tier a developer runs before every commit.
 def test_a_short_build_of_the_preset_recipe_reads_its_sentences_and_keeps_its_prompts_voice(tmp_path):
     """The preset's recipe (its model shape, batch, lr, noise, prompts from a quarter of the steps, the
-    dictionary embeddings) for 300 steps on six corpus sentences: the model learns them, so its most likely
+    dictionary embeddings) for 600 steps on six corpus sentences: the model learns them, so its most likely
     codes read them back text-only (a regression in the codec's layout, the loss, the labels or the
     curriculum shows up here; the full-size figures are benchmarks/bench_start_model.py's), and prompted
-    in another voice it continues in that voice. Measured over seeds 1234, 7, 99 and 5: 0% text-only,
-    SIM 0.98-1.00, and a zero-shot top-1 CER that six sentences leave unsettled, 16-38% (each prompt is a
-    pair of characters the build never saw before that sentence), so its bound only says the prompted
-    layout reads at all (an unread one is near 100%)."""
+    in another voice it continues in that voice. Measured over seeds 1234, 7, 99 and 5 (seeds stand in for
+    other CPUs, whose kernels change the build): 0-6.7% text-only, zero-shot top-1 4.4-6.7%, SIM 0.98-1.00.
+    600 steps, because a final said again within ten codes takes its second code, which 300 steps had not
+    learned: 妈妈 looped (ma1 ma1 ma1 ...), 11-20% text-only, zero-shot 29-44%. An unread layout is near
+    100%."""
     from transformers import AutoTokenizer
 
     from ttsrl.embedded import codec
@@ -239,12 +240,12 @@ def test_a_short_build_of_the_preset_recipe_reads_its_sentences_and_keeps_its_pr
     corpus = tmp_path / "train.jsonl"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     texts = [json.loads(x)["text"] for x in lines]
-    cfg = PretrainConfig(prompt_prob=0.7, prompt_from=0.25, steps=300, batch_size=8, threads=2)
+    cfg = PretrainConfig(prompt_prob=0.7, prompt_from=0.25, steps=600, batch_size=8, threads=2)
     build_base_model(corpus, tmp_path / "m", cfg, log=lambda s: None)
     model = Qwen2LM.from_pretrained(tmp_path / "m").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "m" / "CosyVoice-BlankEN")
     with torch.no_grad():
-        assert heldout_cer(model, tok, texts, greedy=True) <= 0.05
+        assert heldout_cer(model, tok, texts, greedy=True) <= 0.10
         # each sentence after the next sentence's first two characters in a non-default voice
         pool, rows = {}, []
         for i, t in enumerate(texts):
@@ -255,4 +256,4 @@ def test_a_short_build_of_the_preset_recipe_reads_its_sentences_and_keeps_its_pr
         counts = zero_shot_counts(model, tok, rows, pool, sampling=top1)
     cer = sum(c[0] for c in counts) / sum(c[1] for c in counts)
     sim = sum(c[2] for c in counts) / len(counts)
-    assert cer <= 0.6 and sim >= 0.9, (cer, sim)
+    assert cer <= 0.2 and sim >= 0.9, (cer, sim)

@@ -8,7 +8,8 @@ speech codes in 0..CODE_SPACE-1:
     Chinese syllable   [onset code, final+tone code]       "hao3" -> [O(h, ao), F(ao, 3)]
                         (the onset code names the initial and the final it leads into, as a
                         speech frame's onset carries the vowel that follows; a syllable without
-                        an initial has the "zero initial"'s onset)
+                        an initial has the "zero initial"'s onset; a final+tone has a second
+                        code, F2, spoken where its first is among the last REPEAT_WINDOW codes)
     English word       one code per letter a-z, then WORD_END   "ok" -> [L(o), L(k), WORD_END]
     punctuation        PAUSE between the punctuation-delimited phrases of the text
 
@@ -22,7 +23,14 @@ first (yin1 yin1): 13% of its most likely codes were wrong, against 5% with an o
 (initial, final) pair, which only characters that sound alike share (docs/embedded.md, "Why a
 syllable's onset names its final").
 
-The code book uses 1161 of the 6561 codes, spread over the range by a fixed
+Why a final+tone has two codes: a real codec has many tokens for one sound, so CosyVoice's sampling
+rule, which blocks a token repeated within its last 10 and draws again, still finds the sound in the
+same voice. With one code per final+tone, a final said twice within five syllables (是 shi4 ...
+四 si4) could only be drawn again from another voice's book, and a policy trained under that rule
+learned to put it there: the voice paid for every repeat (docs/embedded.md, "Why a final+tone has
+a second code").
+
+The code book uses 1356 of the 6561 codes, spread over the range by a fixed
 permutation (logical index k -> (k * _STRIDE + _OFFSET) mod CODE_SPACE), so it
 is the same in every process and Python version (no ``hash()``, no RNG).
 
@@ -65,13 +73,18 @@ N_SILENCE = 4
 
 _STRIDE, _OFFSET = 1021, 1409  # 1021 is prime and not 3: k -> code is a permutation
 
+#: CosyVoice's repetition window (``win_size`` of its sampling rule): a final+tone whose first code is
+#: among the last REPEAT_WINDOW codes of an utterance is spoken with its second
+REPEAT_WINDOW = 10
+
 # logical layout: silences, onsets (initials x finals, the impossible pairs too: the layout needs no
-# list of syllables), finals x tones, letters
+# list of syllables), finals x tones, letters, the finals' second codes
 _SIL0 = 0
 _ONS0 = _SIL0 + N_SILENCE
 _FIN0 = _ONS0 + len(INITIALS) * len(FINALS)
 _LET0 = _FIN0 + len(FINALS) * len(TONES)
-NUM_CODES = _LET0 + len(LETTERS)
+_FIN2 = _LET0 + len(LETTERS)
+NUM_CODES = _FIN2 + len(FINALS) * len(TONES)
 
 SPEAKERS = ("spk0", "spk1", "spk2", "spk3")
 DEFAULT_SPEAKER = SPEAKERS[0]
@@ -96,6 +109,7 @@ class Book:
     onsets: dict
     finals: dict
     letters: dict
+    second_finals: dict
     codes: frozenset
 
 
@@ -107,6 +121,8 @@ def _book(s: int) -> Book:
                 finals={(fin, tone): _code(_FIN0 + i * len(TONES) + j, s)
                         for i, fin in enumerate(FINALS) for j, tone in enumerate(TONES)},
                 letters={ch: _code(_LET0 + i, s) for i, ch in enumerate(LETTERS)},
+                second_finals={(fin, tone): _code(_FIN2 + i * len(TONES) + j, s)
+                               for i, fin in enumerate(FINALS) for j, tone in enumerate(TONES)},
                 codes=frozenset(_code(k, s) for k in range(NUM_CODES)))
 
 
@@ -133,6 +149,7 @@ for _s, _name in enumerate(SPEAKERS):
     _KIND.update({c: ("silence", None) for c in _b.silence})
     _KIND.update({c: ("onset", pair) for pair, c in _b.onsets.items()})
     _KIND.update({c: ("final", ft) for ft, c in _b.finals.items()})
+    _KIND.update({c: ("final", ft) for ft, c in _b.second_finals.items()})
     _KIND.update({c: ("letter", ch) for ch, c in _b.letters.items()})
     _SPEAKER_OF.update({_code(k, _s): _name for k in range(NUM_CODES)})
     _LOGICAL.update({_code(k, _s): k for k in range(NUM_CODES)})
@@ -145,8 +162,14 @@ def speaker_of_code(code: int) -> str | None:
 
 
 def unit_of(code: int) -> int:
-    """The logical unit (silence, onset, final+tone or letter) a code of any book speaks."""
+    """The logical unit (silence, onset, final+tone, letter or a final+tone's second code) a code of
+    any book speaks."""
     return _LOGICAL[code]
+
+
+def first_code_unit(unit: int) -> int:
+    """The logical unit of a final+tone's first code for its second (any other unit: itself)."""
+    return unit - _FIN2 + _FIN0 if unit >= _FIN2 else unit
 
 
 def to_speaker(codes: Iterable[int], speaker: str) -> list[int]:
@@ -247,7 +270,12 @@ def encode(text: str, speaker: str = DEFAULT_SPEAKER) -> list[int]:
         if i:
             codes.append(book.silence[0])
         for token in units[pos:pos + n]:
-            codes += _unit_codes(token, book)
+            for c in _unit_codes(token, book):
+                kind, value = _KIND[c]
+                if kind == "final" and c in codes[-REPEAT_WINDOW:]:
+                    second = book.second_finals[value]
+                    c = second if second not in codes[-REPEAT_WINDOW:] else c
+                codes.append(c)
         pos += n
     return codes
 

@@ -178,6 +178,12 @@ def pronunciation_init_(model: Qwen2LM, tokenizer, chars: list[str], seed: int,
     h = model.speech_embedding.weight.shape[1]
     units = torch.randn(codec.NUM_CODES, h, generator=g) * scale
     voices = torch.randn(len(codec.SPEAKERS), h, generator=g) * scale
+    # a final's second code starts as its first plus one shared "second take" vector, so the model
+    # begins knowing the two say the same sound
+    take = torch.randn(h, generator=g) * scale
+    for k in range(codec.NUM_CODES):
+        if codec.first_code_unit(k) != k:
+            units[k] = units[codec.first_code_unit(k)] + take
     with torch.no_grad():
         for code in sorted(codec.ALL_CODES):
             row = units[codec.unit_of(code)] + 0.5 * voices[codec.SPEAKERS.index(codec.speaker_of_code(code))]
