@@ -46,8 +46,9 @@ prompt_budget=32; [[ $family == cosyvoice2 ]] || prompt_budget=64
 REWARD_ARGS=()
 # zero-shot: measure SIM against each row's prompt, and train on CER and SIM together, the field's recipe,
 # with the SIM weight measured on this world: CER 1 + SIM 0.2 (the length term multiplies the CER term).
-# In 20 steps GLM-TTS's 0.1 (REWARD_WEIGHTS=glm_tts) lost 0.02-0.07 of SIM, CER alone (REWARD_WEIGHTS=cer, the
-# CosyVoice2 reference's reward) 0.12-0.22, where 0.2 kept it and lowered CER as much as 0.1 (README, "which reward")
+# In 20 steps CER alone (REWARD_WEIGHTS=cer, the CosyVoice2 reference's reward) lost 0.18-0.30 of SIM and 0.2
+# kept it (+0.02, +0.00) removing 38-40% of the CER; 0.3 removed less, GLM-TTS's 0.1 (REWARD_WEIGHTS=glm_tts) lost
+# up to 0.07 of SIM with plain rollouts (README, "which reward")
 [[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=0.2}"; }
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
@@ -56,8 +57,8 @@ REWARD_ARGS=()
 grpo_preset=embedded; [[ -z $PROMPT_POOL ]] || grpo_preset=embedded_zeroshot
 GRPO_ARGS=(--preset "$grpo_preset" --loggers "$LOGGERS")
 # zero-shot: rollouts drawn by the rule stage 4 scores with (CosyVoice's repetition-aware redraws, at the preset's
-# top-p 0.95 and top-k 25), so the policy is rewarded for what the redraws do to it: by step 20, 31-39% of the
-# start's CER gone in five runs against 28-35% with plain top-k/top-p rollouts, SIM a little lower
+# top-p 0.95 and top-k 25), so the policy is rewarded for what the redraws do to it: by step 20, 38-45% of the
+# start's CER gone in three runs against 34-41% with plain top-k/top-p rollouts, the voice kept in both
 # (docs/results.md). A named SAMPLING is its source's plain sampling; GRPO_EXTRA="--rollout-rule none": plain
 [[ -z $PROMPT_POOL || -n ${SAMPLING:-} ]] || GRPO_ARGS+=(--rollout-rule "$family-2026")
 # named variants REWARD, ALGORITHM, SAMPLING: run.sh's defaults (tanh, grpo, the preset's own sampling:
