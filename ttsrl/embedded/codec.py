@@ -256,7 +256,8 @@ def encode(text: str, speaker: str = DEFAULT_SPEAKER) -> list[int]:
     Pauses go between punctuation-delimited phrases when the phrases' syllable counts
     add up to the whole sentence's (they always do unless a number straddles the
     punctuation); otherwise the sentence is encoded without pauses. Tokens with no
-    code (kana, letters outside a-z) are skipped.
+    code (kana, letters outside a-z) are skipped. A final+tone whose code is among the last
+    REPEAT_WINDOW codes takes its second code, unless that one is there too.
     """
     book = BOOKS[SPEAKERS[_speaker_index(speaker)]]
     units = pinyin(text)
@@ -271,10 +272,10 @@ def encode(text: str, speaker: str = DEFAULT_SPEAKER) -> list[int]:
             codes.append(book.silence[0])
         for token in units[pos:pos + n]:
             for c in _unit_codes(token, book):
+                window = codes[-REPEAT_WINDOW:]
                 kind, value = _KIND[c]
-                if kind == "final" and c in codes[-REPEAT_WINDOW:]:
-                    second = book.second_finals[value]
-                    c = second if second not in codes[-REPEAT_WINDOW:] else c
+                if kind == "final" and c in window and book.second_finals[value] not in window:
+                    c = book.second_finals[value]
                 codes.append(c)
         pos += n
     return codes
