@@ -58,7 +58,7 @@ grpo_preset=embedded; [[ -z $PROMPT_POOL ]] || grpo_preset=embedded_zeroshot
 GRPO_ARGS=(--preset "$grpo_preset" --loggers "$LOGGERS")
 # zero-shot: rollouts drawn by the rule stage 4 scores with (CosyVoice's repetition-aware redraws, at the preset's
 # top-p 0.95 and top-k 25), so the policy is rewarded for what the redraws do to it: by step 20, 32-45% of the
-# start's CER gone in seven runs against 34-41% with plain top-k/top-p rollouts; one of the seven lost 0.05 of SIM
+# start's CER gone in eight runs against 34-41% with plain top-k/top-p rollouts; one of the eight lost 0.05 of SIM
 # (docs/results.md). A named SAMPLING is its source's plain sampling; GRPO_EXTRA="--rollout-rule none": plain
 [[ -z $PROMPT_POOL || -n ${SAMPLING:-} ]] || GRPO_ARGS+=(--rollout-rule "$family-2026")
 # named variants REWARD, ALGORITHM, SAMPLING: run.sh's defaults (tanh, grpo, the preset's own sampling:

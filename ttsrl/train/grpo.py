@@ -72,8 +72,8 @@ PRESETS: dict[str, dict] = {
 # (chosen on an earlier start model, 2026-12-04: test CER -31.0% and -32.0% at step 80 where one update at 0.8
 # gave -25.6..-28.9% and -32.1%). 20 steps, a checkpoint every 10: from today's start model (test CER 9.4%),
 # against CER 1 + SIM 0.2, with rollouts drawn by stage 4's rule (a family's own, so presets/embedded.sh sets
-# rollout_rule, not this preset), 32-45% of the CER is gone by step 20 with SIM within 0.03 of the start in six of
-# seven runs; in 40-step trials the later steps traded CER back for SIM; and the run stays within 12 minutes on two
+# rollout_rule, not this preset), 32-45% of the CER is gone by step 20 with SIM within 0.03 of the start in seven of
+# eight runs; in 40-step trials the later steps traded CER back for SIM; and the run stays within 12 minutes on two
 # cores (docs/results.md).
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
                                 "ppo_mini_batch_size": 4, "temperature": 1.0,
