@@ -39,7 +39,8 @@ leads with and stage 5 chooses by):
 Each has a bootstrap 95% interval over utterances; each step is compared with the start
 model on the same utterances (paired bootstrap: interval of the difference and
 P(better), the share of resamples where the step is better). --seeds K decodes every
-utterance K times and reports the mean and spread across seeds.
+utterance K times and reports the mean and spread across seeds; --dev-seeds K the dev sets'
+utterances (stage 5 chooses on their mean).
 
 Dev sets (--dev-set NAME=PATH) are scored like test sets; stage 5 chooses the step to
 export on them only. Test sets are reported for every step and never used to choose.

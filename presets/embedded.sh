@@ -47,8 +47,9 @@ REWARD_ARGS=()
 # zero-shot: measure SIM against each row's prompt, and train on CER and SIM together, the field's recipe,
 # with the SIM weight measured on this world: CER 1 + SIM 0.2 (the length term multiplies the CER term).
 # In 20 steps CER alone (REWARD_WEIGHTS=cer, the CosyVoice2 reference's reward) lost 0.18-0.30 of SIM and 0.2
-# kept it (+0.02, +0.00) removing 38-40% of the CER; 0.3 removed less, GLM-TTS's 0.1 (REWARD_WEIGHTS=glm_tts) lost
-# up to 0.07 of SIM with plain rollouts (README, "which reward")
+# kept it (+0.02, +0.00) removing 38-40% of the CER; over twelve runs on two machines 0.2 moved SIM by 0.001 on
+# average (-0.054 to +0.028), where 0.3 pulled it 0.02-0.04 above the start; GLM-TTS's 0.1
+# (REWARD_WEIGHTS=glm_tts) lost up to 0.07 of SIM with plain rollouts (README, "which reward"; docs/results.md)
 [[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=0.2}"; }
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
@@ -82,4 +83,7 @@ eval_set=(--test-set "embedded_test=$TEST_FILE")
 # (TEST_ZEROSHOT_FILE: its prompt ids are PROMPT_POOL's)
 [[ -z $PROMPT_POOL ]] ||
   eval_set=(--test-set "embedded_test=${TEST_ZEROSHOT_FILE:-data/corpus/test_zeroshot.jsonl}" --prompt-dir "$PROMPT_POOL")
-EVAL_ARGS=(--backend sim "${eval_set[@]}" --min-token-text-ratio 0 --sampling-rule "$family-2026")
+# dev (64 rows) decoded four times, stage 5 choosing on the mean: one draw ranked step 10 above step 20 in two of
+# thirteen default runs, where the test set put step 20 well ahead (a fresh clone, one draw: dev 7.73% against
+# 8.52%, test 6.90% against 5.05%; seven of eight draws of that dev set put step 20 first); ~10 s more in stage 4
+EVAL_ARGS=(--backend sim "${eval_set[@]}" --min-token-text-ratio 0 --sampling-rule "$family-2026" --dev-seeds 4)

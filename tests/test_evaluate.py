@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -434,6 +435,32 @@ def test_several_seeds_report_mean_and_spread(tiny_hf, tmp_path):
     assert "sd/seed" in (out / "report.md").read_text()
 
 
+def test_dev_seeds_decode_the_dev_sets_more_often_than_the_test_sets(tiny_hf, tmp_path):
+    """--dev-seeds K: each dev utterance is decoded K times (stage 5 chooses on the mean), the test sets
+    keep --seeds; the summaries say so, and a rerun with the same settings scores nothing again."""
+    test = tmp_path / "test.jsonl"
+    write_jsonl(test, TEXTS[:2])
+    out = tmp_path / "eval"
+    cfg = EvalConfig(start_model=str(tiny_hf), out_dir=str(out), test_sets=[("a", str(test))],
+                     dev_sets=[("d", str(test))], engine="hf", device="cpu", threads=1, dev_seeds=3, resamples=200,
+                     generation=GenerationConfig(sampling=SamplingConfig(max_token_text_ratio=20), seed=5))
+    rows = run_sweep(cfg, log=lambda _: None)
+    by_set = {r["test_set"]: r for r in rows}
+    assert (by_set["d"]["role"], by_set["d"]["seeds"], by_set["d"]["n"]) == ("dev", [5, 6, 7], 2)
+    assert (by_set["a"]["role"], by_set["a"]["seeds"], by_set["a"]["n"]) == ("test", [5], 2)
+    dev = [json.loads(x) for x in (out / "step_0" / "d" / "results.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["seed"]) for r in dev] == [(f"t{i}", k) for i in range(2) for k in (5, 6, 7)]
+    assert by_set["d"]["cer_utt_mean"] == pytest.approx(sum(r["utt_rate"] for r in dev) / 6)
+    logs = []
+    run_sweep(cfg, log=logs.append)
+    assert sum("already scored" in line for line in logs) == 2
+    logs.clear()
+    run_sweep(replace(cfg, dev_seeds=2), log=logs.append)  # another K: both sets scored again (one settings record)
+    assert not any("already scored" in line for line in logs)
+    d = json.loads((out / "step_0" / "d" / "summary.json").read_text())
+    assert (d["seeds"], d["settings"]["dev_seeds"]) == ([5, 6], 2)
+
+
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
 def test_wavs_written_when_the_backend_makes_audio(tmp_path):
     """espeak-ng voices the codes (real audio), the sim ASR reads the codes back."""
@@ -497,9 +524,10 @@ def test_cli_dev_sets_seeds_and_headline(tmp_path, monkeypatch):
     base = ["--start-model", "m", "--out-dir", str(tmp_path), "--test-set", "t=a.jsonl"]
     cfg = parse_args(base + ["--dev-set", "d=b.jsonl", "--seeds", "3", "--headline", "pooled"])
     assert cfg.dev_sets == [("d", "b.jsonl")] and cfg.test_sets == [("t", "a.jsonl")]
-    assert (cfg.seeds, cfg.headline) == (3, "cer_pooled")
+    assert (cfg.seeds, cfg.dev_seeds, cfg.headline) == (3, None, "cer_pooled")
+    assert parse_args(base + ["--dev-set", "d=b.jsonl", "--dev-seeds", "4"]).dev_seeds == 4
     assert (parse_args(base).headline, parse_args(base).dev_sets) == ("cer_utt_mean", [])
-    for bad in (["--seeds", "0"], ["--resamples", "10"], ["--headline", "wer"]):
+    for bad in (["--seeds", "0"], ["--dev-seeds", "0"], ["--resamples", "10"], ["--headline", "wer"]):
         with pytest.raises(SystemExit):
             parse_args(base + bad)
 

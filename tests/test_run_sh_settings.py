@@ -351,6 +351,8 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     assert config(REWARD_WEIGHTS="cer")["REWARD_WEIGHTS"] == "cer"
     assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
     assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
+    # stage 5 chooses on four draws of the 64-row dev set
+    assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--dev-seeds") + 1] == "4"
     # zero-shot GRPO: four updates a step, rollouts at temperature 1.0; a named SAMPLING still wins
     assert (got["GRPO.preset"], got["GRPO.ppo_mini_batch_size"], got["GRPO.temperature"], got["GRPO.lr"]) == \
         ("embedded_zeroshot", "4", "1.0", "0.0003")

@@ -16,7 +16,8 @@ with the start model, ...) and ``OUT/terms.png`` (see ``ttsrl.eval.report``).
 
 Dev sets (``dev_sets``) are scored like test sets; stage 5 chooses its step on them
 only (``ttsrl.train.steps.choose_step``). ``seeds`` K decodes every utterance K times (seeds
-seed .. seed+K-1) and the summaries report the mean and the spread across seeds.
+seed .. seed+K-1) and the summaries report the mean and the spread across seeds; ``dev_seeds``
+overrides K for the dev sets.
 
 Distributed (``ttsrl.eval.dist``): under ``torchrun`` every rank takes utterances
 ``rank::world`` of each test set, scores its share, and rank 0 gathers the rows and
@@ -169,6 +170,9 @@ class EvalConfig:
                                              "GPU ranks too); the backend's threads too")
     seeds: int = option(1, group=GEN, help="decode every utterance K times (seeds SEED .. SEED+K-1); mean and "
                                            "spread across seeds")
+    dev_seeds: int | None = option(None, group=GEN, metavar="K",
+                                   help="decode every dev-set utterance K times (none: --seeds): stage 5 chooses on "
+                                        "the mean, and one draw of a small dev set can rank two steps the wrong way")
     headline: str = option("cer_utt_mean", flag="--headline", parse=parse_headline, metavar="{utt_mean,pooled}",
                            group=OUT, help="convention report.md leads with and stage 5 chooses by (utt_mean: "
                                            "Seed-TTS's mean of per-utterance rates; pooled)")
@@ -191,6 +195,8 @@ class EvalConfig:
                                  f"other ranks wait in a collective), got {self.wait_shares:g}")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.dev_seeds is not None and self.dev_seeds < 1:
+            raise ValueError(f"dev_seeds must be >= 1, got {self.dev_seeds}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.headline not in HEADLINES.values():
@@ -239,7 +245,15 @@ def settings_of(cfg: EvalConfig, engine: str) -> dict:
     return {"greedy": g.greedy, "seed": g.seed, "sampling": asdict(g.sampling), "engine": engine,
             "backend": getattr(cfg.backend, "backend", None), "asr": getattr(cfg.backend, "asr", None),
             "reward": cfg.reward, "length_guard": cfg.length_guard, "limit": cfg.limit, "seeds": cfg.seeds,
-            "resamples": cfg.resamples}
+            "resamples": cfg.resamples, **({"dev_seeds": cfg.dev_seeds} if cfg.dev_seeds is not None else {})}
+
+
+def set_seeds(cfg: EvalConfig, name: str) -> int:
+    """How many times each utterance of the set ``name`` is decoded: ``dev_seeds`` for a dev set, where
+    given, else ``seeds``."""
+    if cfg.dev_seeds is not None and name in {n for n, _ in cfg.dev_sets}:
+        return cfg.dev_seeds
+    return cfg.seeds
 
 
 def models_to_score(cfg: EvalConfig) -> dict[int, Path]:
@@ -340,7 +354,7 @@ def _run(cfg, d: Dist, log, torch, BackendConfig, build_pipeline):
     def run_plan(plan):
         if not plan:
             return
-        bar = _progress(cfg.seeds * sum(len(by_name[n].utterances) for _, todo in plan for n in todo), d)
+        bar = _progress(sum(set_seeds(cfg, n) * len(by_name[n].utterances) for _, todo in plan for n in todo), d)
         note = bar.write if bar is not None else say  # keep log lines off the progress bar
         for step, todo in plan:
             _score_model(cfg, d, step, models[step], [by_name[n] for n in todo], engine, device, pipeline(),
@@ -435,7 +449,7 @@ def _score_model(cfg, d: Dist, step: int, mdir: Path, test_sets, engine, device,
             where = pair_dir(out_dir, step, ts.name)
             lang = detect_lang(u.text for u in ts.utterances)
             rows = []
-            for k in range(cfg.seeds):
+            for k in range(set_seeds(cfg, ts.name)):
                 seed = cfg.generation.seed + k
                 gens = gen.generate(reqs, replace(cfg.generation, seed=seed),
                                     progress=(lambda n, world=world: bar.update(n * world)) if bar is not None else None)
