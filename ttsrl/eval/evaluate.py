@@ -241,6 +241,8 @@ def check_prompt_ids(test_sets: Sequence[TestSet], backend: BackendConfig) -> No
 
 
 def settings_of(cfg: EvalConfig, engine: str) -> dict:
+    """What a scored pair's summary must match to count as scored (``dev_seeds`` only where given, so a
+    sweep scored without it stays scored)."""
     g = cfg.generation
     return {"greedy": g.greedy, "seed": g.seed, "sampling": asdict(g.sampling), "engine": engine,
             "backend": getattr(cfg.backend, "backend", None), "asr": getattr(cfg.backend, "asr", None),
