@@ -146,9 +146,8 @@ def test_flags_kept_their_names_and_meanings(tmp_path):
         (Path("c"), [2, 4], "fp32", True, None)
     worker = argparse.ArgumentParser()  # the command merge_all gives its worker
     add_fields(worker, MergeWorker)
-    w = given(worker.parse_args(["--local-dir", "a", "--target-dir", "t", "--config-dir", "c", "--dtype", "auto",
-                                 "--trust-remote-code"]), MergeWorker)
-    assert MergeWorker(**w) == MergeWorker("a", "t", "c", "auto", True)
+    w = given(worker.parse_args(["--jobs", "[]", "--dtype", "fp32"]), MergeWorker)
+    assert MergeWorker(**w) == MergeWorker("[]", "fp32")
     p = prepare_data.build_parser()
     prep = given(p.parse_args(["--train_file", "a", "--test-file", "b", "--local_dir", "c", "-q", "--skip-invalid",
                                "--max-prompt-length", "64", "--data_source", "x"]), PrepareConfig)

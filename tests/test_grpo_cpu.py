@@ -259,7 +259,8 @@ def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path
     shutil.copytree(ws / "ckpt", ckpt)
     cmd = [sys.executable, str(ROOT / "merge_checkpoints.py"), "--ckpt-dir", str(ckpt), "--out-dir", str(out),
            "--base-model", str(ws / "hf_model")]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    first = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+    assert "2 step(s) merged in" in first.stdout and "by one merger process" in first.stdout, first.stdout
     a2, a3 = (read_marker(out / f"step_{s}")["files"]["model.safetensors"]["sha256"] for s in (SAVE_FREQ, STEPS))
     assert a2 != a3 and read_marker(out / f"step_{STEPS}")["source_files"]
     # "run B": its step 3 holds other shards (those of step 2 here)
@@ -270,6 +271,18 @@ def test_stage3_merges_again_when_the_checkpoints_are_another_runs(run, tmp_path
     assert f"step {SAVE_FREQ}: already merged (checked), skipped" in again.stdout
     assert f"step {STEPS}: existing" in again.stdout and "merged from other checkpoint files" in again.stdout
     assert read_marker(out / f"step_{STEPS}")["files"]["model.safetensors"]["sha256"] == a2  # B's weights now
+
+    # the one merger process fails on step 3 (a torn shard): step 2, merged before it, is published;
+    # step 3 leaves nothing, no temporary folder either, and the error names its checkpoint
+    shutil.rmtree(out)
+    shard = next((ckpt / f"global_step_{STEPS}" / "actor").glob("model_world_size_*_rank_*.pt"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    torn = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert torn.returncode == 1, torn.stdout + torn.stderr
+    assert f"failed (exit 1) for {ckpt / f'global_step_{STEPS}' / 'actor'}" in torn.stderr, torn.stderr
+    assert f"step {SAVE_FREQ}: merged" in torn.stdout, torn.stdout
+    assert sorted(p.name for p in out.iterdir()) == [f"step_{SAVE_FREQ}"]
+    assert read_marker(out / f"step_{SAVE_FREQ}")["files"]["model.safetensors"]["sha256"] == a2
 
 
 def test_crash_leftovers_are_named_and_skipped_and_a_torn_tracker_is_repaired(run, tmp_path):

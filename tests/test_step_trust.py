@@ -78,9 +78,8 @@ def test_a_marker_without_hashes_is_not_trusted(merged):
 
 
 def test_stage3_does_not_skip_a_corrupted_step(merged, tmp_path):
-    """Stage 3's skip trusts the same check: a corrupted step_N is merged again (here the
-    actor folder is empty, so the new merge stops with a MergeError after saying why)."""
-    from ttsrl.train.merge import MergeConfig, MergeError, merge_step
+    """Stage 3's skip trusts the same check: a corrupted step_N is merged again."""
+    from ttsrl.train.merge import source_to_merge
 
     (merged / "step_5" / MARKER).unlink()
     write_marker(merged / "step_5", {"step": 5, "dtype_option": "auto"})  # as stage 3 writes it
@@ -88,6 +87,5 @@ def test_stage3_does_not_skip_a_corrupted_step(merged, tmp_path):
     actor = tmp_path / "ckpt" / "global_step_5" / "actor"
     actor.mkdir(parents=True)
     lines = []
-    with pytest.raises(MergeError):
-        merge_step(5, actor, merged, MergeConfig(ckpt_dir=tmp_path / "ckpt", out_dir=merged), log=lines.append)
+    assert source_to_merge(5, actor, merged, "auto", log=lines.append) is not None
     assert any("sha256" in m and "merging again" in m for m in lines), lines

@@ -1,7 +1,8 @@
 """Stage 3: merge every saved FSDP step into a Hugging Face checkpoint.
 
 For each ``CKPT/global_step_N/actor`` this runs verl 0.9.1's FSDP merger
-(``verl.model_merger``) in a subprocess (``python -m ttsrl.train.merge worker``) and leaves
+(``verl.model_merger``) in a subprocess (``python -m ttsrl.train.merge worker``, one for all the
+steps to merge) and leaves
 ``OUT/step_N`` in the layout the converter writes: weights, config, tokenizer,
 generation_config, our modeling file (the class keeping the lm_head bias, named by
 ``auto_map``) and the converter's side file, so stages 4 and 5 load it exactly like
@@ -43,11 +44,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -165,43 +168,26 @@ def stage_config_dir(actor: Path, base_model: Optional[Path], use_checkpoint_cod
     return modules
 
 
-def merge_step(step: int, actor: Path, out_dir: Path, cfg: MergeConfig,
-               log: Callable[[str], None] = print) -> StepResult:
+def source_to_merge(step: int, actor: Path, out_dir: Path, dtype: str,
+                    log: Callable[[str], None] = print) -> dict[str, dict] | None:
+    """None when ``OUT/step_N`` is a complete merge at ``dtype`` of the checkpoint files in ``actor``
+    now; else those files' fingerprint (:func:`source_fingerprint`), having logged why an existing
+    ``step_N`` is merged again."""
     target = step_path(out_dir, step)
     source = source_fingerprint(actor)
-    why = check_merged(target, cfg.dtype) if target.exists() else "absent"
+    why = check_merged(target, dtype) if target.exists() else "absent"
     if why is None:
         why = _source_problem(target, source)
         if why is None:
-            return StepResult(step, target, merged=False)
+            return None
     if target.exists():
         log(f"[merge] step {step}: existing {target} is not a complete merge ({why}): merging again")
-    t0 = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # named like the atomic writers' temps, so that writing_step deletes one a killed merge left
-    staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg.tmp-{os.getpid()}-", dir=out_dir))
-    try:
-        modules = stage_config_dir(actor, cfg.base_model, cfg.use_checkpoint_code, staging)
-        info = {"step": step, "source": str(actor.resolve()), "source_files": source, "dtype_option": cfg.dtype,
-                "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model"}
-        # the staged tokenizer files where the merger left them out, the base model's side file
-        with writing_step(target, info, modules, tokenizer_from=staging, extra_from=cfg.base_model) as tmp:
-            cmd = [cfg.python, "-m", "ttsrl.train.merge", "worker", "--local-dir", str(actor), "--target-dir", str(tmp),
-                   "--config-dir", str(staging), "--dtype", cfg.dtype]
-            if modules:
-                cmd.append("--trust-remote-code")
-            log(f"[merge] step {step}: {' '.join(cmd)}")
-            env = {**os.environ, **cfg.extra_env}
-            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0:
-                raise MergeError(f"verl's FSDP merger failed for {actor} (exit {proc.returncode}):\n"
-                                 + proc.stdout[-4000:])
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return StepResult(step, target, merged=True, seconds=time.time() - t0)
+    return source
 
 
 def merge_all(cfg: MergeConfig, log: Callable[[str], None] = print) -> list[StepResult]:
+    """Merge every saved step (or ``cfg.steps``) that is not merged already, all in one worker process:
+    importing verl costs each process 5-10 s on 2 cores, more than merging a small model."""
     if not Path(cfg.ckpt_dir).is_dir():
         raise MergeError(f"checkpoint folder {cfg.ckpt_dir} does not exist")
     steps = saved_steps(cfg.ckpt_dir, warn=log)  # partial and untracked folders: named, left out
@@ -212,12 +198,72 @@ def merge_all(cfg: MergeConfig, log: Callable[[str], None] = print) -> list[Step
         steps = {s: steps[s] for s in cfg.steps}
     if not steps:
         raise MergeError(f"no global_step_N/actor checkpoints in {cfg.ckpt_dir}")
-    results = []
+    out_dir = Path(cfg.out_dir)
+    results, todo = {}, {}
     for step, actor in steps.items():
-        r = merge_step(step, actor, Path(cfg.out_dir), cfg, log=log)
-        log(f"[merge] step {step}: {'merged in %.1f s' % r.seconds if r.merged else 'already merged (checked), skipped'}"
-            f" -> {r.path}")
-        results.append(r)
+        source = source_to_merge(step, actor, out_dir, cfg.dtype, log)
+        if source is None:
+            results[step] = StepResult(step, step_path(out_dir, step), merged=False)
+            log(f"[merge] step {step}: already merged (checked), skipped -> {results[step].path}")
+        else:
+            todo[step] = (actor, source)
+    if todo:
+        results.update(_merge_steps(todo, out_dir, cfg, log))
+    return [results[s] for s in steps]
+
+
+def _merge_steps(todo: dict[int, tuple[Path, dict]], out_dir: Path, cfg: MergeConfig,
+                 log: Callable[[str], None]) -> dict[int, StepResult]:
+    """Merge the steps ``todo`` ({step: (actor folder, source fingerprint)}) in one worker process.
+    Each step is written into its own temporary folder (``writing_step``) and published once the
+    worker reports it done; a step it did not finish leaves nothing, and the error names it after
+    the steps before it are in place."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writers, jobs, results = {}, {}, {}
+    with ExitStack() as staged:
+        try:
+            for step, (actor, source) in todo.items():
+                # named like the atomic writers' temps, so that writing_step deletes one a killed merge left
+                staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.cfg.tmp-{os.getpid()}-", dir=out_dir))
+                staged.callback(shutil.rmtree, staging, ignore_errors=True)
+                modules = stage_config_dir(actor, cfg.base_model, cfg.use_checkpoint_code, staging)
+                info = {"step": step, "source": str(actor.resolve()), "source_files": source,
+                        "dtype_option": cfg.dtype,
+                        "code_from": "checkpoint" if cfg.use_checkpoint_code else "ttsrl/base model"}
+                # the staged tokenizer files where the merger left them out, the base model's side file
+                writer = writing_step(step_path(out_dir, step), info, modules, tokenizer_from=staging,
+                                      extra_from=cfg.base_model)
+                jobs[step] = {"local_dir": str(actor), "target_dir": str(writer.__enter__()),
+                              "config_dir": str(staging), "trust_remote_code": bool(modules)}
+                writers[step] = writer
+            cmd = [cfg.python, "-m", "ttsrl.train.merge", "worker", "--dtype", cfg.dtype,
+                   "--jobs", json.dumps(list(jobs.values()))]
+            log(f"[merge] step{'s' if len(todo) > 1 else ''} {', '.join(map(str, todo))}: {shlex.join(cmd)}")
+            t0 = time.time()
+            proc = subprocess.run(cmd, env={**os.environ, **cfg.extra_env}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            done = {}  # target_dir -> seconds since the worker started, from its "done" lines
+            for line in proc.stdout.splitlines():
+                if line.startswith(WORKER_DONE):
+                    seconds, target = line[len(WORKER_DONE):].split(" ", 1)
+                    done[target] = float(seconds)
+            for step, job in jobs.items():
+                if job["target_dir"] not in done:
+                    break
+                writers.pop(step).__exit__(None, None, None)  # publishes step_N
+                results[step] = StepResult(step, step_path(out_dir, step), merged=True,
+                                           seconds=done[job["target_dir"]])
+                log(f"[merge] step {step}: merged ({results[step].seconds:.1f} s into the merger) -> "
+                    f"{results[step].path}")
+            if proc.returncode != 0 or writers:
+                failed = [todo[s][0] for s in writers]
+                raise MergeError(f"verl's FSDP merger failed (exit {proc.returncode})"
+                                 + (f" for {', '.join(map(str, failed))}" if failed else "") + ":\n"
+                                 + proc.stdout[-4000:])
+            log(f"[merge] {len(todo)} step(s) merged in {time.time() - t0:.1f} s by one merger process")
+        finally:
+            for writer in writers.values():  # not finished: its temporary folder is deleted
+                writer.__exit__(MergeError, MergeError("merge not finished"), None)
     return results
 
 
@@ -282,25 +328,31 @@ def make_merger(local_dir: str, target_dir: str, config_dir: str, dtype: Optiona
     return KeepPrecisionFSDPMerger(config)
 
 
+WORKER_DONE = "[merge worker] done "  # + seconds since start + " " + target_dir: one line per finished job
+
+
 @dataclass
 class MergeWorker:
-    """One step's merge (``python -m ttsrl.train.merge worker``, run by :func:`merge_all`)."""
-    local_dir: str = option(help="CKPT/global_step_N/actor")
-    target_dir: str = option(help="where the merged HF checkpoint goes")
-    config_dir: str = option(help="config + tokenizer files (+ modeling file)")
+    """The steps' merges (``python -m ttsrl.train.merge worker``, run by :func:`merge_all`)."""
+    jobs: str = option(help="JSON list of {local_dir: CKPT/global_step_N/actor, target_dir: where the merged HF "
+                            "checkpoint goes, config_dir: config + tokenizer files (+ modeling file), "
+                            "trust_remote_code: let transformers run the config folder's modeling file}")
     dtype: str = option("auto", choices=DTYPES, help="weights dtype (a key of DTYPES)")
-    trust_remote_code: bool = option(False, help="let transformers run the config folder's modeling file")
 
 
 def _worker(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m ttsrl.train.merge worker",
-                                description="merge one FSDP actor checkpoint (used by merge_checkpoints.py)")
+                                description="merge FSDP actor checkpoints, in order (used by merge_checkpoints.py)")
     add_fields(p, MergeWorker)
     a = MergeWorker(**given(p.parse_args(argv), MergeWorker))
-    Path(a.target_dir).mkdir(parents=True, exist_ok=True)
-    merger = make_merger(a.local_dir, a.target_dir, a.config_dir, DTYPES[a.dtype], a.trust_remote_code)
-    merger.merge_and_save()
-    merger.cleanup()
+    t0 = time.time()
+    for job in json.loads(a.jobs):
+        Path(job["target_dir"]).mkdir(parents=True, exist_ok=True)
+        merger = make_merger(job["local_dir"], job["target_dir"], job["config_dir"], DTYPES[a.dtype],
+                             job["trust_remote_code"])
+        merger.merge_and_save()
+        merger.cleanup()
+        print(f"{WORKER_DONE}{time.time() - t0:.1f} {job['target_dir']}", flush=True)
     return 0
 
 
