@@ -18,6 +18,19 @@ import pytest
 # with PROMPT_POOL unset (tests/test_run_sh_settings.py).
 os.environ["PROMPT_POOL"] = ""
 
+# Under pytest-xdist each worker gets its share of the cores, for itself and the processes it starts
+# (OMP_NUM_THREADS, which torch reads). With torch's default of every core in each of two workers on 2
+# cores, a worker's threads wait on each other whenever the other worker computes: the quick tier took
+# 289 s on a 2-core AMD EPYC, 256 s with one thread a worker. A test that wants more threads sets them.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    import sys
+
+    from ttsrl.cpus import usable_cores
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+    if "torch" in sys.modules:  # imported before this file: it read the variable already
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # fixtures only; the tests (and scripts/rehearsal.py) import every plain helper from helpers.py
 from helpers import make_grpo_workspace, start_reward_server, stop_process
 
