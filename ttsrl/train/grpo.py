@@ -74,7 +74,7 @@ PRESETS: dict[str, dict] = {
 # against CER 1 + SIM 0.2, with rollouts drawn by stage 4's rule (a family's own, so presets/embedded.sh sets
 # rollout_rule, not this preset), 32-45% of the CER is gone by step 20 with SIM within 0.03 of the start in seven of
 # eight runs (33-48% in four on a slower machine); in 40-step trials the later steps traded CER back for SIM; and the
-# run takes 7-9 minutes on a 2-core Intel Xeon, 13-15 on a 2-core AMD EPYC without AVX-512 (docs/results.md).
+# run takes 7-9 minutes on a 2-core Intel Xeon, 12-15 on a 2-core AMD EPYC without AVX-512 (docs/results.md).
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
                                 "ppo_mini_batch_size": 4, "temperature": 1.0,
                                 "total_training_steps": 20, "save_freq": 10}
