@@ -238,7 +238,9 @@ def _merge_steps(todo: dict[int, tuple[Path, dict]], out_dir: Path, cfg: MergeCo
                 writers[step] = writer
             cmd = [cfg.python, "-m", "ttsrl.train.merge", "worker", "--dtype", cfg.dtype,
                    "--jobs", json.dumps(list(jobs.values()))]
-            log(f"[merge] step{'s' if len(todo) > 1 else ''} {', '.join(map(str, todo))}: {shlex.join(cmd)}")
+            # the command without its job list, which grows by a few hundred characters a step
+            log(f"[merge] step{'s' if len(todo) > 1 else ''} {', '.join(map(str, todo))}: {shlex.join(cmd[:-2])} "
+                f"--jobs <{len(jobs)} job(s): {', '.join(str(todo[s][0]) for s in jobs)}>")
             t0 = time.time()
             proc = subprocess.run(cmd, env={**os.environ, **cfg.extra_env}, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
