@@ -21,7 +21,8 @@ os.environ["PROMPT_POOL"] = ""
 # Under pytest-xdist each worker gets its share of the cores, for itself and the processes it starts
 # (OMP_NUM_THREADS, which torch reads). With torch's default of every core in each of two workers on 2
 # cores, a worker's threads wait on each other whenever the other worker computes: the quick tier took
-# 289 s on a 2-core AMD EPYC, 256 s with one thread a worker. A test that wants more threads sets them.
+# 289 s on a 2-core AMD EPYC, 256 s with one thread a worker (one run each; that machine's runs vary by
+# 10-15%). A test that wants more threads sets them.
 if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
     import sys
 
