@@ -253,6 +253,7 @@ def test_pipeline_measures_sim_only_when_asked(folders, t2w):
     assert tr[1].sim is None  # nothing voiced
 
 
+@pytest.mark.slow  # stage 4 through CosyVoice2's token2wav and speaker model: 9-11 s on a 2-core AMD EPYC
 def test_stage4_sweep_reports_sim_on_cosyvoice2(folders, tiny_hf, tmp_path):
     """Stage 4 on the cosyvoice2 backend (random-weighted fixture): every utterance with
     speech has a `sim`, the summaries their mean and interval, report.md the column."""

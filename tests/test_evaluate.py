@@ -478,6 +478,7 @@ def test_wavs_written_when_the_backend_makes_audio(tmp_path):
         assert w.getnframes() > 0
 
 
+@pytest.mark.slow  # espeak-ng audio and DNSMOS for a two-step sweep of three texts, the plot, the page: 10-13 s on a 2-core AMD EPYC
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
 def test_dnsmos_column_plot_panel_and_listening_page(tmp_path):
     """Real audio (espeak-ng) gets DNSMOS scores per utterance, a column with its interval and Δ in

@@ -133,6 +133,7 @@ def test_whisper_reads_right_phonemes_better_than_scrambled_ones(pipeline, g2p):
     assert all(o.sim is not None and o.mos is not None for o in out)
 
 
+@pytest.mark.slow  # stage 4 through Kokoro and Whisper: 7-10 s on a 2-core AMD EPYC
 def test_stage_4_reports_the_lms_reading_error_against_the_g2p(pipeline, g2p, tmp_path):
     """The codes' phoneme edit errors against misaki's reading of the text (voice tokens dropped): 0
     for the right reading, the edit distance for a wrong syllable, all of it for nothing said; stage 4

@@ -86,6 +86,7 @@ def test_the_teacher_misreads_each_character_one_way_at_the_asked_rate():
     assert set(tokens) <= set(range(len(t.vocab.symbols), t.vocab.size))
 
 
+@pytest.mark.slow  # a 60-step phoneme-LM build on 41 sentences, misaki G2P as its teacher: 12-14 s on a 2-core AMD EPYC
 def test_a_short_build_learns_is_cached_and_is_the_family_s(tmp_path):
     corpus = tmp_path / "train.jsonl"
     texts = [json.loads(line)["text"] for line in (DATA / "train.jsonl").read_text().splitlines()[:40]]
