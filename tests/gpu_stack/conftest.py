@@ -50,18 +50,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _is_mine(nodeid: str) -> bool:
+    return nodeid.replace(os.sep, "/").startswith("tests/gpu_stack/")
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not _state["ids"]:
-        return
+    # The reports, not the collected items: under pytest-xdist (scripts/test.sh runs these tests on
+    # two workers) the workers collect and the controller that writes this summary sees only reports.
     counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    seen = False
     for key in counts:
         for rep in terminalreporter.stats.get(key, []):
-            if getattr(rep, "nodeid", None) in _state["ids"] and getattr(rep, "when", "call") in ("call", "setup"):
-                if key == "passed" and rep.when != "call":
-                    continue
-                counts[key] += 1
+            if not _is_mine(getattr(rep, "nodeid", "") or "") or getattr(rep, "when", "call") not in ("call", "setup"):
+                continue
+            seen = True
+            if key == "passed" and rep.when != "call":
+                continue
+            counts[key] += 1
+    if not (seen or _state["ids"]):
+        return
     ran = counts["passed"] + counts["failed"]
-    kernels = _state["probe"].line if _state["probe"] is not None else SKIP_REASON
+    kernels = _kernel_probe().line if HAVE_VLLM else SKIP_REASON
     terminalreporter.write_line(f"[vllm] {kernels}")
     terminalreporter.write_line(f"[vllm] vLLM tests: {ran} ran ({counts['passed']} passed, {counts['failed']} failed), "
                                 f"{counts['skipped']} skipped, {counts['error']} errors")
