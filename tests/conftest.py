@@ -35,23 +35,6 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 # fixtures only; the tests (and scripts/rehearsal.py) import every plain helper from helpers.py
 from helpers import make_grpo_workspace, start_reward_server, stop_process
 
-# The longest files first. scripts/test.sh runs the slow tests and the vLLM tests on two workers, a
-# whole file to each, in collection order (--no-loadscope-reorder); xdist's own order, the files with
-# the most tests first, left the one-test training runs (2-5 min each on 2 cores) to the end, one
-# worker running them while the other idled. Longest first, the short files fill in beside them.
-# Only the order changes; a file missing here just keeps its place.
-LONGEST_FIRST = ("test_grpo_cpu.py", "test_multinode.py", "test_grpo_algorithms.py", "test_gdpo.py",
-                 "gpu_stack/test_vllm_grpo.py", "gpu_stack/test_vllm_grpo_cosyvoice3.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = str(item.fspath).replace(os.sep, "/")
-        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith("/tests/" + name)), len(LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: each file's own order, and the other files', kept
-
-
 SENTENCES = [
     "今天天气很好，我们去公园散步吧。", "我用iPhone拍照，Hello world!", "二零二四年三月五日，百分之五十。",
     "银行的行长在行走。", "你好，一个不是很长的句子。", "重庆的重量很重要，还要还钱。",

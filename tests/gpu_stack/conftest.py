@@ -43,6 +43,11 @@ def pytest_collection_modifyitems(config, items):
             if not result.unsupported:
                 raise pytest.UsageError(f"vLLM is installed but its kernels do not load: {result.line}")
             skip = pytest.mark.skip(reason=result.line)
+    # the two training-run files first (a stable sort keeps every file's own order): scripts/test.sh
+    # runs these tests on two workers, a file to each in collection order (--no-loadscope-reorder),
+    # so the two 3-minute runs start side by side and the short files fill in after them; xdist's
+    # own order, the files with the most tests first, left both runs to the end
+    items.sort(key=lambda it: 0 if "/tests/gpu_stack/test_vllm_grpo" in str(it.fspath).replace(os.sep, "/") else 1)
     for item in mine:
         item.add_marker(pytest.mark.vllm)
         _state["ids"].add(item.nodeid)
