@@ -21,7 +21,7 @@ SKIP_REASON = ("vLLM not installed in this venv: the vLLM tests run in .venv-vll
 # vLLM's CPU KV cache in GiB (its default, 4, is more than these tiny models need)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-_state: dict = {"probe": None, "ids": set()}
+_state: dict = {"probe": None, "collected": False}
 
 
 def _kernel_probe():
@@ -32,8 +32,12 @@ def _kernel_probe():
     return _state["probe"]
 
 
+def _is_mine(nodeid: str) -> bool:
+    return nodeid.replace(os.sep, "/").startswith("tests/gpu_stack/")
+
+
 def pytest_collection_modifyitems(config, items):
-    mine = [it for it in items if "tests/gpu_stack/" in str(it.fspath).replace(os.sep, "/")]
+    mine = [it for it in items if _is_mine(it.nodeid)]
     if not mine:
         return
     skip = pytest.mark.skip(reason=SKIP_REASON) if not HAVE_VLLM else None
@@ -47,16 +51,12 @@ def pytest_collection_modifyitems(config, items):
     # runs these tests on two workers, a file to each in collection order (--no-loadscope-reorder),
     # so the two 3-minute runs start side by side and the short files fill in after them; xdist's
     # own order, the files with the most tests first, left both runs to the end
-    items.sort(key=lambda it: 0 if "/tests/gpu_stack/test_vllm_grpo" in str(it.fspath).replace(os.sep, "/") else 1)
+    items.sort(key=lambda it: 0 if _is_mine(it.nodeid) and "/test_vllm_grpo" in it.nodeid else 1)
+    _state["collected"] = True
     for item in mine:
         item.add_marker(pytest.mark.vllm)
-        _state["ids"].add(item.nodeid)
         if skip is not None:
             item.add_marker(skip)
-
-
-def _is_mine(nodeid: str) -> bool:
-    return nodeid.replace(os.sep, "/").startswith("tests/gpu_stack/")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -72,7 +72,7 @@ def pytest_terminal_summary(terminalreporter):
             if key == "passed" and rep.when != "call":
                 continue
             counts[key] += 1
-    if not (seen or _state["ids"]):
+    if not (seen or _state["collected"]):
         return
     ran = counts["passed"] + counts["failed"]
     kernels = _kernel_probe().line if HAVE_VLLM else SKIP_REASON
