@@ -16,9 +16,10 @@
 
 # stage -1: build_base_model.py's options (`python build_base_model.py --help`): the first quarter of the
 # steps text-only (reading), then 70% of the examples zero-shot; in 20% of the teacher's characters the
-# reading of the character's one confusable character (ttsrl/embedded/phoneme_lm.py)
+# reading of the character's one confusable character; in 15% of the zero-shot targets another voice's
+# token (ttsrl/embedded/phoneme_lm.py)
 : "${BUILD_BASE_MODEL:=1}"
-BASE_MODEL_ARGS=(--steps 3000 --prompt-prob 0.7 --prompt-from 0.25 --syllable-noise 0.2)
+BASE_MODEL_ARGS=(--steps 3000 --prompt-prob 0.7 --prompt-from 0.25 --syllable-noise 0.2 --speaker-leak 0.15)
 : "${COSYVOICE2_DIR:=$EXP_DIR/kokoro_base}"  # llm.pt + CosyVoice-BlankEN/
 
 # stage 0: the corpus without its 22 training sentences with Latin letters (the G2P cannot read them)

@@ -321,6 +321,7 @@ def test_the_speech_preset_is_the_kokoro_family_s_data_backend_reward_and_rule()
     assert ev[ev.index("--backend") + 1] == "kokoro" and ev[ev.index("--sampling-rule") + 1] == "kokoro-2026"
     assert ev[ev.index("--tau-r") + 1] == "1.0" and "--whisper-fit-window" in ev and "--whisper-fit-window" in got["REWARD_ARGS"]
     assert got["BASE_MODEL_ARGS"][got["BASE_MODEL_ARGS"].index("--syllable-noise") + 1] == "0.2"
+    assert got["BASE_MODEL_ARGS"][got["BASE_MODEL_ARGS"].index("--speaker-leak") + 1] == "0.15"
     r = _config({"MODEL_FAMILY": "cosyvoice2"}, preset=ROOT / "presets" / "speech_cpu.sh", ok=False)
     assert r.returncode == 2 and "another family than MODEL_FAMILY=cosyvoice2" in r.stderr
 
