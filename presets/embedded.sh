@@ -45,12 +45,11 @@ prompt_budget=32; [[ $family == cosyvoice2 ]] || prompt_budget=64
 : "${REWARD_BACKEND:=sim}"
 REWARD_ARGS=()
 # zero-shot: measure SIM against each row's prompt, and train on CER and SIM together, the field's recipe,
-# with the SIM weight measured on this world: CER 1 + SIM 0.2 (the length term multiplies the CER term).
-# In 20 steps CER alone (REWARD_WEIGHTS=cer, the CosyVoice2 reference's reward) lost 0.18-0.30 of SIM and 0.2
-# kept it (+0.02, +0.00) removing 38-40% of the CER; over fourteen runs on two machines 0.2 moved SIM by +0.004 on
-# average (-0.054 to +0.028), where 0.3 pulled it 0.02-0.04 above the start; GLM-TTS's 0.1
-# (REWARD_WEIGHTS=glm_tts) lost up to 0.07 of SIM with plain rollouts (README, "which reward"; docs/results.md)
-[[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=0.2}"; }
+# with the SIM weight measured on this world: CER 1 + SIM 0.5 (the length term multiplies the CER term).
+# In 20 steps, two seeds: CER alone (REWARD_WEIGHTS=cer, the CosyVoice2 reference's reward) lost 0.05-0.08 of SIM,
+# 0.2 lost 0.02-0.04, 0.5 kept it (-0.005, -0.006) removing as much of the CER (42-50%); gdpo kept it and removed
+# 31-34% (README, "which reward"; docs/results.md)
+[[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=0.5}"; }
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
 # GRPO's values (batch shape, lr, steps): PRESETS["embedded"] in ttsrl/train/grpo.py

@@ -347,8 +347,8 @@ def test_the_embedded_preset_is_zero_shot_by_default_and_text_only_on_request():
     pool = "data/corpus/prompt_pool"
     assert got["PROMPT_POOL"] == pool and got["EXP_DIR"] == "exp/embedded"
     assert got["BASE_MODEL_ARGS"] == ["--prompt-prob", "0.7", "--prompt-from", "0.25"]
-    # zero-shot trains on CER and SIM together (CER 1 + SIM 0.2, measured on this world); the environment still wins
-    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "0.2"
+    # zero-shot trains on CER and SIM together (CER 1 + SIM 0.5, measured on this world); the environment still wins
+    assert "--want-sim" in got["REWARD_ARGS"] and got["REWARD_WEIGHTS"] == "0.5"
     assert config(REWARD_WEIGHTS="cer")["REWARD_WEIGHTS"] == "cer"
     assert "embedded_test=data/corpus/test_zeroshot.jsonl" in got["EVAL_ARGS"]
     assert got["EVAL_ARGS"][got["EVAL_ARGS"].index("--prompt-dir") + 1] == pool
