@@ -48,7 +48,7 @@ REWARD_ARGS=()
 # with the SIM weight measured on this world: CER 1 + SIM 0.5 (the length term multiplies the CER term).
 # In 20 steps, two seeds: CER alone (REWARD_WEIGHTS=cer, the CosyVoice2 reference's reward) lost 0.05-0.08 of SIM,
 # 0.2 lost 0.02-0.04, 0.5 kept it (-0.005, -0.006) removing as much of the CER (42-50%); gdpo kept it and removed
-# 31-34% (README, "which reward"; docs/results.md)
+# 31% (README, "which reward"; docs/results.md)
 [[ -z $PROMPT_POOL ]] || { REWARD_ARGS=(--want-sim); : "${REWARD_WEIGHTS:=0.5}"; }
 
 # stage 2/3 (argument lists are bash arrays: a path with a space stays one argument)
