@@ -82,7 +82,7 @@ class PretrainConfig:
     speaker_leak: float = option(0.05, help="share of a prompted target's codes spoken in the default voice "
                                             "instead of the prompt's (the model follows its prompt imperfectly; at "
                                             "0.15 CER-only RL found the habit and lost 0.18-0.30 of SIM in 20 steps, at "
-                                            "0.05 0.05-0.08, nearer real models' drift; the kokoro family, whose "
+                                            "0.05 it lost 0.05-0.08, nearer real models' drift; the kokoro family, whose "
                                             "leak is a whole utterance's voice token, uses 0.15: presets/speech_cpu.sh)")
     prompt_from: float = option(0.0, help="share of the steps that are text-only before zero-shot examples begin (a "
                                           "curriculum: reading in the default voice first, then prompts)")
