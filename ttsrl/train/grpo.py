@@ -72,8 +72,8 @@ PRESETS: dict[str, dict] = {
 # (chosen on an earlier start model, 2026-12-04: test CER -31.0% and -32.0% at step 80 where one update at 0.8
 # gave -25.6..-28.9% and -32.1%). 20 steps, a checkpoint every 10: from today's start model (test CER 11.0% on a
 # 2-core AMD EPYC), against CER 1 + SIM 0.5, with rollouts drawn by stage 4's rule (a family's own, so
-# presets/embedded.sh sets rollout_rule, not this preset), 35-44% of the CER is gone by step 10 and 42-51% by step 20
-# with SIM within 0.011 of the start in four runs; in 40-step trials of an earlier world the later steps traded CER back
+# presets/embedded.sh sets rollout_rule, not this preset), 33-44% of the CER is gone by step 10 and 42-51% by step 20
+# with SIM within 0.011 of the start in five runs; in 40-step trials of an earlier world the later steps traded CER back
 # for SIM; the run takes 7-9 minutes on a 2-core Intel Xeon, 12-15 on a 2-core AMD EPYC without AVX-512
 # (docs/results.md).
 PRESETS["embedded_zeroshot"] = {**PRESETS["embedded"], "experiment_name": "embedded_zeroshot",
